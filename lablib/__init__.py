@@ -1,0 +1,22 @@
+"""lablib: the helper library behind the LLM-inference optimisation labs.
+
+Layers, each importing only the ones before it:
+mechanisms (pure-Python simulators) → models, workloads → engines → bench, results,
+gpu, roofline (measurement) → plots, widgets, report (presentation) → labs/ notebooks.
+"""
+from .bench import prepare, run
+from .config import BenchConfig, HFConfig
+from .engines import HFEngine, PreparedRequest
+from .gpu import MemoryMonitor, device_facts, library_versions
+from .journey import run_journey
+from .models import PRESETS, ModelSpec, resolve_model
+from .results import RequestRecord, Result, ResultStore, load_results, table
+from .roofline import GPU_PEAKS, Roofline, lookup_gpu
+from .workloads import Request, Workload, list_workloads, load_workload
+
+__all__ = [
+    "prepare", "run", "BenchConfig", "HFConfig", "HFEngine", "PreparedRequest", "MemoryMonitor",
+    "device_facts", "library_versions", "run_journey", "PRESETS", "ModelSpec", "resolve_model",
+    "RequestRecord", "Result", "ResultStore", "load_results", "table", "GPU_PEAKS", "Roofline",
+    "lookup_gpu", "Request", "Workload", "list_workloads", "load_workload",
+]

@@ -1,0 +1,61 @@
+"""`lablab`: the lab's main job. Runs the journey on this machine and writes the report.
+
+    lablab                          # embedded model, journey workload, every step this machine can run
+    lablab --requests 16 --batch-sizes 1,8
+    lablab --model qwen2.5-0.5b     # a preset (needs the Hugging Face hub)
+
+The last line printed is one JSON document (the summary), so scripts can read it.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated integers, e.g. 1,4,16") from None
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="lablab", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="embedded", help="embedded, a preset name, or a local model folder")
+    ap.add_argument("--workload", default="journey")
+    ap.add_argument("--requests", type=int, default=None, help="use the first N requests (default: all)")
+    ap.add_argument("--batch-sizes", type=_int_list, default=[1, 4, 16], help="static batch sizes (default 1,4,16)")
+    ap.add_argument("--max-new-tokens", type=int, default=None, help="override every request's output length")
+    ap.add_argument("--results", type=Path, default=Path("results"), help="folder for the JSONL results")
+    ap.add_argument("--report", type=Path, default=Path("reports/journey.html"))
+    args = ap.parse_args(argv)
+
+    from .config import BenchConfig
+    from .journey import default_store, run_journey
+    from .report import write_report
+
+    t0 = time.time()
+    try:
+        bench = BenchConfig(max_new_tokens=args.max_new_tokens)
+        store = default_store(args.results)
+        results, skipped = run_journey(args.model, args.workload, args.requests, args.batch_sizes, store, bench)
+    except ValueError as e:
+        print(f"lablab: {e}", file=sys.stderr)
+        return 2
+    report = write_report(results, args.report, skipped=skipped)
+    best = max(results, key=lambda r: r.summary["output_tok_s"])
+    naive = next((r for r in results if r.step == "hf-naive"), None)
+    summary = {
+        "results": str(store.path), "report": str(report), "wall_s": round(time.time() - t0, 1),
+        "steps": {r.step: round(r.summary["output_tok_s"], 2) for r in results},
+        "best": best.step, "speedup_over_naive": round(best.summary["output_tok_s"] / naive.summary["output_tok_s"], 2)
+        if naive else None, "skipped": skipped, "hardware": results[0].hardware.get("gpu") or "CPU"}
+    print(json.dumps(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,71 @@
+"""Run configurations: small frozen records, checked the moment they are made.
+
+A configuration that cannot work (a batch of 0, a negative token budget, an unknown
+engine) is refused here, with the field, the value, the allowed range and the fix, before
+any model loads or any GPU memory is touched.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+HF_MODES = ("naive", "static")
+DTYPES = ("auto", "float32", "float16", "bfloat16")
+
+
+def _positive_int(owner: str, name: str, value: Any, fix: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{owner}.{name}={value!r}: allowed integers >= 1. Fix: {fix}")
+
+
+def _choice(owner: str, name: str, value: Any, allowed: tuple) -> None:
+    if value not in allowed:
+        raise ValueError(f"{owner}.{name}={value!r}: allowed {', '.join(map(repr, allowed))}.")
+
+
+@dataclass(frozen=True)
+class HFConfig:
+    """Hugging Face `generate`: one request at a time ("naive") or left-padded batches ("static")."""
+
+    mode: str = "naive"  # "naive": batch of 1, request after request; "static": fixed batches of batch_size
+    batch_size: int = 1  # requests per batch in static mode; each batch waits for its longest member
+    dtype: str = "auto"  # weights dtype; "auto" = float32 on the CPU, bfloat16 on a GPU
+    device: str = "auto"  # "auto" = "cuda" when a GPU is visible, else "cpu"
+
+    def __post_init__(self) -> None:
+        _choice("HFConfig", "mode", self.mode, HF_MODES)
+        _positive_int("HFConfig", "batch_size", self.batch_size, "use 1 for naive generate, 2-64 for static batching.")
+        if self.mode == "naive" and self.batch_size != 1:
+            raise ValueError(f"HFConfig.batch_size={self.batch_size} with mode='naive': naive generate runs one "
+                             "request at a time. Fix: mode='static' to batch, or batch_size=1.")
+        _choice("HFConfig", "dtype", self.dtype, DTYPES)
+        _choice("HFConfig", "device", self.device, ("auto", "cpu", "cuda"))
+
+    @property
+    def engine(self) -> str:
+        return f"hf-{self.mode}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """The timing protocol's own knobs, the same for every engine."""
+
+    warmup_requests: int = 1  # requests run (and discarded) before the timer starts: loads kernels, caches
+    max_new_tokens: int | None = None  # override every request's output length (None: the workload's own)
+    ignore_eos: bool = True  # generate exactly the requested length, so runs are comparable
+    seed: int = 0  # torch seed; decoding is greedy, so the seed only matters for tie-breaks
+    monitor_interval_s: float = 0.05  # memory sampling period
+    progress: bool = True  # a progress bar while the run goes
+    tags: dict[str, Any] = field(default_factory=dict)  # free-form labels stored in the Result's config
+
+    def __post_init__(self) -> None:
+        if isinstance(self.warmup_requests, bool) or not isinstance(self.warmup_requests, int) or self.warmup_requests < 0:
+            raise ValueError(f"BenchConfig.warmup_requests={self.warmup_requests!r}: allowed integers >= 0.")
+        if self.max_new_tokens is not None:
+            _positive_int("BenchConfig", "max_new_tokens", self.max_new_tokens,
+                          "ask for at least one new token, or None to keep the workload's lengths.")
+        if not 0.001 <= self.monitor_interval_s <= 10:
+            raise ValueError(f"BenchConfig.monitor_interval_s={self.monitor_interval_s!r}: allowed 0.001 to 10 seconds.")
