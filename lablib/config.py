@@ -69,3 +69,55 @@ class BenchConfig:
                           "ask for at least one new token, or None to keep the workload's lengths.")
         if not 0.001 <= self.monitor_interval_s <= 10:
             raise ValueError(f"BenchConfig.monitor_interval_s={self.monitor_interval_s!r}: allowed 0.001 to 10 seconds.")
+
+
+KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
+QUANTIZATIONS = (None, "fp8", "awq", "gptq", "compressed-tensors", "bitsandbytes")
+
+
+@dataclass(frozen=True)
+class VLLMConfig:
+    """vLLM engine knobs (the `LLM(...)` arguments the labs turn). Changing any of them restarts the engine."""
+
+    gpu_memory_utilization: float = 0.9  # fraction of the GPU vLLM may take: weights + activations + KV cache
+    max_num_seqs: int = 256  # most sequences decoding at once (continuous batching's batch size cap)
+    max_num_batched_tokens: int | None = None  # token budget per scheduler step (prefill chunks + decodes); None = vLLM's default
+    max_model_len: int | None = None  # longest prompt + output; None = the model's own context
+    enable_prefix_caching: bool = False  # reuse KV blocks of prompts already seen (lab 06)
+    enforce_eager: bool = False  # True: no CUDA graphs (faster start, slower decode)
+    dtype: str = "auto"  # weights/activations dtype; "auto" = the checkpoint's
+    quantization: str | None = None  # None, "fp8" (dynamic), or the checkpoint's scheme
+    kv_cache_dtype: str = "auto"  # "fp8" halves KV memory on Hopper/Ada
+    speculative_config: dict[str, Any] | None = None  # e.g. {"model": draft_path, "num_speculative_tokens": 4}
+    tensor_parallel_size: int = 1  # GPUs the weights are split across
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        g = self.gpu_memory_utilization
+        if isinstance(g, bool) or not isinstance(g, (int, float)) or not 0 < g <= 1:
+            raise ValueError(f"VLLMConfig.gpu_memory_utilization={g!r}: allowed (0, 1], a fraction of GPU memory. "
+                             "Fix: e.g. 0.9 (vLLM's default), lower it if other processes share the GPU.")
+        _positive_int("VLLMConfig", "max_num_seqs", self.max_num_seqs, "e.g. 256 (vLLM's default), 1 for one at a time.")
+        _positive_int("VLLMConfig", "tensor_parallel_size", self.tensor_parallel_size, "1 for one GPU.")
+        for name in ("max_num_batched_tokens", "max_model_len"):
+            if getattr(self, name) is not None:
+                _positive_int("VLLMConfig", name, getattr(self, name), "a positive token count, or None for vLLM's default.")
+        if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < self.max_num_seqs:
+            raise ValueError(f"VLLMConfig.max_num_batched_tokens={self.max_num_batched_tokens} < max_num_seqs="
+                             f"{self.max_num_seqs}: every running sequence needs a token per step. "
+                             "Fix: raise max_num_batched_tokens or lower max_num_seqs.")
+        _choice("VLLMConfig", "dtype", self.dtype, DTYPES)
+        _choice("VLLMConfig", "kv_cache_dtype", self.kv_cache_dtype, KV_CACHE_DTYPES)
+        _choice("VLLMConfig", "quantization", self.quantization, QUANTIZATIONS)
+
+    @property
+    def engine(self) -> str:
+        return "vllm"
+
+    def llm_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for `vllm.LLM`, leaving vLLM's defaults where the config says None."""
+        kw = {k: v for k, v in asdict(self).items() if v is not None}
+        return kw
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)

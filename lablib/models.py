@@ -41,7 +41,7 @@ class ModelSpec:
 
     name: str  # what the user asked for
     path: str  # a local folder or a hub id
-    source: str  # "embedded", "preset" or "path"
+    source: str  # "embedded", "preset", "path" or "synthetic" (random weights of a real architecture)
     config: dict[str, Any] = field(default_factory=dict, compare=False)  # config.json, when local
 
     @property
@@ -65,7 +65,12 @@ class ModelSpec:
         return 2 * a["layers"] * a["kv_heads"] * a["head_dim"] * dtype_bytes
 
     def describe(self) -> dict[str, Any]:
-        return {"name": self.name, "path": self.path, "source": self.source, **self.architecture()}
+        out = {"name": self.name, "path": self.path, "source": self.source, **self.architecture()}
+        if self.source == "synthetic":
+            from .synthetic import LABEL
+
+            out["synthetic"] = LABEL
+        return out
 
 
 def embedded_path(which: str = "target") -> Path:
@@ -80,12 +85,16 @@ def resolve_model(name: str | os.PathLike = DEFAULT_MODEL) -> ModelSpec:
         return ModelSpec(key, str(path), "embedded", check_model_dir(path))
     if key in PRESETS:
         return ModelSpec(key, PRESETS[key]["hf_id"], "preset")
+    if key.startswith("synthetic:"):
+        from .synthetic import synthetic_spec
+
+        return synthetic_spec(key.split(":", 1)[1])
     path = Path(key).expanduser()
     if path.exists() or os.sep in key or key.startswith("."):
         return ModelSpec(key, str(path), "path", check_model_dir(path))
     raise ValueError(
         f"model={key!r} is not a known model: use one of the embedded models {sorted(EMBEDDED)}, "
-        f"a preset {sorted(PRESETS)}, or the path of a local model folder (with config.json and weights).")
+        f"a preset {sorted(PRESETS)}, 'synthetic:<architecture>' (random weights, see lablib.synthetic), or the path of a local model folder (with config.json and weights).")
 
 
 def check_model_dir(path: Path) -> dict[str, Any]:

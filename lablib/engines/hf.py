@@ -63,7 +63,8 @@ class HFEngine:
         if self.device == "cuda" and not torch.cuda.is_available():
             raise ValueError("HFConfig.device='cuda' but no CUDA GPU is visible. Fix: device='auto' or 'cpu'.")
         t0 = time.perf_counter()
-        self.tokenizer = load_tokenizer(self.spec)
+        # Synthetic checkpoints have no tokenizer: prompts are the embedded tokenizer's ids (valid in any vocab).
+        self.tokenizer = load_tokenizer(resolve_model("embedded") if self.spec.source == "synthetic" else self.spec)
         self.model = load_hf_model(self.spec, self.device, config.dtype)
         self._gen_config = copy.deepcopy(self.model.generation_config)
         self._gen_config.eos_token_id = None  # ignore_eos: generate exactly max_new_tokens

@@ -1,0 +1,208 @@
+"""vLLM, run in a worker process so the notebook never holds the GPU.
+
+Why a worker: a CUDA context cannot be handed back without ending its process, and a
+notebook that imported vLLM keeps gigabytes of GPU memory until the kernel restarts. Here
+each engine configuration lives in its own spawned process: `close()` ends it and the
+GPU returns to its baseline (checked with NVML and recorded in the engine's facts), so
+every step of a lab starts from clean VRAM. Kernel → Interrupt ends the worker too. A
+crash in the worker (out of memory, a bad option) comes back as a RuntimeError carrying
+the worker's own message; records that finished before it are already with the caller.
+
+Before the worker starts, every check that needs no GPU time runs: vLLM installed, a GPU
+present, the dtype supported by its compute capability, and the memory budget
+(`lablib.fit`): a configuration that cannot fit is refused with the knob to change.
+"""
+from __future__ import annotations
+
+import importlib.util
+import multiprocessing as mp
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from ..config import VLLMConfig
+from ..fit import check_fit
+from ..models import ModelSpec, embedded_path, load_tokenizer, resolve_model
+from ..results import RequestRecord
+from .base import OnRecord, PreparedRequest
+from .hf import _progress_bar
+
+SETTLE_S = 60.0  # how long close() waits for the GPU to return to its baseline
+SETTLE_SLACK = 256 * 2**20  # bytes above baseline still counted as "back"
+
+
+def _nvml_used(index: int = 0) -> tuple[int, int, int] | None:
+    """(used, free, total) bytes of GPU `index`, or None without NVML."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        info = pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(index))
+        return int(info.used), int(info.free), int(info.total)
+    except Exception:
+        return None
+
+
+def preflight(spec: ModelSpec, config: VLLMConfig) -> dict[str, Any]:
+    """Every check that needs no GPU time; raises ValueError naming the fix. Returns the fit report."""
+    if importlib.util.find_spec("vllm") is None:
+        raise ValueError("vLLM is not installed in this environment. Fix: pip install 'lablib[gpu]' on a machine "
+                         "with an NVIDIA GPU; without one, the labs show runs recorded on an H200 (data/reference/).")
+    mem = _nvml_used()
+    if mem is None:
+        raise ValueError("no NVIDIA GPU is visible (NVML found none), and vLLM needs one. Fix: run on a GPU machine "
+                         "(Colab: Runtime → Change runtime type → GPU); without one, the labs show recorded runs.")
+    import pynvml  # NVML, not torch.cuda: the notebook's process must not create a CUDA context
+
+    handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+    major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(handle)
+    gpu_name = pynvml.nvmlDeviceGetName(handle)
+    want = config.dtype if config.dtype != "auto" else spec.architecture()["dtype"]
+    if want == "bfloat16" and major < 8:
+        raise ValueError(f"dtype bfloat16 needs compute capability 8.0 or newer; this GPU "
+                         f"({gpu_name}) is {major}.{minor}. Fix: VLLMConfig(dtype='float16').")
+    if (config.quantization == "fp8" or config.kv_cache_dtype.startswith("fp8")) and (major, minor) < (8, 9):
+        raise ValueError(f"fp8 needs compute capability 8.9 (Ada) or 9.0 (Hopper); this GPU is {major}.{minor}. "
+                         "Fix: quantization=None and kv_cache_dtype='auto', or a newer GPU.")
+    used, free, total = mem
+    if not spec.config:
+        return {"fits": None, "why": "hub preset: shape known only after download"}
+    report = check_fit(spec, config, total, free)
+    if not report.fits:
+        raise ValueError(report.advice)
+    return report.to_dict()
+
+
+class VLLMEngine:
+    """vLLM's offline engine (`LLM`) in a worker process, answering the common engine call."""
+
+    def __init__(self, model: str | ModelSpec = "embedded", config: VLLMConfig = VLLMConfig(),
+                 start_timeout_s: float = 900.0):
+        self.config = config
+        self.spec = model if isinstance(model, ModelSpec) else resolve_model(model)
+        self.name = "vllm"
+        synthetic = self.spec.source == "synthetic"
+        fit = preflight(self.spec, config)
+        # Synthetic checkpoints have no tokenizer: prompts are the embedded tokenizer's ids (valid in any vocab).
+        self.tokenizer = load_tokenizer(resolve_model("embedded") if synthetic else self.spec)
+        self.baseline = _nvml_used()
+        self.log_path = tempfile.NamedTemporaryFile(prefix="lablib-vllm-", suffix=".log", delete=False).name
+        ctx = mp.get_context("spawn")
+        self._conn, child = ctx.Pipe()
+        tok_path = None if synthetic else self.spec.path
+        kwargs = config.llm_kwargs()
+        if self.spec.source == "embedded" and config.speculative_config:
+            kwargs["speculative_config"] = {"model": str(embedded_path("draft")), **config.speculative_config}
+        from .vllm_worker import worker_main
+
+        t0 = time.perf_counter()
+        self._proc = ctx.Process(target=worker_main, args=(child, self.spec.path, tok_path, kwargs, self.log_path,
+                                                           synthetic), name="lablib-vllm", daemon=False)
+        self._proc.start()
+        kind, payload = self._receive(start_timeout_s, expect=("ready",))
+        self.facts = {**payload, "startup_wall_s": time.perf_counter() - t0, "fit_estimate": fit,
+                      "kv_bytes_per_token": self.spec.kv_bytes_per_token(1 if config.kv_cache_dtype.startswith("fp8") else 2),
+                      "weight_bytes": fit.get("weight_bytes"), "context": payload.get("max_model_len"),
+                      "vram_baseline_bytes": self.baseline[0] if self.baseline else None, "synthetic": synthetic}
+
+    def worker_pids(self) -> list[int]:
+        return [self._proc.pid] if self._proc.is_alive() else []
+
+    def _log_tail(self, n: int = 40) -> str:
+        try:
+            return "\n".join(Path(self.log_path).read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+    def _receive(self, timeout_s: float, expect: tuple[str, ...]) -> tuple[str, Any]:
+        """The next message; errors and a dead worker become a RuntimeError with the worker's own words."""
+        deadline = time.monotonic() + timeout_s
+        try:
+            while not self._conn.poll(0.2):
+                if not self._proc.is_alive():
+                    raise RuntimeError(f"the vLLM worker died (exit code {self._proc.exitcode}) without a message. "
+                                       f"Its log ({self.log_path}) ends:\n{self._log_tail()}")
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"the vLLM worker sent nothing for {timeout_s:.0f} s. Log tail:\n{self._log_tail()}")
+            msg = self._conn.recv()
+        except KeyboardInterrupt:
+            self.close(force=True)
+            raise
+        except BaseException:
+            self.close(force=True)
+            raise
+        if msg[0] == "error":
+            self.close(force=True)
+            raise RuntimeError(f"vLLM worker failed: {msg[1]}\n{msg[2]}\nLog tail:\n{self._log_tail()}")
+        if msg[0] not in expect:
+            raise RuntimeError(f"vLLM worker protocol: got {msg[0]!r}, expected one of {expect}")
+        return msg[0], msg[1]
+
+    def generate(self, requests: list[PreparedRequest], on_record: OnRecord | None = None,
+                 progress: bool = True) -> list[RequestRecord]:
+        if not self._proc.is_alive():
+            raise RuntimeError("this vLLM engine is closed. Fix: make a new VLLMEngine.")
+        self._conn.send(("generate", [{"request_id": r.request_id, "prompt_ids": list(r.prompt_ids),
+                                       "max_new_tokens": r.max_new_tokens} for r in requests]))
+        bar = _progress_bar(len(requests), progress, "vllm")
+        got: dict[str, RequestRecord] = {}
+        try:
+            while True:
+                kind, payload = self._receive(3600, expect=("record", "done"))
+                if kind == "done":
+                    self.facts["last_run"] = payload
+                    break
+                rec = RequestRecord(**payload)
+                got[rec.request_id] = rec
+                if on_record:
+                    on_record(rec)
+                if bar:
+                    bar.update(1)
+        finally:
+            if bar:
+                bar.close()
+        return [got[r.request_id] for r in requests]
+
+    def close(self, force: bool = False) -> None:
+        """End the worker (and vLLM's engine-core process under it), then wait for VRAM to return to baseline."""
+        if self._proc.is_alive() and not force:
+            try:
+                self._conn.send(("close",))
+                self._proc.join(60)
+            except (BrokenPipeError, OSError):
+                pass
+        if self._proc.is_alive():
+            _kill_tree(self._proc.pid)
+            self._proc.join(10)
+        self.facts = getattr(self, "facts", {})
+        if self.baseline:
+            deadline = time.monotonic() + SETTLE_S
+            used = _nvml_used()
+            while used and used[0] > self.baseline[0] + SETTLE_SLACK and time.monotonic() < deadline:
+                time.sleep(0.5)
+                used = _nvml_used()
+            self.facts["vram_after_close_bytes"] = used[0] if used else None
+            self.facts["vram_back_to_baseline"] = bool(used and used[0] <= self.baseline[0] + SETTLE_SLACK)
+
+    def __enter__(self) -> "VLLMEngine":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _kill_tree(pid: int) -> None:
+    import psutil
+
+    try:
+        parent = psutil.Process(pid)
+    except psutil.NoSuchProcess:
+        return
+    procs = parent.children(recursive=True) + [parent]
+    for p in procs:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(procs, timeout=10)

@@ -1,0 +1,131 @@
+"""The child side of the vLLM engine: runs in its own (spawned) process, owns the GPU.
+
+Protocol over a multiprocessing Pipe (tuples, first item the kind):
+  parent → worker: ("generate", [request dicts]), ("close",)
+  worker → parent: ("ready", facts), ("record", record dict), ("done", run facts), ("error", message, detail)
+
+The worker drives vLLM's own engine loop (`llm_engine.add_request`, then `llm_engine.step()` until
+nothing is unfinished: what `LLM.generate` does inside) so that each finished request can
+be sent back while the others still run, and so that every output token gets a time stamp
+as it leaves the engine (`RequestOutputKind.DELTA`). The clock is `time.monotonic`, the
+one vLLM's engine core stamps its own per-request metrics with, so both agree.
+
+Its stdout and stderr go to a log file the parent reads on failure (the worker's own
+message) and for engine facts vLLM prints rather than exposes (attention backend).
+"""
+from __future__ import annotations
+
+import gc
+import os
+import re
+import sys
+import time
+import traceback
+from typing import Any
+
+
+def _redirect_output(log_path: str) -> None:
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+
+
+def _facts(llm: Any, startup_s: float, log_path: str) -> dict[str, Any]:
+    cfg = llm.llm_engine.vllm_config
+    cache, sched, model = cfg.cache_config, cfg.scheduler_config, cfg.model_config
+    blocks = cache.num_gpu_blocks or 0
+    log = open(log_path, errors="replace").read()
+    backend = re.findall(r"Using (\w+) attention backend", log) or re.findall(r"Using (\w+) backend", log)
+    import vllm
+
+    return {
+        "startup_s": startup_s, "kv_blocks": blocks, "block_size": cache.block_size,
+        "kv_tokens": blocks * cache.block_size, "max_model_len": model.max_model_len,
+        "max_concurrency": blocks * cache.block_size / model.max_model_len if model.max_model_len else None,
+        "max_num_seqs": sched.max_num_seqs, "max_num_batched_tokens": sched.max_num_batched_tokens,
+        "kv_cache_dtype": str(cache.cache_dtype), "dtype": str(model.dtype).replace("torch.", ""),
+        "attention_backend": backend[0] if backend else "unknown", "vllm": vllm.__version__,
+        "cuda_graphs": not model.enforce_eager,
+    }
+
+
+def _metrics(llm: Any) -> dict[str, float]:
+    """Counters and gauges from `LLM.get_metrics()` (prefix-cache hits, KV usage, spec-decode acceptance)."""
+    out: dict[str, float] = {}
+    try:
+        for m in llm.get_metrics():
+            value = getattr(m, "value", None)
+            if isinstance(value, (int, float)):
+                out[m.name] = out.get(m.name, 0.0) + float(value)
+    except Exception as e:  # metrics are a bonus; never fail a run over them
+        out["error"] = f"{type(e).__name__}: {e}"
+    return out
+
+
+def _generate(llm: Any, requests: list[dict[str, Any]], conn: Any) -> None:
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+    from vllm.sampling_params import RequestOutputKind
+
+    params = [SamplingParams(max_tokens=r["max_new_tokens"], ignore_eos=True, temperature=0.0, detokenize=False,
+                             output_kind=RequestOutputKind.DELTA) for r in requests]
+    prompts = [TokensPrompt(prompt_token_ids=list(r["prompt_ids"])) for r in requests]
+    engine = llm.llm_engine
+    t0 = time.monotonic()
+    by_id: dict[str, tuple] = {}
+    try:  # DELTA outputs: a time stamp for every token (LLM.enqueue would force FINAL_ONLY)
+        for i, (r, p, sp) in enumerate(zip(requests, prompts, params)):
+            state = (r, [], [])
+            by_id[f"lab-{i}-{r['request_id']}"] = state  # outputs carry this id
+            by_id[engine.add_request(f"lab-{i}-{r['request_id']}", p, sp)] = state  # (the engine may suffix it)
+    except TypeError:  # an engine API without raw-prompt add_request: final outputs only, no per-token times
+        by_id = {vid: (r, [], []) for vid, r in zip(llm.enqueue(prompts, params, use_tqdm=False), requests)}
+    while engine.has_unfinished_requests():
+        outs = engine.step()
+        now = time.monotonic() - t0
+        for o in outs:
+            r, times, toks = by_id[o.request_id]
+            new = list(o.outputs[0].token_ids) if o.outputs else []
+            times.extend([now] * len(new))
+            toks.extend(new)
+            if o.finished:
+                m = getattr(o, "metrics", None)
+                sched = getattr(m, "scheduled_ts", 0.0) if m is not None else 0.0
+                conn.send(("record", {
+                    "request_id": r["request_id"], "prompt_tokens": len(r["prompt_ids"]), "output_tokens": len(toks),
+                    "arrival": 0.0, "start": sched - t0 if sched else None,
+                    "first_token": times[0] if times else None, "last_token": times[-1] if times else None,
+                    "finished": now, "token_times": times, "output_ids": toks}))
+    conn.send(("done", {"wall_s": time.monotonic() - t0, "metrics": _metrics(llm)}))
+
+
+def worker_main(conn: Any, model: str, tokenizer: str | None, llm_kwargs: dict[str, Any], log_path: str,
+                skip_tokenizer_init: bool) -> None:
+    """Start vLLM, answer generate requests until told to close, then free the GPU."""
+    _redirect_output(log_path)
+    os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")  # greedy only; skips a 1-1.5 min JIT on a fresh machine
+    try:
+        from vllm import LLM
+
+        t0 = time.monotonic()
+        llm = LLM(model=model, tokenizer=tokenizer, disable_log_stats=False, skip_tokenizer_init=skip_tokenizer_init,
+                  **llm_kwargs)
+        conn.send(("ready", _facts(llm, time.monotonic() - t0, log_path)))
+    except BaseException as e:
+        conn.send(("error", f"{type(e).__name__}: {e}", traceback.format_exc()))
+        return
+    while True:
+        try:
+            msg = conn.recv()
+        except EOFError:
+            break
+        if msg[0] == "close":
+            break
+        try:
+            _generate(llm, msg[1], conn)
+        except BaseException as e:
+            conn.send(("error", f"{type(e).__name__}: {e}", traceback.format_exc()))
+    del llm
+    gc.collect()

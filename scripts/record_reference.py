@@ -1,0 +1,185 @@
+"""Record the reference runs the labs show on machines without a GPU (run on the H200).
+
+Every run goes through the same lablib code a notebook uses (bench.run on an engine) and is
+stored as a Result with provenance "recorded", the GPU, the versions and the date, so a
+CPU user sees exactly what the GPU user would have measured, labelled as recorded.
+
+    PYTHONPATH=/tmp/site python scripts/record_reference.py --out $OUT --steps smoke,startup,big
+    PYTHONPATH=/tmp/site python scripts/record_reference.py --out $OUT --steps hf-big,sweep
+
+Steps:
+  smoke    vLLM on the embedded model, the journey workload; greedy tokens compared with HF
+  startup  a second start of the same engine (warm compile cache) next to the first (cold)
+  big      synthetic Llama-3.1-8B: the journey on vLLM, single-stream decode (MBU), and the
+           lab's throughput next to `vllm bench throughput` on the same shapes
+  hf-big   HF static batching on the same synthetic 8B and the journey (the journey ratio)
+  sweep    gpu_memory_utilization sweep on the embedded model: KV capacity, throughput, VRAM
+           after each of the configurations (back to baseline each time)
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from lablib.bench import run  # noqa: E402
+from lablib.config import BenchConfig, HFConfig, VLLMConfig  # noqa: E402
+from lablib.engines.hf import HFEngine  # noqa: E402
+from lablib.engines.vllm import VLLMEngine, _nvml_used  # noqa: E402
+from lablib.results import Result, ResultStore  # noqa: E402
+from lablib.workloads import Request, Workload, load_workload  # noqa: E402
+
+LAB = "reference"
+BIG = "llama-3.1-8b"
+
+
+def recorded(result: Result) -> Result:
+    return dataclasses.replace(result, provenance="recorded")
+
+
+def fixed_workload(n: int, prompt_len: int, output_len: int) -> Workload:
+    """n prompts of prompt_len tokens (held-out code cut from the evaluation set), output_len tokens out each."""
+    from lablib.models import load_tokenizer, resolve_model
+
+    tok = load_tokenizer(resolve_model("embedded"))
+    windows = [tok(r.prompt).input_ids[1:] for r in load_workload("evaluation").requests]
+    reqs = []
+    for start in range(0, 511, prompt_len):
+        for w in windows:
+            text = tok.decode(w[start:start + prompt_len - 1])
+            ids = tok(text).input_ids
+            if len(ids) == prompt_len and len(reqs) < n:
+                reqs.append(Request(id=f"fixed-{len(reqs):03d}", prompt=text, messages=({"role": "user", "content": text},),
+                                    max_new_tokens=output_len, prompt_tokens=prompt_len))
+    if len(reqs) < n:
+        raise ValueError(f"only {len(reqs)} prompts of exactly {prompt_len} tokens; asked for {n}")
+    return Workload(f"fixed-{prompt_len}x{output_len}", 1, "held-out code cut to a fixed token length", tuple(reqs))
+
+
+def log(out: Path, msg: str) -> None:
+    print(msg, flush=True)
+    with open(out / "log.txt", "a") as f:
+        f.write(msg + "\n")
+
+
+def step_smoke(out: Path, store: ResultStore, facts: dict) -> None:
+    journey = load_workload("journey")
+    with VLLMEngine("embedded", VLLMConfig(gpu_memory_utilization=0.3)) as eng:
+        facts["cold_start"] = eng.facts
+        r = recorded(run(eng, journey, BenchConfig(progress=False), lab=LAB, step="vllm-embedded"))
+        store.append(r)
+    facts["smoke_close"] = {k: eng.facts.get(k) for k in ("vram_baseline_bytes", "vram_after_close_bytes", "vram_back_to_baseline")}
+    log(out, f"smoke: {r.summary['output_tok_s']:.0f} tok/s, facts {json.dumps(eng.facts, default=str)[:600]}")
+    hf = HFEngine("embedded", HFConfig(mode="static", batch_size=16, dtype="bfloat16"))
+    h = run(hf, journey.head(16), BenchConfig(progress=False), lab=LAB, step="hf-static-b16-embedded-bf16")
+    hf.close()
+    same = [a.output_ids == b.output_ids for a, b in zip(h.requests, r.requests[:16])]
+    prefix = [next((i for i, (x, y) in enumerate(zip(a.output_ids, b.output_ids)) if x != y), len(a.output_ids))
+              / len(a.output_ids) for a, b in zip(h.requests, r.requests[:16])]
+    facts["greedy_agreement"] = {"identical_requests": sum(same), "of": len(same),
+                                 "mean_matching_prefix_fraction": sum(prefix) / len(prefix)}
+    log(out, f"greedy HF vs vLLM: {facts['greedy_agreement']}")
+
+
+def step_startup(out: Path, store: ResultStore, facts: dict) -> None:
+    with VLLMEngine("embedded", VLLMConfig(gpu_memory_utilization=0.3)) as eng:
+        facts["warm_start"] = {k: eng.facts[k] for k in ("startup_s", "startup_wall_s")}
+    log(out, f"startup warm: {facts['warm_start']}, cold: "
+             f"{ {k: facts.get('cold_start', {}).get(k) for k in ('startup_s', 'startup_wall_s')} }")
+
+
+def step_big(out: Path, store: ResultStore, facts: dict, bench_cli: bool = True) -> None:
+    from lablib.synthetic import synthetic_spec
+
+    t0 = time.time()
+    spec = synthetic_spec(BIG)
+    facts["synthetic_made_s"] = time.time() - t0
+    cfg = VLLMConfig(max_model_len=4096)
+    with VLLMEngine(spec, cfg) as eng:
+        facts["big_start"] = {k: eng.facts.get(k) for k in ("startup_s", "startup_wall_s", "kv_tokens", "max_concurrency",
+                                                           "attention_backend", "kv_blocks", "block_size")}
+        for wl, step in ((load_workload("journey"), "vllm-8b-journey"), (fixed_workload(1, 128, 512), "vllm-8b-single"),
+                         (fixed_workload(256, 128, 128), "vllm-8b-256x128x128")):
+            r = recorded(run(eng, wl, BenchConfig(progress=False), lab=LAB, step=step))
+            store.append(r)
+            log(out, f"{step}: {r.summary['output_tok_s']:.0f} out tok/s, {r.summary['total_tok_s']:.0f} total tok/s, "
+                     f"MBU {r.roofline.get('mbu')}, wall {r.wall_s:.2f}s")
+    facts["big_close"] = {k: eng.facts.get(k) for k in ("vram_baseline_bytes", "vram_after_close_bytes", "vram_back_to_baseline")}
+    if not bench_cli:
+        return
+    cmd = [sys.executable, "-m", "vllm.entrypoints.cli.main", "bench", "throughput", "--model", spec.path,
+           "--tokenizer", str(Path(__file__).resolve().parent.parent / "data/models/target"),
+           "--dataset-name", "random", "--random-input-len", "128", "--random-output-len", "128",
+           "--num-prompts", "256", "--max-model-len", "4096", "--output-json", str(out / "bench_throughput.json")]
+    t0 = time.time()
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=400)
+    (out / "bench_throughput.log").write_text(p.stdout[-6000:] + "\n" + p.stderr[-6000:])
+    facts["bench_throughput_wall_s"] = time.time() - t0
+    log(out, f"vllm bench throughput rc={p.returncode}: {p.stdout[-400:]}")
+
+
+def step_hf_big(out: Path, store: ResultStore, facts: dict) -> None:
+    from lablib.synthetic import synthetic_spec
+
+    spec = synthetic_spec(BIG)
+    journey = load_workload("journey")
+    for b in (64,):
+        eng = HFEngine(spec, HFConfig(mode="static", batch_size=b))
+        r = recorded(run(eng, journey, BenchConfig(progress=False), lab=LAB, step=f"hf-static-b{b}-8b-journey"))
+        eng.close()
+        store.append(r)
+        log(out, f"hf static b{b} 8b journey: {r.summary['output_tok_s']:.1f} tok/s wall {r.wall_s:.1f}s")
+
+
+def step_sweep(out: Path, store: ResultStore, facts: dict) -> None:
+    journey = load_workload("journey")
+    rows = []
+    for g in (0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8):
+        before = _nvml_used()
+        with VLLMEngine("embedded", VLLMConfig(gpu_memory_utilization=g, enforce_eager=True)) as eng:
+            r = recorded(run(eng, journey, BenchConfig(progress=False), lab=LAB, step=f"vllm-gmu-{g}"))
+            store.append(r)
+        row = {"gpu_memory_utilization": g, "kv_tokens": eng.facts.get("kv_tokens"),
+               "max_concurrency": eng.facts.get("max_concurrency"), "output_tok_s": r.summary["output_tok_s"],
+               "peak_used_bytes": r.memory.get("peak_bytes"), "vram_before_bytes": before[0] if before else None,
+               "vram_after_close_bytes": eng.facts.get("vram_after_close_bytes"),
+               "back_to_baseline": eng.facts.get("vram_back_to_baseline"), "startup_s": eng.facts.get("startup_s")}
+        rows.append(row)
+        log(out, f"sweep {json.dumps(row)}")
+    facts["sweep"] = rows
+
+
+STEPS = {"smoke": step_smoke, "startup": step_startup, "big": step_big, "big-lab": lambda o, s, f: step_big(o, s, f, bench_cli=False), "hf-big": step_hf_big, "sweep": step_sweep}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--steps", default="smoke,startup,big")
+    ap.add_argument("--stop-on-error", action="store_true")
+    args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    store = ResultStore(args.out / "reference.jsonl")
+    facts: dict = {}
+    for name in args.steps.split(","):
+        t0 = time.time()
+        try:
+            STEPS[name](args.out, store, facts)
+        except Exception:
+            log(args.out, f"step {name} FAILED:\n{traceback.format_exc()}")
+            if args.stop_on_error:
+                break
+        facts.setdefault("step_seconds", {})[name] = round(time.time() - t0, 1)
+        (args.out / f"facts-{args.steps.replace(',', '_')}.json").write_text(json.dumps(facts, indent=1, default=str))
+    log(args.out, f"done: {facts.get('step_seconds')}")
+
+
+if __name__ == "__main__":
+    main()
