@@ -209,10 +209,17 @@ class ResultStore:
             os.close(fd)
 
     def load(self) -> list[Result]:
+        """Every readable Result in the file (a `.gz` file is read through gzip)."""
         if not self.path.exists():
             return []
+        if self.path.suffix == ".gz":
+            import gzip
+
+            text = gzip.open(self.path, "rt", encoding="utf-8").read()
+        else:
+            text = self.path.read_text()
         out = []
-        for i, line in enumerate(self.path.read_text().splitlines(), 1):
+        for i, line in enumerate(text.splitlines(), 1):
             if not line.strip():
                 continue
             try:
@@ -228,7 +235,7 @@ def load_results(*paths: str | Path) -> list[Result]:
     """Every Result in the given JSONL files or folders of them, in file order."""
     out: list[Result] = []
     for p in map(Path, paths):
-        files = sorted(p.glob("*.jsonl")) if p.is_dir() else [p]
+        files = sorted([*p.glob("*.jsonl"), *p.glob("*.jsonl.gz")]) if p.is_dir() else [p]
         for f in files:
             out.extend(ResultStore(f).load())
     return out
