@@ -2,11 +2,12 @@
 
 Layers, each importing only the ones before it:
 mechanisms (pure-Python simulators) → models, workloads → engines → bench, results,
-gpu, roofline (measurement) → plots, widgets, report (presentation) → labs/ notebooks.
+gpu, roofline, fit (measurement) → plots, widgets, report (presentation) → labs/ notebooks.
 """
+from . import config, engines, machine, mechanisms, plots, reference, results, sweeps, widgets
 from .bench import prepare, run
-from .config import BenchConfig, HFConfig
-from .engines import HFEngine, PreparedRequest
+from .config import BenchConfig, HFConfig, VLLMConfig
+from .engines import HFEngine, PreparedRequest, VLLMEngine
 from .gpu import MemoryMonitor, device_facts, library_versions
 from .journey import run_journey
 from .models import PRESETS, ModelSpec, resolve_model
@@ -15,8 +16,9 @@ from .roofline import GPU_PEAKS, Roofline, lookup_gpu
 from .workloads import Request, Workload, list_workloads, load_workload
 
 __all__ = [
-    "prepare", "run", "BenchConfig", "HFConfig", "HFEngine", "PreparedRequest", "MemoryMonitor",
-    "device_facts", "library_versions", "run_journey", "PRESETS", "ModelSpec", "resolve_model",
+    "config", "engines", "machine", "mechanisms", "plots", "reference", "results", "sweeps", "widgets",
+    "prepare", "run", "BenchConfig", "HFConfig", "VLLMConfig", "HFEngine", "PreparedRequest", "VLLMEngine",
+    "MemoryMonitor", "device_facts", "library_versions", "run_journey", "PRESETS", "ModelSpec", "resolve_model",
     "RequestRecord", "Result", "ResultStore", "load_results", "table", "GPU_PEAKS", "Roofline",
     "lookup_gpu", "Request", "Workload", "list_workloads", "load_workload",
 ]

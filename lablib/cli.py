@@ -39,6 +39,9 @@ def main(argv: list[str] | None = None) -> int:
 
     t0 = time.time()
     try:
+        if args.requests is not None and args.requests < 1:
+            raise ValueError(f"--requests={args.requests}: allowed integers >= 1 (the first N requests of the "
+                             "workload). Fix: e.g. --requests 8, or leave it out to run them all.")
         bench = BenchConfig(max_new_tokens=args.max_new_tokens)
         store = default_store(args.results)
         results, skipped = run_journey(args.model, args.workload, args.requests, args.batch_sizes, store, bench)

@@ -120,7 +120,23 @@ def check_model_dir(path: Path) -> dict[str, Any]:
         if w.stat().st_size < 1024:
             raise ValueError(f"weights file {w} is only {w.stat().st_size} bytes: it is truncated or a Git LFS "
                              "pointer. Fix: restore the real file (git lfs pull, or git checkout data/models).")
+        if w.suffix == ".safetensors" and (want := _safetensors_size(w)) != w.stat().st_size:
+            raise ValueError(f"weights file {w} is {w.stat().st_size} bytes but its header describes "
+                             f"{want if want is not None else 'no readable'} bytes: it is truncated or corrupt. "
+                             "Fix: restore the real file (git lfs pull, or git checkout data/models).")
     return cfg
+
+
+def _safetensors_size(path: Path) -> int | None:
+    """The file size a safetensors header promises (8-byte length, JSON header, tensor data); None if unreadable."""
+    try:
+        with open(path, "rb") as f:
+            n = int.from_bytes(f.read(8), "little")
+            header = json.loads(f.read(n)) if 0 < n <= 100 * 2**20 else None
+        ends = [v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"]
+        return 8 + n + max(ends, default=0)
+    except (OSError, ValueError, TypeError, KeyError, IndexError, AttributeError):
+        return None
 
 
 def check_tokenizer(tokenizer: Any, spec: ModelSpec) -> None:

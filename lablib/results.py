@@ -201,8 +201,11 @@ class ResultStore:
     def append(self, result: Result) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         line = (result.to_json() + "\n").encode()
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
         try:
+            size = os.fstat(fd).st_size
+            if size and os.pread(fd, 1, size - 1) != b"\n":
+                line = b"\n" + line  # after a torn last line, start a fresh one so this record stays readable
             os.write(fd, line)
             os.fsync(fd)
         finally:
@@ -254,3 +257,13 @@ def table(results: list[Result]) -> list[dict[str, Any]]:
             "peak_mem_bytes": r.memory.get("peak_bytes"), "mbu": r.roofline.get("mbu"),
             "hardware": r.hardware.get("gpu") or "CPU"})
     return rows
+
+
+def token_agreement(a: Result, b: Result) -> float:
+    """Fraction of requests (matched by id) whose generated token ids are identical in both runs."""
+    ids_b = {r.request_id: r.output_ids for r in b.requests}
+    pairs = [(r.output_ids, ids_b[r.request_id]) for r in a.requests if r.request_id in ids_b]
+    if not pairs or any(x is None or y is None for x, y in pairs):
+        raise ValueError("token_agreement: the runs share no requests with stored output_ids. "
+                         "Fix: compare two live runs of the same workload.")
+    return sum(x == y for x, y in pairs) / len(pairs)

@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from lablib.bench import run  # noqa: E402
 from lablib.config import BenchConfig, HFConfig, VLLMConfig  # noqa: E402
 from lablib.engines.hf import HFEngine  # noqa: E402
-from lablib.engines.vllm import VLLMEngine, _nvml_used  # noqa: E402
+from lablib.engines.vllm import VLLMEngine  # noqa: E402
 from lablib.results import Result, ResultStore  # noqa: E402
 from lablib.workloads import Request, Workload, load_workload  # noqa: E402
 
@@ -139,19 +139,13 @@ def step_hf_big(out: Path, store: ResultStore, facts: dict) -> None:
 
 
 def step_sweep(out: Path, store: ResultStore, facts: dict) -> None:
-    journey = load_workload("journey")
-    rows = []
-    for g in (0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8):
-        before = _nvml_used()
-        with VLLMEngine("embedded", VLLMConfig(gpu_memory_utilization=g, enforce_eager=True)) as eng:
-            r = recorded(run(eng, journey, BenchConfig(progress=False), lab=LAB, step=f"vllm-gmu-{g}"))
-            store.append(r)
-        row = {"gpu_memory_utilization": g, "kv_tokens": eng.facts.get("kv_tokens"),
-               "max_concurrency": eng.facts.get("max_concurrency"), "output_tok_s": r.summary["output_tok_s"],
-               "peak_used_bytes": r.memory.get("peak_bytes"), "vram_before_bytes": before[0] if before else None,
-               "vram_after_close_bytes": eng.facts.get("vram_after_close_bytes"),
-               "back_to_baseline": eng.facts.get("vram_back_to_baseline"), "startup_s": eng.facts.get("startup_s")}
-        rows.append(row)
+    from lablib.sweeps import gpu_memory_utilization_sweep
+
+    values = [0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8]
+    rows, results = gpu_memory_utilization_sweep(values, lab=LAB)
+    for r in results:
+        store.append(recorded(r))
+    for row in rows:
         log(out, f"sweep {json.dumps(row)}")
     facts["sweep"] = rows
 

@@ -118,14 +118,22 @@ class VLLMEngine:
     def _receive(self, timeout_s: float, expect: tuple[str, ...]) -> tuple[str, Any]:
         """The next message; errors and a dead worker become a RuntimeError with the worker's own words."""
         deadline = time.monotonic() + timeout_s
+
+        def died() -> RuntimeError:
+            return RuntimeError(f"the vLLM worker died (exit code {self._proc.exitcode}) without a message. "
+                                f"Its log ({self.log_path}) ends:\n{self._log_tail()}")
+
         try:
             while not self._conn.poll(0.2):
-                if not self._proc.is_alive():
-                    raise RuntimeError(f"the vLLM worker died (exit code {self._proc.exitcode}) without a message. "
-                                       f"Its log ({self.log_path}) ends:\n{self._log_tail()}")
+                if not self._proc.is_alive() and not self._conn.poll(0):  # (what it sent before dying is read first)
+                    raise died()
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"the vLLM worker sent nothing for {timeout_s:.0f} s. Log tail:\n{self._log_tail()}")
-            msg = self._conn.recv()
+            try:
+                msg = self._conn.recv()
+            except EOFError:  # its end of the pipe closed: the worker is gone
+                self._proc.join(10)
+                raise died() from None
         except KeyboardInterrupt:
             self.close(force=True)
             raise
@@ -159,6 +167,10 @@ class VLLMEngine:
                     on_record(rec)
                 if bar:
                     bar.update(1)
+        except BaseException:  # an interrupt or error in on_record: the worker is mid-run, its pipe holds stale records
+            if self._proc.is_alive():
+                self.close(force=True)
+            raise
         finally:
             if bar:
                 bar.close()
@@ -205,4 +217,4 @@ def _kill_tree(pid: int) -> None:
             p.kill()
         except psutil.NoSuchProcess:
             pass
-    psutil.wait_procs(procs, timeout=10)
+    psutil.wait_procs(procs[:-1], timeout=10)  # not the worker: reaped by psutil, its is_alive() stays True

@@ -1,0 +1,39 @@
+"""Figures of engine-restart sweeps (rows from lablib.sweeps, live or recorded)."""
+from __future__ import annotations
+
+from typing import Any
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+
+def gpu_memory_utilization_figure(rows: list[dict[str, Any]]) -> go.Figure:
+    """KV capacity vs gpu_memory_utilization, and VRAM before start / after close of each engine."""
+    if not rows:
+        raise ValueError("gpu_memory_utilization_figure: no rows. Fix: run lablib.sweeps.gpu_memory_utilization_rows().")
+    g = [r["gpu_memory_utilization"] for r in rows]
+    prov = rows[0].get("provenance", "live")
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("KV-cache capacity (tokens)", "GPU memory used (MiB)"))
+    fig.add_trace(go.Scatter(x=g, y=[r["kv_tokens"] for r in rows], mode="lines+markers",
+                             name=f"KV tokens ({prov})"), 1, 1)
+    for key, label in (("vram_before_bytes", "before engine start"), ("peak_used_bytes", "peak during run"),
+                       ("vram_after_close_bytes", "after close")):
+        fig.add_trace(go.Bar(x=[str(x) for x in g], y=[(r.get(key) or 0) / 2**20 for r in rows],
+                             name=f"{label} ({prov})"), 1, 2)
+    fig.update_xaxes(title_text="gpu_memory_utilization")
+    fig.update_layout(title=f"gpu_memory_utilization sweep: {prov}", barmode="group", showlegend=True)
+    return fig
+
+
+def schedule_tradeoff(schedules: dict[str, Any], ttft_target: float | None = None) -> go.Figure:
+    """Throughput vs p99 TTFT for several scheduler settings (simulator ScheduleResults), with a TTFT target line."""
+    if not schedules:
+        raise ValueError("schedule_tradeoff: no schedules. Fix: pass {label: ScheduleResult}.")
+    fig = go.Figure(go.Scatter(
+        x=[s.summary.p99_ttft for s in schedules.values()], y=[s.summary.throughput for s in schedules.values()],
+        text=list(schedules), mode="lines+markers+text", textposition="top center", name="simulated"))
+    if ttft_target is not None:
+        fig.add_vline(x=ttft_target, line_dash="dash", annotation_text=f"TTFT target {ttft_target:g}")
+    fig.update_layout(title="Throughput vs tail latency (simulator, cost-model units)",
+                      xaxis_title="p99 TTFT", yaxis_title="output tokens per unit time", showlegend=True)
+    return fig

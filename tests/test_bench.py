@@ -1,0 +1,157 @@
+"""The timing protocol on the CPU with the embedded model: prepare checks every request against
+the context before any work, run returns (and stores) one complete Result, and an interrupted
+run stores what finished before re-raising."""
+
+import pytest
+
+from lablib import bench
+from lablib.bench import prepare
+from lablib.config import BenchConfig, HFConfig
+from lablib.engines import HFEngine, PreparedRequest
+from lablib.results import RequestRecord, ResultStore
+from lablib.workloads import Workload, load_workload
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers").utils.logging.set_verbosity_error()
+
+QUICK = BenchConfig(max_new_tokens=8, progress=False)
+pytestmark = pytest.mark.filterwarnings("ignore:MemoryMonitor. no GPU:RuntimeWarning")  # the CPU fallback, expected here
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """A 4.7M-parameter model at batch 1 gains nothing from a second thread, and on a shared 2-core
+    machine OpenMP threads spin against other processes' (5-10x slower); restored afterwards."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def engine(one_thread) -> HFEngine:
+    e = HFEngine("embedded", HFConfig(device="cpu"))
+    yield e
+    e.close()
+
+
+@pytest.fixture(scope="module")
+def journey() -> Workload:
+    return load_workload("journey")
+
+
+@pytest.fixture(scope="module")
+def run_result(engine, journey, tmp_path_factory):
+    store = ResultStore(tmp_path_factory.mktemp("results") / "bench.jsonl")
+    seen: list[RequestRecord] = []
+    result = bench.run(engine, journey.head(4), QUICK, lab="test", step="naive-4", store=store, on_record=seen.append)
+    return result, store, seen
+
+
+# --- prepare ------------------------------------------------------------------------------------
+
+
+def test_prepare_tokenizes_and_sets_lengths(engine, journey):
+    w = journey.head(6)
+    own = prepare(w, engine, BenchConfig(progress=False))
+    assert [p.request_id for p in own] == [r.id for r in w]
+    assert [len(p.prompt_ids) for p in own] == w.prompt_lengths  # the stored counts are the embedded tokenizer's
+    assert [p.max_new_tokens for p in own] == w.output_lengths  # no override: the workload's own lengths
+    assert all(p.prompt_ids[0] == engine.tokenizer.bos_token_id for p in own)
+    assert {p.max_new_tokens for p in prepare(w, engine, QUICK)} == {8}
+
+
+def test_prepare_refuses_a_request_longer_than_the_context(engine, journey):
+    long = [r for r in journey if r.prompt_tokens > 500]
+    w = Workload("journey", journey.version, journey.description, tuple(long), journey.manifest)
+    assert prepare(w, engine, QUICK)  # they fit with a short output
+    with pytest.raises(ValueError) as e:
+        prepare(w, engine, BenchConfig(max_new_tokens=2040, progress=False))
+    msg = str(e.value)
+    first = long[0]
+    assert f"request {first.id}" in msg and f"prompt {first.prompt_tokens} + max_new_tokens 2040" in msg
+    assert "context of 2048" in msg and "Fix" in msg
+
+
+# --- run ----------------------------------------------------------------------------------------
+
+
+def test_run_returns_a_complete_result(run_result, journey):
+    r, _, seen = run_result
+    ids = [q.id for q in journey.head(4)]
+    assert [q.request_id for q in r.requests] == ids  # the warm-up request is not among them
+    assert seen == r.requests
+    assert (r.lab, r.step, r.engine, r.provenance) == ("test", "naive-4", "hf-naive", "live")
+    s = r.summary
+    assert s["requests"] == 4 and s["output_tokens"] == 32
+    assert s["prompt_tokens"] == sum(journey.head(4).prompt_lengths)
+    assert s["output_tok_s"] == pytest.approx(32 / r.wall_s)
+    assert 0 < s["ttft_s"]["p50"] <= s["e2e_s"]["p99"] <= r.wall_s
+    assert r.config["mode"] == "naive" and r.config["ignore_eos"] is True and r.config["warmup_requests"] == 1
+    assert r.model["name"] == "embedded" and r.model["parameters"] == 4_737_792
+    assert r.workload == {"name": "journey", "version": journey.version, "requests": 4}
+    assert r.versions["torch"] and r.versions["transformers"]
+
+
+def test_run_on_the_cpu_measures_rss_and_knows_no_peak(run_result):
+    r, _, _ = run_result
+    if r.hardware.get("gpu"):
+        pytest.skip("a GPU is visible: memory and roofline come from NVML and the peak table there")
+    assert r.memory["source"] == "rss" and r.memory["peak_bytes"] >= r.memory["baseline_bytes"] > 0
+    assert any("resident set size" in n for n in r.notes)
+    assert r.roofline["mbu"] == "unknown" and r.roofline["peak_bw"] == "unknown"
+    assert r.roofline["achieved_bw"] > 0  # what was achieved is still measured, only the peak is unknown
+
+
+def test_run_appends_to_the_store(run_result):
+    r, store, _ = run_result
+    assert store.load() == [r]
+
+
+def test_warmup_is_run_but_not_recorded(engine, journey):
+    calls = []
+    real = engine.generate
+
+    def spy(requests, on_record=None, progress=True):
+        calls.append([q.request_id for q in requests])
+        return real(requests, on_record=on_record, progress=progress)
+
+    engine.generate = spy
+    try:
+        r = bench.run(engine, journey.head(2), BenchConfig(max_new_tokens=2, warmup_requests=1, progress=False))
+    finally:
+        del engine.generate
+    assert calls == [["warmup-journey-000"], ["journey-000", "journey-001"]]
+    assert [q.request_id for q in r.requests] == ["journey-000", "journey-001"]
+
+
+# --- an interrupted run -------------------------------------------------------------------------
+
+
+class InterruptedEngine:
+    """Follows the engine call shape; the timed run emits two records, then the user hits Interrupt."""
+
+    name = "fake"
+
+    def __init__(self, real: HFEngine):
+        self.spec, self.tokenizer, self.facts, self.config = real.spec, real.tokenizer, dict(real.facts), real.config
+
+    def generate(self, requests: list[PreparedRequest], on_record=None, progress: bool = True):
+        recs = [RequestRecord(q.request_id, len(q.prompt_ids), q.max_new_tokens, start=0.0, first_token=0.01 * (i + 1),
+                              last_token=0.02 * (i + 1), token_times=None) for i, q in enumerate(requests)]
+        if on_record is None:  # the warm-up
+            return recs
+        for rec in recs[:2]:
+            on_record(rec)
+        raise KeyboardInterrupt
+
+
+def test_interrupted_run_stores_what_finished_then_reraises(engine, journey, tmp_path):
+    store = ResultStore(tmp_path / "runs.jsonl")
+    with pytest.raises(KeyboardInterrupt):
+        bench.run(InterruptedEngine(engine), journey.head(5), QUICK, step="cut", store=store)
+    (saved,) = store.load()
+    assert saved.step == "cut" and saved.engine == "fake"
+    assert [q.request_id for q in saved.requests] == ["journey-000", "journey-001"]
+    assert saved.summary["requests"] == 2 and saved.summary["output_tokens"] == 16
+    assert any("interrupted after 2 of 5 requests" in n and "KeyboardInterrupt" in n for n in saved.notes)

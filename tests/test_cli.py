@@ -1,0 +1,77 @@
+"""`lablab`, the main command: a short journey on the CPU writes its Results, the HTML report
+and a last stdout line of JSON; bad input exits with code 2 and a message, not a traceback."""
+
+import json
+
+import pytest
+
+from lablib.cli import main
+from lablib.results import load_results
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers").utils.logging.set_verbosity_error()
+pytestmark = pytest.mark.filterwarnings("ignore:MemoryMonitor. no GPU:RuntimeWarning")  # the CPU fallback
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """A 4.7M-parameter model at batch <= 2 gains nothing from a second thread, and on a shared 2-core
+    machine OpenMP threads spin against other processes' (5-10x slower); restored afterwards."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def test_journey_writes_results_report_and_summary(tmp_path, capsys):
+    tmp = tmp_path
+    code = main(["--requests", "4", "--batch-sizes", "1,2", "--max-new-tokens", "8",
+                 "--results", str(tmp), "--report", str(tmp / "r.html")])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    results = load_results(tmp)
+    assert [r.step for r in results] == ["hf-naive", "hf-static-b2"]
+    assert [r.config["batch_size"] for r in results] == [1, 2]
+    for r in results:
+        assert r.summary["requests"] == 4 and r.summary["output_tokens"] == 32
+        assert r.lab == "journey" and r.workload["requests"] == 4
+    assert [q.output_ids for q in results[0].requests] == [q.output_ids for q in results[1].requests]
+
+    page = (tmp / "r.html").read_text()
+    assert "hf-static-b2" in page and "hf-naive" in page
+    assert "plotly" in page.lower() and page.count("<script") >= 6
+
+    summary = json.loads(out.strip().splitlines()[-1])
+    assert set(summary["steps"]) == {"hf-naive", "hf-static-b2"}
+    for r in results:
+        assert summary["steps"][r.step] == round(r.summary["output_tok_s"], 2)
+    best = max(results, key=lambda r: r.summary["output_tok_s"])
+    assert summary["best"] == best.step
+    assert summary["speedup_over_naive"] == round(best.summary["output_tok_s"] / results[0].summary["output_tok_s"], 2)
+    assert summary["results"] == str(tmp / "journey.jsonl") and summary["report"] == str(tmp / "r.html")
+
+
+@pytest.mark.parametrize("args,field,hint", [
+    (["--batch-sizes", "0"], "batch_sizes contains 0", "Fix"),
+    (["--batch-sizes", "1,-4"], "batch_sizes contains -4", "Fix"),
+    (["--requests", "0"], "--requests=0", "Fix"),
+    (["--requests", "-3"], "--requests=-3", "Fix"),
+    (["--workload", "nope"], "workload 'nope'", "journey"),
+    (["--max-new-tokens", "0"], "max_new_tokens=0", "Fix"),
+    (["--model", "no-such-model"], "model='no-such-model'", "qwen2.5-0.5b"),
+])
+def test_bad_input_exits_2_with_a_message(args, field, hint, tmp_path, capsys):
+    code = main([*args, "--results", str(tmp_path), "--report", str(tmp_path / "r.html")])
+    out, err = capsys.readouterr()
+    assert code == 2
+    assert err.startswith("lablab: ") and field in err and hint in err, err
+    assert "Traceback" not in err + out
+    assert not (tmp_path / "r.html").exists() and load_results(tmp_path) == []
+
+
+def test_unparseable_batch_sizes_are_an_argparse_error(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["--batch-sizes", "one,two", "--results", str(tmp_path)])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "--batch-sizes" in err and "comma-separated integers" in err and "Traceback" not in err

@@ -1,0 +1,132 @@
+"""The Hugging Face engines on the embedded model: one record per request, exact lengths, honest
+time stamps, and static batching gives the same greedy tokens as the naive path.
+
+The model is loaded once per engine for the module; each generate call is ~8 requests x 8 tokens.
+"""
+
+import dataclasses
+
+import pytest
+
+from lablib.bench import prepare
+from lablib.config import BenchConfig, HFConfig
+from lablib.engines import HFEngine, PreparedRequest
+from lablib.workloads import load_workload
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers").utils.logging.set_verbosity_error()
+
+N, NEW, B = 8, 8, 4
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """A 4.7M-parameter model at batch <= 4 gains nothing from a second thread, and on a shared 2-core
+    machine OpenMP threads spin against other processes' (5-10x slower); restored afterwards."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def naive(one_thread) -> HFEngine:
+    e = HFEngine("embedded", HFConfig(device="cpu"))
+    yield e
+    e.close()
+
+
+@pytest.fixture(scope="module")
+def static(naive) -> HFEngine:
+    e = HFEngine(naive.spec, HFConfig("static", B, device="cpu"))
+    yield e
+    e.close()
+
+
+@pytest.fixture(scope="module")
+def requests(naive) -> list[PreparedRequest]:
+    # journey-006 is a long prompt (~540 tokens): batches mix long and short, so left padding is exercised.
+    return prepare(load_workload("journey", limit=N), naive, BenchConfig(max_new_tokens=NEW, progress=False))
+
+
+@pytest.fixture(scope="module")
+def naive_records(naive, requests):
+    return naive.generate(requests, progress=False)
+
+
+@pytest.fixture(scope="module")
+def static_records(static, requests):
+    # uneven lengths inside each batch: the short ones must still get exactly their own count
+    uneven = [dataclasses.replace(r, max_new_tokens=NEW - 2 * (i % 3)) for i, r in enumerate(requests)]
+    seen = []
+    return uneven, static.generate(uneven, on_record=seen.append, progress=False), seen
+
+
+def check_records(reqs, recs):
+    assert [r.request_id for r in recs] == [r.request_id for r in reqs]
+    for q, r in zip(reqs, recs):
+        assert r.prompt_tokens == len(q.prompt_ids)
+        assert r.output_tokens == q.max_new_tokens == len(r.output_ids) == len(r.token_times)
+        assert all(a < b for a, b in zip(r.token_times, r.token_times[1:])), r.token_times
+        assert r.arrival == 0.0 <= r.start < r.first_token <= r.last_token <= r.finished
+        assert r.first_token == r.token_times[0] and r.last_token == r.token_times[-1]
+        assert all(0 <= t < 4096 for t in r.output_ids)
+
+
+def test_engine_facts(naive, static):
+    f = naive.facts
+    assert naive.name == "hf-naive" and static.name == "hf-static"
+    assert f["device"] == "cpu" and f["dtype"] == "float32" and f["context"] == 2048
+    assert f["parameters"] == 4_737_792  # tied embeddings counted once
+    assert f["weight_bytes"] == 4 * f["parameters"]
+    assert f["kv_bytes_per_token"] == 2 * 5 * 2 * 64 * 4  # K and V, 5 layers, 2 KV heads, head dim 64, fp32
+
+
+def test_naive_records(naive_records, requests):
+    check_records(requests, naive_records)
+    for a, b in zip(naive_records, naive_records[1:]):  # one at a time: each starts after the last finished
+        assert b.start >= a.finished
+
+
+def test_static_records_and_batch_end(static_records):
+    reqs, recs, seen = static_records
+    check_records(reqs, recs)
+    assert seen == recs  # on_record saw every record, in order
+    batches = [recs[i:i + B] for i in range(0, len(recs), B)]
+    for batch in batches:
+        end = max(r.last_token for r in batch)
+        assert len({r.start for r in batch}) == 1
+        assert all(r.finished == batch[0].finished >= end for r in batch)  # handed back when the batch ends
+        short = [r for r in batch if r.output_tokens < NEW]
+        assert short and all(r.finished > r.last_token for r in short)  # the short ones waited
+    assert batches[1][0].start >= batches[0][0].finished
+
+
+def test_static_greedy_tokens_equal_naive(naive_records, static_records):
+    # Left padding with the attention mask must not change greedy output (fp32 CPU, same model).
+    _, recs, _ = static_records
+    for n, s in zip(naive_records, recs):
+        assert s.output_ids == n.output_ids[:s.output_tokens], n.request_id
+
+
+def test_naive_matches_a_hand_written_greedy_loop(naive, requests, naive_records):
+    # No cache, no generate(): argmax of the full forward pass, one token at a time, EOS ignored.
+    q, r = requests[1], naive_records[1]
+    ids = list(q.prompt_ids)
+    with torch.inference_mode():
+        for _ in range(NEW):
+            ids.append(int(naive.model(torch.tensor([ids])).logits[0, -1].argmax()))
+    assert ids[len(q.prompt_ids):] == r.output_ids
+
+
+def test_eos_is_not_a_stop_token(naive):
+    eos = naive.tokenizer.eos_token_id
+    (r,) = naive.generate([PreparedRequest("eos", (naive.tokenizer.bos_token_id, eos, eos), 12)], progress=False)
+    assert r.output_tokens == len(r.output_ids) == len(r.token_times) == 12
+
+
+def test_cuda_without_a_gpu_is_refused():
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: the refusal is for machines without one")
+    with pytest.raises(ValueError, match="device='cuda' but no CUDA GPU"):
+        HFEngine("embedded", HFConfig(device="cuda"))

@@ -1,0 +1,408 @@
+"""The vLLM engine on a CPU machine: the real worker process, driving a fake `vllm` (tests/fake_vllm).
+
+The fake has exactly the API surface the worker uses (see its docstring), so these tests pin
+lablib's side of the protocol: preflight refusals, the spawned worker and what it reports,
+records streamed as requests finish, a worker reused across calls, a start failure or a
+hard crash turned into a RuntimeError without losing finished records, and close() leaving
+no process and no VRAM behind. NVML is faked by patching pynvml: the "GPU memory used"
+includes 8 GiB for every fake EngineCore alive, so the VRAM-settle check in close() is real.
+"""
+
+import importlib.util
+import json
+import os
+import shutil
+import sys
+import time
+import uuid
+
+import psutil
+import pynvml
+import pytest
+
+from lablib.config import VLLMConfig
+from lablib.engines import vllm as vllm_engine
+from lablib.engines.base import PreparedRequest
+from lablib.engines.vllm import VLLMEngine, preflight
+from lablib.models import ModelSpec, check_model_dir, embedded_path, resolve_model
+from lablib.synthetic import architectures
+
+FAKE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fake_vllm")
+GiB = 2**30
+BASE_USED = 1 * GiB  # VRAM in use before any engine (driver, other processes)
+CORE_BYTES = 8 * GiB  # what each live fake EngineCore "holds"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _wait_gone(pids: list[int], timeout: float = 5.0) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return [p for p in pids if _alive(p)]
+
+
+def _live_children() -> set[int]:
+    """Live descendants of this test process, minus multiprocessing's resource tracker (shared by all spawns)."""
+    out = set()
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if p.status() != psutil.STATUS_ZOMBIE and "resource_tracker" not in " ".join(p.cmdline()):
+                out.add(p.pid)
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+def _cores(marker: str) -> list[int]:
+    """Live fake EngineCores of this test, found by the marker on their command line (orphans too)."""
+    pids = []
+    for p in psutil.process_iter(["cmdline"]):
+        try:
+            if marker in (p.info["cmdline"] or []) and p.status() != psutil.STATUS_ZOMBIE:
+                pids.append(p.pid)
+        except psutil.NoSuchProcess:
+            pass
+    return pids
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch):
+    """Patch pynvml into one GPU; returns a setter for its name, compute capability and memory."""
+    gpu = {"name": "NVIDIA H200", "cc": (9, 0), "total": 140 * GiB, "free": None, "marker": None}
+
+    def memory(handle):
+        used = BASE_USED + CORE_BYTES * (len(_cores(gpu["marker"])) if gpu["marker"] else 0)
+        free = gpu["free"] if gpu["free"] is not None else gpu["total"] - used
+        return type("Memory", (), {"used": used, "free": free, "total": gpu["total"]})()
+
+    monkeypatch.setattr(pynvml, "nvmlInit", lambda: None)
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetHandleByIndex", lambda i: f"gpu{i}")
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetMemoryInfo", memory)
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetCudaComputeCapability", lambda h: gpu["cc"])
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetName", lambda h: gpu["name"])
+
+    def set_gpu(**kw):
+        gpu.update(kw)
+
+    set_gpu.gpu = gpu
+    return set_gpu
+
+
+@pytest.fixture
+def with_fake_vllm(monkeypatch):
+    """The fake `vllm` importable here (so preflight finds it) and in the worker.
+
+    A spawned worker starts with this process's sys.path, so sys.path carries it there;
+    PYTHONPATH does the same for anything the worker starts with a fresh interpreter.
+    """
+    monkeypatch.syspath_prepend(FAKE)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([FAKE, *filter(None, [os.environ.get("PYTHONPATH")])]))
+    for var in ("FAKE_VLLM_FAIL_START", "FAKE_VLLM_CRASH_AFTER", "FAKE_VLLM_GPU_BLOCKS", "FAKE_VLLM_ORPHAN_WATCH"):
+        monkeypatch.delenv(var, raising=False)
+
+
+@pytest.fixture
+def start(with_fake_vllm, fake_gpu, monkeypatch):
+    """start(config, model, **FAKE_VLLM_env) → a running VLLMEngine; every engine is closed at the end."""
+    marker = f"fake-vllm-core-{uuid.uuid4().hex[:8]}"
+    monkeypatch.setenv("FAKE_VLLM_MARKER", marker)
+    monkeypatch.setenv("FAKE_VLLM_STEP_SLEEP", "0.002")
+    monkeypatch.setattr(vllm_engine, "SETTLE_S", 5.0)
+    fake_gpu(marker=marker)
+    engines = []
+
+    def _start(config=VLLMConfig(), model="embedded", **env):
+        for k, v in env.items():
+            monkeypatch.setenv(k, str(v))
+        engine = VLLMEngine.__new__(VLLMEngine)  # so teardown can close it even if __init__ fails half-way
+        engines.append(engine)
+        engine.__init__(model, config, start_timeout_s=60)
+        return engine
+
+    _start.marker = marker
+    yield _start
+    for e in engines:
+        if getattr(e, "_proc", None) is not None:
+            e.close()  # the polite close a `with` block does (a dead worker makes it a no-op)
+        if getattr(e, "log_path", None):
+            os.unlink(e.log_path)
+    assert _wait_gone(_cores(marker)) == []
+
+
+def _requests(lengths, prompt_lens=None):
+    prompt_lens = prompt_lens or [3 + 2 * i for i in range(len(lengths))]
+    return [PreparedRequest(f"r{i}", tuple(range(1, p + 1)), n) for i, (p, n) in enumerate(zip(prompt_lens, lengths))]
+
+
+def _expected_ids(req):
+    return [(len(req.prompt_ids) + i) % 100 for i in range(req.max_new_tokens)]
+
+
+def _worker_and_core(engine, marker):
+    [worker] = engine.worker_pids()
+    cores = [c.pid for c in psutil.Process(worker).children() if marker in c.cmdline()]
+    assert len(cores) == 1, "the fake LLM runs one EngineCore under the worker"
+    return worker, cores[0]
+
+
+# ---------------------------------------------------------------- preflight: refused before any work starts
+
+
+def test_preflight_without_vllm_says_how_to_install(monkeypatch):
+    monkeypatch.setitem(sys.modules, "vllm", None)  # find_spec answers None, as on this machine without the fake
+    assert importlib.util.find_spec("vllm") is None
+    with pytest.raises(ValueError, match=r"pip install 'lablib\[gpu\]'"):
+        preflight(resolve_model("embedded"), VLLMConfig())
+
+
+def test_preflight_without_a_gpu(with_fake_vllm, monkeypatch):
+    def no_driver():
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_LIBRARY_NOT_FOUND)
+
+    monkeypatch.setattr(pynvml, "nvmlInit", no_driver)  # what NVML does on a machine without the NVIDIA driver
+    assert importlib.util.find_spec("vllm") is not None and "vllm" not in sys.modules
+    with pytest.raises(ValueError, match="no NVIDIA GPU"):
+        preflight(resolve_model("embedded"), VLLMConfig())
+
+
+def test_preflight_bf16_on_a_turing_gpu_suggests_float16(with_fake_vllm, fake_gpu):
+    fake_gpu(name="Tesla T4", cc=(7, 5), total=15 * GiB)
+    spec = resolve_model("embedded")  # a bfloat16 checkpoint: dtype='auto' means bf16
+    with pytest.raises(ValueError, match=r"VLLMConfig\(dtype='float16'\)") as e:
+        preflight(spec, VLLMConfig())
+    assert "Tesla T4" in str(e.value) and "7.5" in str(e.value)
+    assert preflight(spec, VLLMConfig(dtype="float16"))["fits"] is True  # the suggested fix passes
+
+
+def test_preflight_fp8_needs_ada_or_hopper(with_fake_vllm, fake_gpu):
+    spec = resolve_model("embedded")
+    fake_gpu(name="NVIDIA A100-SXM4-80GB", cc=(8, 0), total=80 * GiB)
+    for config in (VLLMConfig(kv_cache_dtype="fp8"), VLLMConfig(quantization="fp8")):
+        with pytest.raises(ValueError, match=r"fp8 needs compute capability 8\.9.*this GPU is 8\.0"):
+            preflight(spec, config)
+    fake_gpu(name="NVIDIA H200", cc=(9, 0), total=140 * GiB)
+    bf16, fp8 = preflight(spec, VLLMConfig()), preflight(spec, VLLMConfig(kv_cache_dtype="fp8"))
+    assert fp8["kv_bytes_per_token"] * 2 == bf16["kv_bytes_per_token"] == spec.kv_bytes_per_token(2)
+
+
+def test_preflight_refuses_a_config_that_cannot_fit(with_fake_vllm, fake_gpu):
+    cfg = architectures()["llama-3.1-8b"]  # the shape alone: no checkpoint needs to exist
+    spec = ModelSpec("synthetic:llama-3.1-8b", "/nonexistent/llama-3.1-8b", "synthetic", cfg)
+    fake_gpu(name="Tesla T4", cc=(7, 5), total=16 * GiB)  # 16 GB of bf16 weights alone overflow 0.9 × 16 GiB
+    with pytest.raises(ValueError, match=r"max_model_len=131,072") as e:
+        preflight(spec, VLLMConfig(max_model_len=131072))
+    assert "gpu_memory_utilization" in str(e.value) and "synthetic:llama-3.1-8b" in str(e.value)
+    fake_gpu(name="NVIDIA L4", cc=(8, 9), total=24 * GiB)
+    with pytest.raises(ValueError, match=r"max_model_len=131,072"):  # weights fit; one 128k sequence's KV does not
+        preflight(spec, VLLMConfig(max_model_len=131072))
+    report = preflight(spec, VLLMConfig(max_model_len=8192))
+    assert report["fits"] is True and report["kv_tokens"] >= 8192
+    fake_gpu(name="NVIDIA H200", cc=(9, 0), total=140 * GiB, free=40 * GiB)  # someone else holds 100 GiB
+    with pytest.raises(ValueError, match=r"gpu_memory_utilization=0\.9 asks for 126\.0 GiB but only 40\.0 GiB is free"):
+        preflight(spec, VLLMConfig(max_model_len=8192))
+    assert preflight(spec, VLLMConfig(max_model_len=8192, gpu_memory_utilization=0.25))["fits"] is True
+
+
+def test_preflight_of_a_hub_preset_cannot_know_the_shape(with_fake_vllm, fake_gpu):
+    assert preflight(resolve_model("qwen3-0.6b"), VLLMConfig())["fits"] is None
+
+
+# ---------------------------------------------------------------- the worker: start, facts, generate
+
+
+def test_engine_starts_in_a_worker_and_reports_facts(start):
+    t0 = time.perf_counter()
+    engine = start(VLLMConfig(max_num_seqs=3, enforce_eager=True), FAKE_VLLM_GPU_BLOCKS=1234)
+    wall = time.perf_counter() - t0
+    f = engine.facts
+    assert "vllm" not in sys.modules, "the notebook's process imported vLLM: it would hold the GPU"
+    assert f["kv_blocks"] == 1234 and f["block_size"] == 16 and f["kv_tokens"] == 1234 * 16
+    assert f["max_model_len"] == f["context"] == 2048  # the embedded model's own context
+    assert f["max_concurrency"] == pytest.approx(1234 * 16 / 2048)
+    assert f["max_num_seqs"] == 3 and f["max_num_batched_tokens"] == 16384
+    assert f["attention_backend"] == "FLASH_ATTN"  # printed by the EngineCore child into the worker's log
+    assert f["cuda_graphs"] is False and f["dtype"] == "bfloat16" and f["kv_cache_dtype"] == "auto"
+    assert f["vllm"] == "0.26.0+fake" and f["synthetic"] is False
+    assert 0 < f["startup_s"] < f["startup_wall_s"] <= wall
+    assert f["fit_estimate"]["fits"] is True and f["kv_bytes_per_token"] == 2 * 5 * 2 * 64 * 2
+    assert f["weight_bytes"] == (embedded_path() / "model.safetensors").stat().st_size
+    assert f["vram_baseline_bytes"] == BASE_USED  # measured before the worker started
+    json.dumps(f)
+    worker, core = _worker_and_core(engine, start.marker)
+    assert worker != os.getpid() and vllm_engine._nvml_used()[0] == BASE_USED + CORE_BYTES
+
+
+def test_generate_streams_records_as_they_finish(start, monkeypatch):
+    engine = start(FAKE_VLLM_STEP_SLEEP=0.05)
+    reqs = _requests([5, 1, 3, 2])
+    seen, seen_at = [], []
+
+    def on_record(rec):
+        seen.append(rec.request_id)
+        seen_at.append(time.perf_counter())
+
+    records = engine.generate(reqs, on_record=on_record, progress=False)
+    assert [r.request_id for r in records] == ["r0", "r1", "r2", "r3"]  # request order
+    assert seen == ["r1", "r3", "r2", "r0"]  # finish order: shortest first
+    assert seen_at[-1] - seen_at[0] >= 3 * 0.045  # streamed over 4 steps, not handed over at the end
+    for req, rec in zip(reqs, records):
+        assert rec.output_tokens == req.max_new_tokens and rec.prompt_tokens == len(req.prompt_ids)
+        assert rec.output_ids == _expected_ids(req)  # every token once: DELTA outputs, none doubled or lost
+        assert len(rec.token_times) == rec.output_tokens
+        assert rec.token_times == sorted(rec.token_times)
+        assert all(b - a >= 0.045 for a, b in zip(rec.token_times, rec.token_times[1:]))  # one stamp per step
+        assert rec.first_token == rec.token_times[0] <= rec.last_token == rec.token_times[-1] <= rec.finished
+        assert rec.arrival == 0.0 and 0 <= rec.start <= rec.first_token
+    metrics = engine.facts["last_run"]["metrics"]
+    assert metrics["vllm:generation_tokens"] == 11 and metrics["vllm:request_success"] == 4
+    assert metrics["vllm:prompt_tokens"] == sum(len(r.prompt_ids) for r in reqs)
+    assert "vllm:time_to_first_token_seconds" not in metrics  # a histogram has no single value
+    assert engine.facts["last_run"]["wall_s"] >= 5 * 0.045
+
+
+def test_a_sweep_reuses_one_worker(start):
+    engine = start(VLLMConfig(max_num_seqs=1))
+    worker, core = _worker_and_core(engine, start.marker)
+    first = engine.generate(_requests([2, 2]), progress=False)
+    second_reqs = _requests([3, 1, 2], prompt_lens=[7, 98, 150])
+    second = engine.generate(second_reqs, progress=False)
+    assert engine.worker_pids() == [worker] and _alive(core)
+    assert [r.output_ids for r in second] == [_expected_ids(r) for r in second_reqs]
+    assert [r.output_tokens for r in first + second] == [2, 2, 3, 1, 2]
+    # max_num_seqs=1: each request is scheduled after the previous one finished (vLLM's clock, the worker's origin)
+    for prev, nxt in zip(second, second[1:]):
+        assert prev.finished <= nxt.start <= nxt.first_token
+    assert engine.generate([], progress=False) == []
+    assert engine.facts["last_run"]["metrics"]["vllm:generation_tokens"] == 10  # the engine's lifetime counter
+    assert "vllm" not in sys.modules
+
+
+def test_synthetic_model_runs_without_a_tokenizer_in_the_worker(start, tmp_path):
+    folder = tmp_path / "tiny"  # a checkpoint with no tokenizer, as make_synthetic writes
+    folder.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy(embedded_path() / name, folder / name)
+    spec = ModelSpec("synthetic:tiny", str(folder), "synthetic", check_model_dir(folder))
+    engine = start(model=spec)  # the fake refuses a tokenizer-less folder unless skip_tokenizer_init=True
+    assert engine.facts["synthetic"] is True and engine.tokenizer is not None
+    [rec] = engine.generate(_requests([4]), progress=False)
+    assert rec.output_ids == _expected_ids(_requests([4])[0])
+
+
+# ---------------------------------------------------------------- failures: the worker's words, nothing lost or left
+
+
+def test_start_failure_carries_the_workers_message(start):
+    before = _live_children()
+    with pytest.raises(RuntimeError, match="vLLM worker failed: RuntimeError: CUDA out of memory \\(fake\\)"):
+        start(FAKE_VLLM_FAIL_START="CUDA out of memory (fake)")
+    assert _wait_gone(list(_live_children() - before)) == []
+
+
+def test_error_during_generate_closes_the_engine(start):
+    engine = start(VLLMConfig(max_model_len=64))
+    worker, core = _worker_and_core(engine, start.marker)
+    with pytest.raises(RuntimeError, match=r"ValueError: The decoder prompt \(length 100\) is longer than .* 64"):
+        engine.generate(_requests([2, 2], prompt_lens=[10, 100]), progress=False)
+    assert not _alive(worker) and _wait_gone([core]) == []
+    with pytest.raises(RuntimeError, match="make a new VLLMEngine"):
+        engine.generate(_requests([1]), progress=False)
+
+
+def test_hard_crash_keeps_finished_records_and_leaves_nothing(start):
+    before = _live_children()
+    engine = start(VLLMConfig(max_num_seqs=1), FAKE_VLLM_CRASH_AFTER=2)
+    worker, core = _worker_and_core(engine, start.marker)
+    got = []
+    with pytest.raises(RuntimeError, match=r"died \(exit code 3\) without a message") as e:
+        engine.generate(_requests([2, 3, 2, 2]), on_record=got.append, progress=False)
+    assert "EngineCore hit a fatal error after 2 finished requests" in str(e.value)  # the log's tail
+    assert [r.request_id for r in got] == ["r0", "r1"] and [r.output_tokens for r in got] == [2, 3]
+    engine.close()  # closing again is harmless
+    assert not _alive(worker) and _wait_gone([core]) == []
+    assert _wait_gone(list(_live_children() - before)) == []
+    assert engine.facts["vram_back_to_baseline"] is True
+    with pytest.raises(RuntimeError, match="make a new VLLMEngine"):
+        engine.generate(_requests([1]), progress=False)
+
+
+class _LateConn:
+    """The parent's pipe end, but its first wait gives up just before the worker's last messages land."""
+
+    def __init__(self, conn, proc):
+        self._conn, self._proc, self._raced = conn, proc, False
+
+    def poll(self, timeout=0.0):
+        if timeout and not self._raced:
+            self._raced = True
+            self._proc.join(30)  # meanwhile the worker sends its records and dies
+            return False
+        return self._conn.poll(timeout)
+
+    def __getattr__(self, name):
+        return getattr(self._conn, name)
+
+
+def test_records_sent_just_before_a_crash_are_not_lost(start):
+    engine = start(VLLMConfig(max_num_seqs=1), FAKE_VLLM_CRASH_AFTER=2)
+    engine._conn = _LateConn(engine._conn, engine._proc)
+    got = []
+    with pytest.raises(RuntimeError, match=r"exit code 3"):
+        engine.generate(_requests([1, 1, 1]), on_record=got.append, progress=False)
+    assert [r.request_id for r in got] == ["r0", "r1"]
+
+
+def test_interrupt_in_the_callback_ends_the_worker(start):
+    engine = start(FAKE_VLLM_STEP_SLEEP=0.02)
+    worker, core = _worker_and_core(engine, start.marker)
+
+    def on_record(rec):
+        raise KeyboardInterrupt  # Kernel → Interrupt while the notebook draws a record
+
+    with pytest.raises(KeyboardInterrupt):
+        engine.generate(_requests([1, 5, 5]), on_record=on_record, progress=False)
+    assert not _alive(worker) and _wait_gone([core]) == []
+    with pytest.raises(RuntimeError, match="make a new VLLMEngine"):  # not a half-read pipe next time
+        engine.generate(_requests([1]), progress=False)
+
+
+# ---------------------------------------------------------------- close: no process, no VRAM left behind
+
+
+def test_close_ends_worker_and_engine_core(start):
+    engine = start(FAKE_VLLM_ORPHAN_WATCH=0)  # the EngineCore ends only if someone ends it
+    worker, core = _worker_and_core(engine, start.marker)
+    engine.generate(_requests([2]), progress=False)
+    assert vllm_engine._nvml_used()[0] == BASE_USED + CORE_BYTES
+    engine.close()
+    assert not _alive(worker) and not _alive(core)
+    assert engine.facts["vram_back_to_baseline"] is True and engine.facts["vram_after_close_bytes"] == BASE_USED
+    with pytest.raises(RuntimeError, match="this vLLM engine is closed. Fix: make a new VLLMEngine"):
+        engine.generate(_requests([1]), progress=False)
+    engine.close()
+
+
+def test_force_close_kills_the_whole_tree(start):
+    engine = start(FAKE_VLLM_ORPHAN_WATCH=0)
+    worker, core = _worker_and_core(engine, start.marker)
+    engine.close(force=True)  # what an interrupt or a failure does: no polite "close" message
+    assert not _alive(worker) and not _alive(core)
+    assert engine.facts["vram_back_to_baseline"] is True
+
+
+def test_vram_that_does_not_come_back_is_reported(start, monkeypatch):
+    engine = start()
+    monkeypatch.setattr(vllm_engine, "SETTLE_S", 1.0)
+    stuck = BASE_USED + 2 * GiB  # from now on NVML says 2 GiB more than the baseline stay in use
+    monkeypatch.setattr(vllm_engine, "_nvml_used", lambda index=0: (stuck, 10 * GiB, 140 * GiB))
+    t0 = time.monotonic()
+    engine.close()
+    assert time.monotonic() - t0 >= 1.0  # it waited for the GPU to settle
+    assert engine.facts["vram_back_to_baseline"] is False and engine.facts["vram_after_close_bytes"] == stuck
+    monkeypatch.setattr(vllm_engine, "SETTLE_S", 0.0)  # the fixture's final close need not wait again

@@ -1,0 +1,109 @@
+"""The memory budget check (lablib.fit), and its estimate against the KV capacity vLLM reported on the H200."""
+
+import pytest
+
+from lablib.config import VLLMConfig
+from lablib.fit import ACTIVATION_OVERHEAD, CONTEXT_OVERHEAD, GRAPH_OVERHEAD, check_fit, weight_bytes
+from lablib.models import ModelSpec, embedded_path, resolve_model
+from lablib.reference import reference_facts
+from lablib.synthetic import architectures, parameter_count
+
+GiB = 2**30
+H200_TOTAL = 143771 * 2**20  # what NVML reports for an H200 (the recorded budget is 0.3 of it, see below)
+
+
+def llama8b(**extra) -> ModelSpec:
+    """Llama-3.1-8B by shape alone (no checkpoint on disk: weights are counted from the config)."""
+    cfg = {**architectures()["llama-3.1-8b"], **extra}
+    return ModelSpec("synthetic:llama-3.1-8b", "/nonexistent/llama-3.1-8b", "synthetic", cfg)
+
+
+def test_the_budget_arithmetic():
+    spec, total = llama8b(), 80 * GiB
+    r = check_fit(spec, VLLMConfig(max_model_len=8192), total)
+    assert r.budget_bytes == int(0.9 * total)
+    assert r.weight_bytes == 2 * parameter_count(spec.config) == 2 * 8_030_261_248  # bf16, from the shape
+    assert r.overhead_bytes == ACTIVATION_OVERHEAD + GRAPH_OVERHEAD == 1.5 * GiB
+    assert r.kv_bytes == r.budget_bytes - r.weight_bytes - r.overhead_bytes - CONTEXT_OVERHEAD
+    assert r.kv_bytes_per_token == 2 * 32 * 8 * 128 * 2 == 128 * 1024  # K and V, 32 layers, 8 KV heads of 128, bf16
+    assert r.kv_tokens == r.kv_bytes // r.kv_bytes_per_token
+    assert r.max_model_len == 8192 and r.max_concurrency == pytest.approx(r.kv_tokens / 8192)
+    assert r.fits and r.advice == ""
+    assert r.to_dict()["kv_tokens"] == r.kv_tokens
+    eager = check_fit(spec, VLLMConfig(max_model_len=8192, enforce_eager=True), total)
+    assert eager.overhead_bytes == 1 * GiB and eager.kv_tokens - r.kv_tokens == GiB // 2 // (128 * 1024)  # 4096
+
+
+def test_weights_come_from_the_checkpoint_when_there_is_one():
+    spec = resolve_model("embedded")
+    assert weight_bytes(spec, VLLMConfig()) == (embedded_path() / "model.safetensors").stat().st_size
+    assert check_fit(spec, VLLMConfig(), 16 * GiB).max_model_len == spec.config["max_position_embeddings"] == 2048
+
+
+def test_fp8_kv_cache_halves_bytes_per_token_and_doubles_tokens():
+    spec = llama8b()
+    bf16 = check_fit(spec, VLLMConfig(max_model_len=8192), 80 * GiB)
+    fp8 = check_fit(spec, VLLMConfig(max_model_len=8192, kv_cache_dtype="fp8"), 80 * GiB)
+    assert fp8.kv_bytes == bf16.kv_bytes and fp8.kv_bytes_per_token * 2 == bf16.kv_bytes_per_token
+    assert fp8.kv_tokens in (2 * bf16.kv_tokens, 2 * bf16.kv_tokens + 1)
+
+
+def test_fp8_weights_and_tensor_parallel_shrink_the_weights():
+    spec = llama8b(dtype="bfloat16")  # as a saved checkpoint's config says
+    full = check_fit(spec, VLLMConfig(max_model_len=8192), 80 * GiB).weight_bytes
+    assert check_fit(spec, VLLMConfig(max_model_len=8192, quantization="fp8"), 80 * GiB).weight_bytes == full // 2
+    assert check_fit(spec, VLLMConfig(max_model_len=8192, tensor_parallel_size=2), 80 * GiB).weight_bytes == full // 2
+
+
+def test_too_long_a_context_does_not_fit_and_says_which_knob():
+    spec = llama8b()
+    r = check_fit(spec, VLLMConfig(), 24 * GiB)  # max_model_len None: the model's own 131,072
+    assert r.max_model_len == 131072 and 0 < r.kv_tokens < 131072 and not r.fits
+    for knob in ("max_model_len=131,072", "lower max_model_len", "gpu_memory_utilization", "kv_cache_dtype='fp8'"):
+        assert knob in r.advice
+    assert f"{r.kv_tokens:,} KV tokens" in r.advice
+    assert check_fit(spec, VLLMConfig(max_model_len=r.kv_tokens), 24 * GiB).fits  # exactly one sequence fits
+    assert not check_fit(spec, VLLMConfig(max_model_len=r.kv_tokens + 1), 24 * GiB).fits
+    small = check_fit(spec, VLLMConfig(max_model_len=8192), 16 * GiB)  # the weights alone overflow the budget
+    assert small.kv_bytes == 0 and small.kv_tokens == 0 and not small.fits and "max_model_len=8,192" in small.advice
+
+
+def test_a_gpu_someone_else_uses_names_gpu_memory_utilization():
+    spec, total = llama8b(), 80 * GiB
+    r = check_fit(spec, VLLMConfig(max_model_len=8192), total, free_bytes=30 * GiB)
+    assert not r.fits
+    assert r.advice.startswith("gpu_memory_utilization=0.9 asks for 72.0 GiB but only 30.0 GiB is free")
+    assert "lower gpu_memory_utilization" in r.advice
+    # the CUDA context is not in the budget: asking for up to free + that allowance is fine
+    edge = (30 * GiB + CONTEXT_OVERHEAD) / total
+    assert check_fit(spec, VLLMConfig(max_model_len=8192, gpu_memory_utilization=edge), total, 30 * GiB).fits
+    assert check_fit(spec, VLLMConfig(max_model_len=8192), total, free_bytes=79 * GiB).fits
+
+
+def test_estimate_agrees_with_vllm_on_the_h200():
+    """The cold-start run recorded vLLM's own KV capacity next to lablib's estimate: within 10%."""
+    cold = reference_facts()["cold_start"]
+    est = cold["fit_estimate"]
+    assert est["budget_bytes"] == int(0.3 * H200_TOTAL)  # it ran at gpu_memory_utilization=0.3
+    assert abs(est["kv_tokens"] - cold["kv_tokens"]) / cold["kv_tokens"] < 0.10
+    assert est["kv_bytes_per_token"] == cold["kv_bytes_per_token"]
+    # today's code on the same model and GPU still gives the estimate that was recorded
+    now = check_fit(resolve_model("embedded"), VLLMConfig(gpu_memory_utilization=0.3), H200_TOTAL)
+    assert now.to_dict() == pytest.approx(est)
+
+
+def test_estimate_for_the_8b_model_agrees_with_vllm():
+    big = reference_facts()["big_start"]  # synthetic Llama-3.1-8B, VLLMConfig(max_model_len=4096), gmu 0.9
+    r = check_fit(llama8b(), VLLMConfig(max_model_len=4096), H200_TOTAL)
+    assert abs(r.kv_tokens - big["kv_tokens"]) / big["kv_tokens"] < 0.10
+    assert r.max_concurrency == pytest.approx(big["max_concurrency"], rel=0.10)
+
+
+def test_vllm_kv_capacity_grows_by_one_token_per_kv_bytes_per_token():
+    """Across the recorded gpu_memory_utilization sweep, each extra byte of budget became KV cache at
+    lablib's bytes-per-token: the slope of vLLM's capacity checks the per-token arithmetic."""
+    sweep = reference_facts()["sweep"]
+    lo, hi = sweep[0], sweep[-1]
+    extra_budget = (hi["gpu_memory_utilization"] - lo["gpu_memory_utilization"]) * H200_TOTAL
+    bytes_per_token = extra_budget / (hi["kv_tokens"] - lo["kv_tokens"])
+    assert bytes_per_token == pytest.approx(resolve_model("embedded").kv_bytes_per_token(), rel=0.02)

@@ -1,0 +1,121 @@
+"""The runs recorded on the H200 (data/reference/): they load as recorded Results, the headline
+facts agree with the Results they were computed from, and the README is what the pack script
+renders from both. Pure file checks: well under a second."""
+
+import gzip
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from lablib import reference
+from lablib.reference import REFERENCE_DIR, load_reference, mode, reference_facts, reference_steps
+from lablib.results import Result
+
+ROOT = Path(__file__).resolve().parents[1]
+REPACK = "re-pack: python scripts/pack_reference.py RUN_DIR..."
+
+
+@pytest.fixture(scope="module")
+def runs() -> dict[str, Result]:
+    return {r.step: r for r in load_reference()}
+
+
+@pytest.fixture(scope="module")
+def facts() -> dict:
+    return reference_facts()
+
+
+@pytest.fixture(scope="module")
+def pack():
+    spec = importlib.util.spec_from_file_location("pack_reference", ROOT / "scripts" / "pack_reference.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_recorded_runs_load_with_their_provenance(runs):
+    assert len(runs) == len(reference_steps()) >= 4
+    for r in runs.values():
+        assert r.provenance == "recorded"
+        assert r.hardware["gpu"] == "NVIDIA H200" and r.versions["vllm"] == "0.26.0"
+        assert r.label.startswith(f"{r.step} (recorded on NVIDIA H200, ")
+        assert r.requests and r.summary["requests"] == len(r.requests) == r.workload["requests"]
+
+
+def test_load_reference_by_step_and_prefix(runs):
+    assert [r.step for r in load_reference("vllm-8b-single", "vllm-8b-journey")] == ["vllm-8b-single", "vllm-8b-journey"]
+    sweep = load_reference(prefix="vllm-gmu-")
+    assert len(sweep) == 10 and all(r.step.startswith("vllm-gmu-") for r in sweep)
+
+
+def test_unknown_step_lists_the_recorded_ones(runs):
+    with pytest.raises(ValueError, match=r"no recorded run named \['nope'\]") as e:
+        load_reference("nope")
+    for step in runs:
+        assert step in str(e.value)
+
+
+def test_headline_agrees_with_the_results(runs, facts):
+    h = facts["headline"]
+    assert h["gpu"] == "NVIDIA H200" and h["versions"]["vllm"] == "0.26.0"
+    assert h["date"] == runs["vllm-8b-journey"].recorded_at[:10]
+    s = {k: r.summary for k, r in runs.items()}
+    ratio = s["vllm-8b-journey"]["output_tok_s"] / s["hf-static-b64-8b-journey"]["output_tok_s"]
+    assert h["journey_ratio"] == pytest.approx(ratio, abs=1e-6)
+    assert h["single_stream_tok_s"] == pytest.approx(s["vllm-8b-single"]["output_tok_s"], abs=1e-6)
+    assert h["single_stream_mbu"] == pytest.approx(runs["vllm-8b-single"].roofline["mbu"], abs=1e-6)
+    bench = facts["vllm_bench_throughput"]
+    big = s["vllm-8b-256x128x128"]
+    assert h["lab_over_vllm_bench_total_tok_s"] == pytest.approx(big["total_tok_s"] / bench["tokens_per_second"], abs=1e-6)
+    assert h["lab_over_vllm_bench_requests_s"] == pytest.approx(big["requests_s"] / bench["requests_per_second"], abs=1e-6)
+
+
+def test_sweep_kv_grows_with_the_budget_and_vram_comes_back(runs, facts):
+    sweep = facts["sweep"]
+    assert len(sweep) == 10
+    gmu = [p["gpu_memory_utilization"] for p in sweep]
+    kv = [p["kv_tokens"] for p in sweep]
+    assert gmu == sorted(gmu) and len(set(gmu)) == 10
+    assert all(a < b for a, b in zip(kv, kv[1:]))
+    assert all(p["back_to_baseline"] is True for p in sweep)
+    assert all(p["vram_after_close_bytes"] == p["vram_before_bytes"] for p in sweep)
+    for p in sweep:  # each sweep point is a stored run
+        assert runs[f"vllm-gmu-{p['gpu_memory_utilization']}"].summary["output_tok_s"] == \
+            pytest.approx(p["output_tok_s"], abs=1e-6)
+
+
+def test_readme_is_rendered_from_facts_and_results(pack, facts, monkeypatch, tmp_path):
+    with gzip.open(REFERENCE_DIR / "h200.jsonl.gz", "rt", encoding="utf-8") as f:
+        by_step = {r["step"]: r for r in map(json.loads, f.read().splitlines())}
+    monkeypatch.setattr(pack, "OUT", tmp_path)
+    pack.write_readme(by_step, facts)
+    assert (tmp_path / "README.md").read_text() == (REFERENCE_DIR / "README.md").read_text(), REPACK
+
+
+def test_readme_states_the_headline_numbers(facts):
+    readme = (REFERENCE_DIR / "README.md").read_text()
+    h = facts["headline"]
+    for text in (f"{h['journey_ratio']:.1f}x", f"{h['single_stream_tok_s']:.0f} tok/s, MBU {h['single_stream_mbu']:.2f}",
+                 f"{h['lab_over_vllm_bench_total_tok_s']:.3f}", f"{h['lab_over_vllm_bench_requests_s']:.3f}",
+                 f"recorded on {h['gpu']}, {h['date']}"):
+        assert text in readme, text
+
+
+def test_mode_on_a_machine_without_gpu_and_vllm():
+    m = mode()
+    if m["live"]:
+        pytest.skip("this machine has a GPU and vLLM: it measures live")
+    assert m["live"] is False and m["banner"].startswith("RECORDED: ") and "NVIDIA H200" in m["banner"]
+    assert m["why"] in m["banner"]
+
+
+def test_missing_reference_file_says_how_to_restore(monkeypatch, tmp_path):
+    monkeypatch.setattr(reference, "REFERENCE_DIR", tmp_path)
+    reference._all.cache_clear()
+    try:
+        with pytest.raises(FileNotFoundError, match="git checkout data/reference"):
+            reference_steps()
+    finally:
+        reference._all.cache_clear()
