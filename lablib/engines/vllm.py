@@ -14,6 +14,7 @@ present, the dtype supported by its compute capability, and the memory budget
 """
 from __future__ import annotations
 
+import atexit
 import importlib.util
 import multiprocessing as mp
 import tempfile
@@ -99,12 +100,18 @@ class VLLMEngine:
         t0 = time.perf_counter()
         self._proc = ctx.Process(target=worker_main, args=(child, self.spec.path, tok_path, kwargs, self.log_path,
                                                            synthetic), name="lablib-vllm", daemon=False)
+        self._descendants: list = []
         self._proc.start()
+        atexit.register(self._at_exit)  # the worker is not a daemon (it has children): end it when Python exits
         kind, payload = self._receive(start_timeout_s, expect=("ready",))
+        self._descendants = _children(self._proc.pid)
         self.facts = {**payload, "startup_wall_s": time.perf_counter() - t0, "fit_estimate": fit,
                       "kv_bytes_per_token": self.spec.kv_bytes_per_token(1 if config.kv_cache_dtype.startswith("fp8") else 2),
                       "weight_bytes": fit.get("weight_bytes"), "context": payload.get("max_model_len"),
                       "vram_baseline_bytes": self.baseline[0] if self.baseline else None, "synthetic": synthetic}
+
+    def _at_exit(self) -> None:
+        self.close(force=True)
 
     def worker_pids(self) -> list[int]:
         return [self._proc.pid] if self._proc.is_alive() else []
@@ -187,6 +194,12 @@ class VLLMEngine:
         if self._proc.is_alive():
             _kill_tree(self._proc.pid)
             self._proc.join(10)
+        for p in self._descendants:  # vLLM's engine core outliving a crashed worker would keep the GPU
+            try:
+                p.kill()
+            except Exception:
+                pass
+        atexit.unregister(self._at_exit)
         self.facts = getattr(self, "facts", {})
         if self.baseline:
             deadline = time.monotonic() + SETTLE_S
@@ -202,6 +215,15 @@ class VLLMEngine:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _children(pid: int) -> list:
+    import psutil
+
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
 
 
 def _kill_tree(pid: int) -> None:
