@@ -1,0 +1,50 @@
+"""Lab 00's machine summary, fit table and lab plan; the recorded sweep rows and their figure."""
+import pytest
+
+from lablib import machine, sweeps
+from lablib.plots_sweep import gpu_memory_utilization_figure, schedule_tradeoff
+from lablib.mechanisms import continuous_batching
+
+GiB = 2**30
+
+
+def test_machine_summary_on_this_cpu_machine():
+    s = machine.machine_summary()
+    assert s["gpu"] is None and s["roofline_entry"] is None and s["cpu_cores_logical"] >= 1
+
+
+def test_fit_table_follows_memory():
+    big = {r["architecture"]: r for r in machine.fit_table(141 * GiB)}
+    small = {r["architecture"]: r for r in machine.fit_table(16 * GiB)}
+    assert big["llama-3.1-8b"]["kv_KiB_per_token"] == 128  # 2 x 32 layers x 8 KV heads x 128 x 2 bytes
+    assert all(r["fits_2048"] and r["fits_8192"] for r in big.values())
+    assert not small["llama-3.1-8b"]["fits_2048"] and small["qwen2.5-0.5b"]["fits_8192"]
+    assert abs(big["llama-3.1-8b"]["weights_GiB"] - 8.03e9 * 2 / GiB) < 0.05
+    assert all(r["fits_2048"] is None for r in machine.fit_table())  # no GPU here: nothing to fit into
+
+
+def test_lab_plan_says_recorded_for_vllm_labs_here():
+    plan = {r["lab"]: r["here"] for r in machine.lab_plan()}
+    assert plan["01_batching"] == "live" and plan["02_kv_cache"].startswith("simulators live, vLLM recorded")
+
+
+def test_recorded_sweep_rows_and_figure():
+    rows = sweeps.gpu_memory_utilization_rows()
+    assert len(rows) == 10 and all(r["provenance"].startswith("recorded on NVIDIA H200") for r in rows)
+    fig = gpu_memory_utilization_figure(rows)
+    assert "recorded on NVIDIA H200" in fig.layout.title.text
+    assert list(fig.data[0].y) == [r["kv_tokens"] for r in rows]
+    with pytest.raises(ValueError, match="no rows"):
+        gpu_memory_utilization_figure([])
+
+
+def test_live_sweep_validates_every_value_before_starting_an_engine():
+    with pytest.raises(ValueError, match="gpu_memory_utilization=1.5"):
+        sweeps.gpu_memory_utilization_sweep([0.3, 1.5])
+
+
+def test_schedule_tradeoff_plots_each_setting():
+    lengths = [(20, 10), (200, 40), (50, 5)] * 4
+    s = {f"n={n}": continuous_batching(lengths, max_num_seqs=n) for n in (1, 4)}
+    fig = schedule_tradeoff(s, ttft_target=100)
+    assert list(fig.data[0].text) == ["n=1", "n=4"] and fig.data[0].y[1] > fig.data[0].y[0]
