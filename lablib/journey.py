@@ -41,24 +41,21 @@ def hf_steps(batch_sizes: list[int]) -> list[Step]:
 
 def ladder(batch_sizes: list[int]) -> list[Step]:
     """Every step, in order; `available` says which this machine can run."""
-    return hf_steps(batch_sizes)
+    from .config import VLLMConfig
+    from .engines.vllm import VLLMEngine
+
+    return hf_steps(batch_sizes) + [
+        Step("vllm", lambda m: VLLMEngine(m, VLLMConfig()), needs="gpu+vllm",
+             why="vLLM: paged KV cache, continuous batching, CUDA graphs (its own worker process)")]
 
 
 def available(step: Step) -> tuple[bool, str]:
     if step.needs == "cpu":
         return True, ""
-    try:
-        import torch
+    from .reference import mode
 
-        if not torch.cuda.is_available():
-            return False, "needs an NVIDIA GPU (none visible)"
-    except ImportError:
-        return False, "needs torch with CUDA"
-    import importlib.util
-
-    if importlib.util.find_spec("vllm") is None:
-        return False, "needs vLLM (pip install 'lablib[gpu]')"
-    return True, ""
+    m = mode()
+    return m["live"], "" if m["live"] else f"{m['why']}; data/reference/ has it recorded on an H200"
 
 
 def run_journey(model: str = "embedded", workload: str = "journey", requests: int | None = None,
