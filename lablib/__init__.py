@@ -2,14 +2,15 @@
 
 Layers, each importing only the ones before it:
 mechanisms (pure-Python simulators) → models, workloads → engines → bench, results,
-gpu, roofline, fit (measurement) → plots, widgets, report (presentation) → labs/ notebooks.
+gpu, memory, roofline, fit (measurement) → plots, widgets, report (presentation) → labs/ notebooks.
 """
 from . import config, engines, machine, mechanisms, plots, reference, results, sweeps, widgets
 from .bench import prepare, run
 from .config import BenchConfig, HFConfig, VLLMConfig
 from .engines import HFEngine, PreparedRequest, VLLMEngine
-from .gpu import MemoryMonitor, device_facts, library_versions
+from .gpu import device_facts, library_versions
 from .journey import run_journey
+from .memory import MemoryMonitor
 from .models import PRESETS, ModelSpec, resolve_model
 from .results import RequestRecord, Result, ResultStore, load_results, table
 from .roofline import GPU_PEAKS, Roofline, lookup_gpu

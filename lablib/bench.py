@@ -24,7 +24,8 @@ from typing import Any, Callable
 
 from .config import BenchConfig
 from .engines.base import Engine, PreparedRequest
-from .gpu import MemoryMonitor, device_facts, library_versions
+from .gpu import device_facts, library_versions
+from .memory import MemoryMonitor
 from .results import RequestRecord, Result, ResultStore
 from .roofline import Roofline
 from .workloads import Workload

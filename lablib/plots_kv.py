@@ -1,6 +1,7 @@
 """KV-cache pictures: how much reserved memory holds real tokens, and what a block pool looks like.
 
-Two views of why vLLM pages its KV cache (see `lablib.mechanisms.kv` for the arithmetic):
+Two views of why vLLM pages its KV cache (the arithmetic is `lablib.mechanisms.kv`, the block
+pool `lablib.mechanisms.paging`):
 
 - `fragmentation_bars`: per allocation scheme, the token slots that hold real K/V against
   the slots reserved and never written. Contiguous reservation for the worst case wastes
@@ -19,7 +20,8 @@ from typing import Any
 import plotly.graph_objects as go
 from plotly.colors import qualitative
 
-from .mechanisms.kv import AllocatorSnapshot, FragmentationReport
+from .mechanisms.kv import FragmentationReport
+from .mechanisms.paging import AllocatorSnapshot
 
 
 def fragmentation_bars(report: FragmentationReport | Sequence[dict[str, Any]]) -> go.Figure:
@@ -66,7 +68,7 @@ def block_table_heatmap(snapshot: AllocatorSnapshot, columns: int | None = None)
     cell text is the owning request id, empty for a free block.
     """
     if not isinstance(snapshot, AllocatorSnapshot):
-        raise ValueError("block_table_heatmap: pass one AllocatorSnapshot, e.g. kv.replay_block_allocation(...)[step].")
+        raise ValueError("block_table_heatmap: pass one AllocatorSnapshot, e.g. paging.replay_block_allocation(...)[step].")
     total = snapshot.total_blocks
     cols = columns or min(total, max(8, math.ceil(math.sqrt(total * 2))))
     rows = math.ceil(total / cols)

@@ -24,12 +24,13 @@ nothing that was measured.
 from __future__ import annotations
 
 import json
-import math
 import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
+
+from .mechanisms.batching import percentile as _percentile
 
 SCHEMA = 1
 PERCENTILES = (50, 90, 99)
@@ -83,14 +84,10 @@ class RequestRecord:
         return self.last_token - self.first_token
 
 
-def percentile(values: Iterable[float], q: float) -> float | None:
-    """Linear-interpolated percentile (numpy's default), None for no values."""
-    xs = sorted(v for v in values if v is not None)
-    if not xs:
-        return None
-    k = (len(xs) - 1) * q / 100
-    lo, hi = math.floor(k), math.ceil(k)
-    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+def percentile(values: Iterable[float | None], q: float) -> float | None:
+    """Linear-interpolated percentile (numpy's default) of the values that are not None; None for none."""
+    xs = [v for v in values if v is not None]
+    return _percentile(xs, q) if xs else None
 
 
 def distribution(values: Iterable[float | None]) -> dict[str, float | None]:

@@ -29,12 +29,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from .mechanisms.batching import percentile
 
 DATA_ENV = "LABLIB_DATA"
 REBUILD = "python scripts/build_workloads.py"
@@ -54,21 +55,12 @@ def workloads_dir(data_dir: str | Path | None = None) -> Path:
     return data_root(data_dir) / "workloads"
 
 
-def _percentile(values: Sequence[float], q: float) -> float:
-    """The q-th percentile (0-100) with linear interpolation, as numpy's default."""
-    xs = sorted(values)
-    pos = (len(xs) - 1) * q / 100
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
-
-
 def length_stats(values: Sequence[int]) -> dict[str, float | int]:
     """min, p50, mean, p90, max and total of token counts, as the manifest records them."""
     if len(values) == 0:
         raise ValueError("values is empty: length statistics need at least one request.")
-    return {"min": min(values), "p50": round(_percentile(values, 50), 2), "mean": round(sum(values) / len(values), 2),
-            "p90": round(_percentile(values, 90), 2), "max": max(values), "total": sum(values)}
+    return {"min": min(values), "p50": round(percentile(values, 50), 2), "mean": round(sum(values) / len(values), 2),
+            "p90": round(percentile(values, 90), 2), "max": max(values), "total": sum(values)}
 
 
 @dataclass(frozen=True)

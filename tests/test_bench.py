@@ -15,17 +15,8 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers").utils.logging.set_verbosity_error()
 
 QUICK = BenchConfig(max_new_tokens=8, progress=False)
-pytestmark = pytest.mark.filterwarnings("ignore:MemoryMonitor. no GPU:RuntimeWarning")  # the CPU fallback, expected here
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """A 4.7M-parameter model at batch 1 gains nothing from a second thread, and on a shared 2-core
-    machine OpenMP threads spin against other processes' (5-10x slower); restored afterwards."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = [pytest.mark.usefixtures("one_thread"),  # torch on one thread (conftest.py)
+              pytest.mark.filterwarnings("ignore:MemoryMonitor. no GPU:RuntimeWarning")]  # the CPU fallback, expected here
 
 
 @pytest.fixture(scope="module")

@@ -10,17 +10,8 @@ from lablib.results import load_results
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers").utils.logging.set_verbosity_error()
-pytestmark = pytest.mark.filterwarnings("ignore:MemoryMonitor. no GPU:RuntimeWarning")  # the CPU fallback
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """A 4.7M-parameter model at batch <= 2 gains nothing from a second thread, and on a shared 2-core
-    machine OpenMP threads spin against other processes' (5-10x slower); restored afterwards."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = [pytest.mark.usefixtures("one_thread"),  # torch on one thread (conftest.py)
+              pytest.mark.filterwarnings("ignore:MemoryMonitor. no GPU:RuntimeWarning")]  # the CPU fallback
 
 
 def test_journey_writes_results_report_and_summary(tmp_path, capsys):

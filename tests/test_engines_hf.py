@@ -15,18 +15,9 @@ from lablib.workloads import load_workload
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers").utils.logging.set_verbosity_error()
+pytestmark = pytest.mark.usefixtures("one_thread")  # torch on one thread (conftest.py)
 
 N, NEW, B = 8, 8, 4
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """A 4.7M-parameter model at batch <= 4 gains nothing from a second thread, and on a shared 2-core
-    machine OpenMP threads spin against other processes' (5-10x slower); restored afterwards."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 @pytest.fixture(scope="module")

@@ -18,18 +18,9 @@ from lablib.models import PRESETS, check_model_dir, check_tokenizer, load_hf_mod
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 transformers.utils.logging.set_verbosity_error()
+pytestmark = pytest.mark.usefixtures("one_thread")  # torch on one thread (conftest.py)
 
 NAMES = {"target": "embedded", "draft": "embedded-draft"}
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """A 4.7M-parameter model at batch 1 gains nothing from a second thread, and on a shared 2-core
-    machine OpenMP threads spin against other processes' (5-10x slower); restored afterwards."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 @pytest.fixture(scope="module")

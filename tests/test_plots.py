@@ -2,7 +2,7 @@
 import pytest
 
 from lablib import plots
-from lablib.mechanisms import batching, kv
+from lablib.mechanisms import batching, kv, paging
 from lablib.plots_kv import FREE
 from lablib.results import RequestRecord, Result, ResultStore
 
@@ -159,7 +159,7 @@ def test_fragmentation_bars():
 
 
 def test_block_table_heatmap_colours_owned_blocks_and_leaves_free_blank():
-    snaps = kv.replay_block_allocation([(20, 10), (40, 30), (10, 50)], num_blocks=16, block_size=8)
+    snaps = paging.replay_block_allocation([(20, 10), (40, 30), (10, 50)], num_blocks=16, block_size=8)
     snap = snaps[3]
     fig = plots.block_table_heatmap(snap)
     cells = [c for row in fig.data[0].z for c in row]

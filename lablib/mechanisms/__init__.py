@@ -1,4 +1,4 @@
-"""Pure-Python teaching models of serving mechanisms: KV paging and batching schedules.
+"""Pure-Python teaching models of serving mechanisms: KV sizing, KV paging and batching schedules.
 
 No torch, no numpy: each runs on the CPU in milliseconds, so labs can sweep them
 interactively and tests can check them exactly.
@@ -17,16 +17,18 @@ from lablib.mechanisms.batching import (
 )
 from lablib.mechanisms.kv import (
     DTYPE_BYTES,
-    AllocatorSnapshot,
-    BlockAllocator,
     FragmentationReport,
-    OutOfBlocksError,
     SchemeUsage,
     bytes_per_element,
     kv_bytes_per_token,
     kv_cache_bytes,
-    replay_block_allocation,
     simulate_fragmentation,
+)
+from lablib.mechanisms.paging import (
+    AllocatorSnapshot,
+    BlockAllocator,
+    OutOfBlocksError,
+    replay_block_allocation,
 )
 
 __all__ = [

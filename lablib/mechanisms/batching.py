@@ -30,10 +30,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
-
-def _require_int(name: str, value: object, minimum: int, fix: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name}={value!r} is out of range: it must be an integer >= {minimum}. Fix: {fix}")
+from lablib.mechanisms._checks import check_requests, require_int
 
 
 @dataclass(frozen=True)
@@ -147,13 +144,7 @@ def _check_workload(
     requests: Sequence[tuple[int, int]], arrivals: Sequence[float] | None
 ) -> tuple[list[tuple[int, int]], list[float], list[int]]:
     """Validate pairs and arrivals; return them and the ids in arrival order (ties by id)."""
-    if len(requests) == 0:
-        raise ValueError("requests is empty: pass at least one (prompt_len, output_len) pair.")
-    for i, pair in enumerate(requests):
-        if len(pair) != 2:
-            raise ValueError(f"requests[{i}]={pair!r} is not a (prompt_len, output_len) pair.")
-        for name, value in zip(("prompt_len", "output_len"), pair):
-            _require_int(f"requests[{i}].{name}", value, 1, "lengths count tokens; correct or drop that request.")
+    reqs = check_requests(requests)
     times = [0.0] * len(requests) if arrivals is None else [float(a) for a in arrivals]
     if len(times) != len(requests):
         raise ValueError(f"arrivals has {len(times)} entries for {len(requests)} requests: give one per request.")
@@ -161,7 +152,7 @@ def _check_workload(
         if not math.isfinite(a) or a < 0:
             raise ValueError(f"arrivals[{i}]={a!r} is out of range: it must be a finite time >= 0.")
     order = sorted(range(len(requests)), key=lambda i: (times[i], i))
-    return [(p, o) for p, o in requests], times, order
+    return reqs, times, order
 
 
 def static_batching(
@@ -173,7 +164,7 @@ def static_batching(
 ) -> ScheduleResult:
     """Batches of batch_size in arrival order; each waits for its last member and runs to its longest one."""
     reqs, times, order = _check_workload(requests, arrivals)
-    _require_int("batch_size", batch_size, 1, "use the number of sequences the GPU runs at once, e.g. 8.")
+    require_int("batch_size", batch_size, 1, "use the number of sequences the GPU runs at once, e.g. 8.")
     cost = cost or CostModel()
     records: dict[int, RequestRecord] = {}
     steps: list[StepRecord] = []
@@ -218,8 +209,8 @@ def continuous_batching(
     batch's prompts, continuous was never slower in a 600-workload sweep.
     """
     reqs, times, order = _check_workload(requests, arrivals)
-    _require_int("max_num_seqs", max_num_seqs, 1, "allow at least one running sequence, e.g. 8.")
-    _require_int("max_num_batched_tokens", max_num_batched_tokens, 1, "use vLLM's default, 2048 or more.")
+    require_int("max_num_seqs", max_num_seqs, 1, "allow at least one running sequence, e.g. 8.")
+    require_int("max_num_batched_tokens", max_num_batched_tokens, 1, "use vLLM's default, 2048 or more.")
     if not chunked_prefill:
         for i, (p, _) in enumerate(reqs):
             if p > max_num_batched_tokens:

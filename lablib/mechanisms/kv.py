@@ -22,37 +22,20 @@ reservation, hence the paper's 60-80%. Paged waste is only the unfilled tail of
 each request's last block: under block_size tokens, about block_size / 2 on
 average, i.e. a few percent once requests are a few hundred tokens long.
 External fragmentation (holes between contiguous reservations) is not modelled,
-so the contiguous figures here are a lower bound.
+so the contiguous figures here are a lower bound. The paged allocator itself, block
+tables and all, is `lablib.mechanisms.paging`.
 """
 
 import math
-from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from lablib.mechanisms._checks import check_requests, require_int
+
 DTYPE_BYTES: dict[str, int] = {"float32": 4, "bfloat16": 2, "float16": 2, "fp8": 1, "int8": 1}
 
 Reserve = Literal["max_model_len", "max_possible"]
-
-
-def _require_int(name: str, value: object, minimum: int, fix: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name}={value!r} is out of range: it must be an integer >= {minimum}. Fix: {fix}")
-
-
-def _check_requests(requests: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
-    """Validate (prompt_len, output_len) pairs; both must be integers >= 1."""
-    if len(requests) == 0:
-        raise ValueError("requests is empty: pass at least one (prompt_len, output_len) pair.")
-    checked = []
-    for i, pair in enumerate(requests):
-        if len(pair) != 2:
-            raise ValueError(f"requests[{i}]={pair!r} is not a (prompt_len, output_len) pair.")
-        for name, value in zip(("prompt_len", "output_len"), pair):
-            _require_int(f"requests[{i}].{name}", value, 1, "lengths count tokens; correct or drop that request.")
-        checked.append((pair[0], pair[1]))
-    return checked
 
 
 def bytes_per_element(dtype: str) -> int:
@@ -67,8 +50,8 @@ def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype_
     if isinstance(dtype_bytes, str):
         dtype_bytes = bytes_per_element(dtype_bytes)
     for name, value in (("num_layers", num_layers), ("num_kv_heads", num_kv_heads), ("head_dim", head_dim)):
-        _require_int(name, value, 1, "read it from the model's config.json.")
-    _require_int("dtype_bytes", dtype_bytes, 1, f"pass a byte count or a name from {sorted(DTYPE_BYTES)}.")
+        require_int(name, value, 1, "read it from the model's config.json.")
+    require_int("dtype_bytes", dtype_bytes, 1, f"pass a byte count or a name from {sorted(DTYPE_BYTES)}.")
     return 2 * num_layers * num_kv_heads * head_dim * dtype_bytes
 
 
@@ -76,8 +59,8 @@ def kv_cache_bytes(
     num_layers: int, num_kv_heads: int, head_dim: int, dtype_bytes: int | str, context_len: int, batch: int
 ) -> int:
     """Bytes of K/V for `batch` sequences of `context_len` tokens each."""
-    _require_int("context_len", context_len, 0, "pass the number of tokens per sequence.")
-    _require_int("batch", batch, 0, "pass the number of sequences.")
+    require_int("context_len", context_len, 0, "pass the number of tokens per sequence.")
+    require_int("batch", batch, 0, "pass the number of sequences.")
     return kv_bytes_per_token(num_layers, num_kv_heads, head_dim, dtype_bytes) * context_len * batch
 
 
@@ -147,10 +130,10 @@ def simulate_fragmentation(
     "max_possible" reserves prompt_len + max_new_tokens (default: the longest
     output in the workload, the smallest cap that serves every request).
     """
-    reqs = _check_requests(requests)
-    _require_int("block_size", block_size, 1, "use 16, vLLM's default.")
-    _require_int("max_model_len", max_model_len, 1, "use the model's context length, e.g. 2048.")
-    _require_int("budget_tokens", budget_tokens, 1, "pass the KV slots left after the weights.")
+    reqs = check_requests(requests)
+    require_int("block_size", block_size, 1, "use 16, vLLM's default.")
+    require_int("max_model_len", max_model_len, 1, "use the model's context length, e.g. 2048.")
+    require_int("budget_tokens", budget_tokens, 1, "pass the KV slots left after the weights.")
     if reserve not in ("max_model_len", "max_possible"):
         raise ValueError(f"reserve={reserve!r} is not a policy: use 'max_model_len' or 'max_possible'.")
     if not isinstance(progress, (int, float)) or not 0.0 <= progress <= 1.0:
@@ -158,7 +141,7 @@ def simulate_fragmentation(
     longest_out = max(o for _, o in reqs)
     if max_new_tokens is None:
         max_new_tokens = longest_out
-    _require_int("max_new_tokens", max_new_tokens, longest_out, "a smaller cap would truncate some requests.")
+    require_int("max_new_tokens", max_new_tokens, longest_out, "a smaller cap would truncate some requests.")
     for i, (p, o) in enumerate(reqs):
         if p + o > max_model_len:
             raise ValueError(
@@ -179,178 +162,3 @@ def simulate_fragmentation(
     paged = _usage("paged", [b * block_size for b in blocks], used, _fit_count(blocks, budget_tokens // block_size))
     reservation = max_model_len if fixed else None
     return FragmentationReport(budget_tokens, block_size, reservation, float(progress), contiguous, paged)
-
-
-class OutOfBlocksError(RuntimeError):
-    """Raised when a request needs a KV block and the free list is empty."""
-
-
-class BlockAllocator:
-    """A pool of num_blocks physical KV blocks, handed out through per-request block tables.
-
-    A request's block table maps its logical block i (tokens i*block_size up to
-    (i+1)*block_size - 1) to a physical block id. Physical blocks come from a
-    free list and go back to it when the request is freed, so no two live
-    requests ever share one and memory is never held for tokens not yet written.
-    """
-
-    def __init__(self, num_blocks: int, block_size: int = 16) -> None:
-        _require_int("num_blocks", num_blocks, 1, "give the cache at least one block.")
-        _require_int("block_size", block_size, 1, "use 16, vLLM's default.")
-        self.num_blocks = num_blocks
-        self.block_size = block_size
-        self._free: deque[int] = deque(range(num_blocks))
-        self._tables: dict[int, list[int]] = {}
-        self._tokens: dict[int, int] = {}
-
-    @property
-    def num_free_blocks(self) -> int:
-        return len(self._free)
-
-    @property
-    def used_tokens(self) -> int:
-        return sum(self._tokens.values())
-
-    def blocks_needed(self, num_tokens: int) -> int:
-        return math.ceil(num_tokens / self.block_size)
-
-    def can_allocate(self, num_tokens: int) -> bool:
-        return self.blocks_needed(num_tokens) <= len(self._free)
-
-    def _take(self, request_id: int, count: int) -> list[int]:
-        if count > len(self._free):
-            raise OutOfBlocksError(
-                f"request {request_id} needs {count} more block(s) but only {len(self._free)} of "
-                f"{self.num_blocks} are free. Fix: free a finished request, preempt one, or give the cache more blocks."
-            )
-        return [self._free.popleft() for _ in range(count)]
-
-    def _held(self, request_id: int) -> list[int]:
-        if request_id not in self._tables:
-            raise KeyError(f"request {request_id} holds no blocks: allocate it first.")
-        return self._tables[request_id]
-
-    def allocate(self, request_id: int, num_tokens: int) -> tuple[int, ...]:
-        """Give a new request blocks for its first num_tokens tokens; returns its block table."""
-        if request_id in self._tables:
-            raise ValueError(f"request {request_id} already holds blocks: free it before allocating again.")
-        _require_int("num_tokens", num_tokens, 1, "a request holds at least its first prompt token.")
-        self._tables[request_id] = self._take(request_id, self.blocks_needed(num_tokens))
-        self._tokens[request_id] = num_tokens
-        return tuple(self._tables[request_id])
-
-    def can_append(self, request_id: int) -> bool:
-        """True if the request can add one token (room in its last block, or a free block)."""
-        return self._tokens[request_id] % self.block_size != 0 or len(self._free) > 0
-
-    def append_token(self, request_id: int) -> int | None:
-        """Add one token to a request; returns the physical block taken, or None if the last one had room."""
-        table = self._held(request_id)
-        new = None
-        if self._tokens[request_id] % self.block_size == 0:
-            new = self._take(request_id, 1)[0]
-            table.append(new)
-        self._tokens[request_id] += 1
-        return new
-
-    def free(self, request_id: int) -> int:
-        """Return all of a request's blocks to the free list; returns how many."""
-        table = self._held(request_id)
-        self._free.extend(table)
-        del self._tables[request_id], self._tokens[request_id]
-        return len(table)
-
-    def block_table(self, request_id: int) -> tuple[int, ...]:
-        return tuple(self._held(request_id))
-
-    def block_tables(self) -> dict[int, tuple[int, ...]]:
-        return {rid: tuple(t) for rid, t in self._tables.items()}
-
-    def tokens(self) -> dict[int, int]:
-        return dict(self._tokens)
-
-
-@dataclass(frozen=True)
-class AllocatorSnapshot:
-    """The block pool after one scheduler step of replay_block_allocation."""
-
-    step: int  # scheduler step, from 0
-    block_tables: dict[int, tuple[int, ...]]  # request id -> physical block ids, logical order
-    tokens: dict[int, int]  # request id -> tokens it holds
-    free_blocks: int  # blocks on the free list
-    total_blocks: int  # blocks in the pool
-    block_size: int  # tokens per block
-    used_tokens: int  # tokens holding real K/V, all requests
-    waiting: int  # requests not yet admitted (or preempted back)
-    admitted: tuple[int, ...]  # requests admitted this step
-    finished: tuple[int, ...]  # requests that finished and freed their blocks this step
-    preempted: tuple[int, ...]  # requests evicted this step to make room (they restart later)
-
-    @property
-    def allocated_blocks(self) -> int:
-        return self.total_blocks - self.free_blocks
-
-    @property
-    def waste_tokens(self) -> int:
-        return self.allocated_blocks * self.block_size - self.used_tokens
-
-
-def replay_block_allocation(
-    requests: Sequence[tuple[int, int]], num_blocks: int, block_size: int = 16, max_num_seqs: int | None = None
-) -> list[AllocatorSnapshot]:
-    """Run (prompt_len, output_len) requests through a BlockAllocator, one snapshot per step.
-
-    Each step: every running request appends one token (a request holds
-    prompt_len tokens once admitted and finishes holding prompt_len + output_len);
-    finished requests free their blocks; then waiting requests are admitted in
-    order while their prompt's blocks are free (and fewer than max_num_seqs
-    run). When a running request needs a block and none is free, the most
-    recently admitted request is preempted: its blocks are freed and it goes
-    back to the front of the queue to start again (vLLM's recompute preemption).
-    """
-    reqs = _check_requests(requests)
-    alloc = BlockAllocator(num_blocks, block_size)
-    if max_num_seqs is not None:
-        _require_int("max_num_seqs", max_num_seqs, 1, "allow at least one running request, or pass None.")
-    for i, (p, o) in enumerate(reqs):
-        if alloc.blocks_needed(p + o) > num_blocks:
-            raise ValueError(
-                f"num_blocks={num_blocks} cannot hold even one request: requests[{i}] needs "
-                f"{alloc.blocks_needed(p + o)} blocks of {block_size} tokens. Fix: raise num_blocks."
-            )
-    waiting: deque[int] = deque(range(len(reqs)))
-    running: list[int] = []
-    generated = [0] * len(reqs)
-    snapshots: list[AllocatorSnapshot] = []
-    while waiting or running:
-        admitted, finished, preempted = [], [], []
-        for rid in list(running):
-            if rid not in running:
-                continue
-            while not alloc.can_append(rid):
-                victim = running.pop()
-                alloc.free(victim)
-                generated[victim] = 0
-                waiting.appendleft(victim)
-                preempted.append(victim)
-                if victim == rid:
-                    break
-            if rid in running:
-                alloc.append_token(rid)
-                generated[rid] += 1
-                if generated[rid] == reqs[rid][1]:
-                    finished.append(rid)
-        for rid in finished:
-            running.remove(rid)
-            alloc.free(rid)
-        room = max_num_seqs or len(reqs)
-        while waiting and not preempted and len(running) < room and alloc.can_allocate(reqs[waiting[0]][0]):
-            rid = waiting.popleft()
-            alloc.allocate(rid, reqs[rid][0])
-            running.append(rid)
-            admitted.append(rid)
-        snapshots.append(AllocatorSnapshot(
-            len(snapshots), alloc.block_tables(), alloc.tokens(), alloc.num_free_blocks, num_blocks, block_size,
-            alloc.used_tokens, len(waiting), tuple(admitted), tuple(finished), tuple(preempted),
-        ))
-    return snapshots
