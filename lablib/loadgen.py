@@ -1,0 +1,215 @@
+"""Online serving under load: requests arrive on their own clock, not when the server is ready.
+
+Offline benchmarks hand the engine every request at time 0 and measure throughput. A real
+server sees users arrive independently of each other, which makes the gaps between
+arrivals exponential (a Poisson process at `rate` requests per second): mostly short gaps
+with occasional bursts. `arrival_times` draws that schedule from a seeded `random.Random`,
+so every run of a sweep sends the same requests at the same offsets; `rate=inf` sends them
+all at once (the offline limit, i.e. peak throughput).
+
+Each request is one streaming `POST /v1/completions` (`stream: true`, `ignore_eos`, greedy,
+a fixed `max_tokens`, with a final usage chunk); the client stamps every server-sent-event
+chunk on arrival, as vLLM's own `benchmark_serving` does. TTFT under load is then measured
+from the *scheduled* arrival: it includes the time the request queued in the server
+because the running batch or the KV cache was full, so as the rate approaches the server's
+capacity TTFT climbs steeply while TPOT (one decode step per token) barely moves, and past
+it the queue and TTFT grow for as long as the test runs.
+
+A request that fails (HTTP error, refused connection, a broken stream) becomes a line in
+the returned errors, never an exception mid-run: one bad request must not throw away a
+sweep point's other measurements.
+"""
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import json
+import math
+import random
+import time
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any, TypeVar
+
+from .gpu import device_facts, library_versions
+from .prom import DEFAULT_GAUGES, MetricsScraper
+from .results import RequestRecord, Result, ResultStore
+from .workloads import Workload
+
+T = TypeVar("T")
+Prompt = str | list[int]
+
+
+def arrival_times(n: int, rate: float, seed: int) -> list[float]:
+    """Scheduled send offsets (seconds) of n requests: the first at 0, then exponential gaps of mean 1/rate."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        raise ValueError(f"arrival_times: n={n!r}: allowed integers >= 0 (a request count).")
+    if not isinstance(rate, (int, float)) or math.isnan(rate) or rate <= 0:
+        raise ValueError(f"arrival_times: rate={rate!r}: allowed requests per second > 0, or float('inf') "
+                         "to send every request at once.")
+    if math.isinf(rate):
+        return [0.0] * n
+    rng, t, out = random.Random(seed), 0.0, []
+    for i in range(n):
+        out.append(t)
+        t += rng.expovariate(rate)
+    return out
+
+
+def _completion_body(model: str, prompt: Prompt, max_tokens: int) -> dict[str, Any]:
+    return {"model": model, "prompt": prompt, "max_tokens": max_tokens, "stream": True, "ignore_eos": True,
+            "temperature": 0.0, "stream_options": {"include_usage": True}}
+
+
+async def _one_request(client: Any, url: str, headers: dict[str, str], model: str, rid: str, prompt: Prompt,
+                       max_tokens: int, arrival: float, t0: float, sem: asyncio.Semaphore | None
+                       ) -> RequestRecord:
+    await asyncio.sleep(max(0.0, t0 + arrival - time.perf_counter()))
+    if sem is not None:
+        await sem.acquire()
+    try:
+        times: list[float] = []
+        usage: dict[str, Any] = {}
+        async with client.stream("POST", url, json=_completion_body(model, prompt, max_tokens),
+                                 headers=headers) as resp:
+            if resp.status_code != 200:
+                body = (await resp.aread()).decode("utf-8", "replace")[:300]
+                raise RuntimeError(f"HTTP {resp.status_code}: {body}")
+            async for line in resp.aiter_lines():
+                if not line.startswith("data:"):
+                    continue
+                now = time.perf_counter() - t0
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    break
+                chunk = json.loads(data)
+                if "error" in chunk and not chunk.get("choices"):
+                    raise RuntimeError(f"server error in stream: {chunk['error']}")
+                if chunk.get("choices"):
+                    times.append(now)
+                if chunk.get("usage"):
+                    usage = chunk["usage"]
+        finished = time.perf_counter() - t0
+    finally:
+        if sem is not None:
+            sem.release()
+    if not times:
+        raise RuntimeError("the stream ended without a token")
+    prompt_tokens = usage.get("prompt_tokens") or (len(prompt) if isinstance(prompt, list) else 0)
+    return RequestRecord(request_id=rid, prompt_tokens=int(prompt_tokens),
+                         output_tokens=int(usage.get("completion_tokens") or len(times)), arrival=arrival,
+                         first_token=times[0], last_token=times[-1], finished=finished, token_times=times)
+
+
+async def load_test(base_url: str, api_key: str | None, model: str, prompts: Sequence[Prompt],
+                    max_tokens: Sequence[int], rate: float, seed: int, *, request_ids: Sequence[str] | None = None,
+                    max_concurrency: int | None = None, timeout_s: float = 600.0,
+                    on_start: Callable[[float], None] | None = None) -> tuple[list[RequestRecord], list[str]]:
+    """Send every prompt on a seeded Poisson schedule, streaming; return (records, errors).
+
+    Records are the requests that finished, in request order, with times in seconds since
+    the test started: after the HTTP client exists (creating one takes ~0.2 s, which must not
+    count as TTFT), when `on_start(t0)` is called with that `time.perf_counter()` origin
+    (run_online starts the metrics scraper there, on the same clock). `max_concurrency`
+    caps requests in flight on the client (the arrival still counts from the schedule, so
+    a capped client's waiting shows up as TTFT). Each error line names the request.
+    """
+    import httpx
+
+    if len(prompts) != len(max_tokens):
+        raise ValueError(f"load_test: {len(prompts)} prompts but {len(max_tokens)} max_tokens: give one each.")
+    if any(isinstance(m, bool) or not isinstance(m, int) or m < 1 for m in max_tokens):
+        raise ValueError("load_test: every max_tokens must be an integer >= 1.")
+    if max_concurrency is not None and (not isinstance(max_concurrency, int) or max_concurrency < 1):
+        raise ValueError(f"load_test: max_concurrency={max_concurrency!r}: allowed None or an integer >= 1.")
+    ids = list(request_ids) if request_ids is not None else [f"req-{i:04d}" for i in range(len(prompts))]
+    schedule = arrival_times(len(prompts), rate, seed)
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    url = base_url.rstrip("/") + "/v1/completions"
+    sem = asyncio.Semaphore(max_concurrency) if max_concurrency else None
+    # No connection cap and no proxies: a client-side queue would be measured as server TTFT.
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    async with httpx.AsyncClient(timeout=httpx.Timeout(timeout_s), limits=limits, trust_env=False) as client:
+        start = time.perf_counter()
+        if on_start is not None:
+            on_start(start)
+        tasks = [_one_request(client, url, headers, model, rid, p, n, a, start, sem)
+                 for rid, p, n, a in zip(ids, prompts, max_tokens, schedule)]
+        outcomes = await asyncio.gather(*tasks, return_exceptions=True)
+    records, errors = [], []
+    for rid, a, out in zip(ids, schedule, outcomes):
+        if isinstance(out, RequestRecord):
+            records.append(out)
+        elif isinstance(out, Exception):
+            errors.append(f"{rid} (arrival {a:.3f}s): {type(out).__name__}: {out}")
+        else:
+            raise out  # KeyboardInterrupt, CancelledError: not a request failure
+    return records, errors
+
+
+def run_sync(coro: Coroutine[Any, Any, T]) -> T:
+    """asyncio.run, also from inside Jupyter (whose loop is already running: then in a fresh thread)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coro).result()
+
+
+def run_online(base_url: str, api_key: str | None, model: str, workload: Workload, rates: Sequence[float], *,
+               seed: int = 0, prompts: Sequence[Prompt] | None = None, max_tokens: int | Sequence[int] | None = None,
+               max_concurrency: int | None = None, warmup_requests: int = 1, metrics: Sequence[str] | None =
+               DEFAULT_GAUGES, metrics_interval_s: float = 0.5, lab: str = "03_serving",
+               server: dict[str, Any] | None = None, store: ResultStore | None = None) -> list[Result]:
+    """One load test per rate against a running server; one Result each (engine "vllm-server").
+
+    `prompts` overrides the workload's completion-form text (e.g. chat-templated token ids
+    for an instruct model); `max_tokens` overrides its output lengths (one int for all).
+    `metrics=None` skips the `/metrics` scraper; otherwise its timeline is kept in
+    `engine_facts["server_metrics"]`. `server` (e.g. `ServerConfig.to_dict()`) joins the config.
+    """
+    texts = list(prompts) if prompts is not None else [r.prompt for r in workload.requests]
+    if isinstance(max_tokens, int):
+        lengths = [max_tokens] * len(texts)
+    else:
+        lengths = list(max_tokens) if max_tokens is not None else [r.max_new_tokens for r in workload.requests]
+    ids = [r.id for r in workload.requests]
+    if warmup_requests:
+        n = min(warmup_requests, len(texts))
+        _, errors = run_sync(load_test(base_url, api_key, model, texts[:n], [min(8, x) for x in lengths[:n]],
+                                       float("inf"), seed, request_ids=[f"warmup-{i}" for i in ids[:n]]))
+        if errors:
+            raise RuntimeError(f"the warm-up request failed, so the server is not ready to measure: {errors[0]}")
+    hardware, versions, results = device_facts(), library_versions(), []
+    for rate in rates:
+        scraper = MetricsScraper(base_url, metrics, metrics_interval_s, api_key) if metrics else None
+        t0: list[float] = []
+
+        def on_start(t: float) -> None:
+            t0.append(t)
+            if scraper is not None:
+                scraper.t0 = t
+                scraper.start()
+
+        try:
+            records, errors = run_sync(load_test(base_url, api_key, model, texts, lengths, rate, seed,
+                                                 request_ids=ids, max_concurrency=max_concurrency,
+                                                 on_start=on_start))
+        finally:
+            wall = time.perf_counter() - (t0[0] if t0 else time.perf_counter())
+            if scraper is not None:
+                scraper.stop()
+        notes = [f"{len(errors)} of {len(texts)} requests failed"] + errors if errors else []
+        result = Result(
+            lab=lab, step=f"serve-rate-{rate:g}", engine="vllm-server",
+            config={"rate": rate, "seed": seed, "ignore_eos": True, "max_concurrency": max_concurrency,
+                    "warmup_requests": warmup_requests, **(server or {})},
+            model={"name": model}, workload={"name": workload.name, "version": workload.version,
+                                              "requests": len(texts)},
+            requests=records, wall_s=wall, engine_facts={"base_url": base_url, "server_metrics":
+                                                         scraper.timeline() if scraper else None},
+            hardware=hardware, versions=versions, notes=notes)
+        if store is not None:
+            store.append(result)
+        results.append(result)
+    return results

@@ -1,0 +1,157 @@
+"""The server's own view of a load test: Prometheus metrics, parsed and sampled over time.
+
+A client sees only latencies; the server knows why they moved. vLLM's OpenAI server
+exposes `GET /metrics` in the Prometheus text format, and three gauges tell the story of a
+rate sweep: `vllm:num_requests_running` (sequences in the running batch),
+`vllm:num_requests_waiting` (queued because the batch or the KV cache is full) and
+`vllm:kv_cache_usage_perc` (fraction of KV blocks in use, 0-1; older vLLM releases call it
+`vllm:gpu_cache_usage_perc`). Below the server's capacity the waiting queue stays near 0 and
+TTFT is prefill time; past it the KV cache fills, requests wait, and TTFT grows with the
+queue while TPOT stays flat. `MetricsScraper` polls the page in a background thread during
+a load test, so a figure can put those gauges under the client-side latencies on one time axis.
+
+The parser handles what a scrape needs: counters and gauges, histogram and summary
+`_sum`/`_count` (their `_bucket`, quantile and `_created` samples are left out: summed over
+label sets they mean nothing), label sets collapsed by summing (e.g. over several engines),
+or only the samples whose labels match a filter.
+"""
+from __future__ import annotations
+
+import math
+import re
+import threading
+import time
+import urllib.request
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+DEFAULT_GAUGES = ("vllm:kv_cache_usage_perc", "vllm:num_requests_running", "vllm:num_requests_waiting")
+
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})?\s+(\S+)(\s+-?\d+)?\s*$")
+_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"')
+
+
+def parse_labels(text: str) -> dict[str, str]:
+    """`a="1",b="x\\"y"` → {"a": "1", "b": 'x"y'} (escapes \\\\, \\" and \\n undone)."""
+    unescape = {"\\\\": "\\", '\\"': '"', "\\n": "\n"}
+    return {k: re.sub(r'\\[\\"n]', lambda m: unescape[m.group(0)], v) for k, v in _LABEL.findall(text)}
+
+
+def parse_samples(text: str) -> list[tuple[str, dict[str, str], float]]:
+    """Every sample line of a Prometheus text page as (name, labels, value); comments skipped."""
+    out = []
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        m = _SAMPLE.match(line)
+        if m is None:
+            continue  # a line this parser does not understand is not worth failing a scrape for
+        name, _, labels, value, _ = m.groups()
+        try:
+            out.append((name, parse_labels(labels or ""), float(value)))
+        except ValueError:
+            continue
+    return out
+
+
+def parse_prometheus(text: str, labels: Mapping[str, str] | None = None) -> dict[str, float]:
+    """Metric name → value, summed over label sets; with `labels`, only the samples carrying all of them.
+
+    Histogram and summary buckets/quantiles and `_created` time stamps are skipped; their
+    `_sum` and `_count` are kept (so mean TTFT = `..._sum / ..._count`).
+    """
+    types: dict[str, str] = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) >= 4 and parts[:2] == ["#", "TYPE"]:
+            types[parts[2]] = parts[3]
+    out: dict[str, float] = {}
+    for name, lab, value in parse_samples(text):
+        if name.endswith(("_bucket", "_created")) or ("quantile" in lab and types.get(name) == "summary"):
+            continue
+        if labels and any(lab.get(k) != v for k, v in labels.items()):
+            continue
+        out[name] = out.get(name, 0.0) + value
+    return out
+
+
+def fetch_metrics(url: str, api_key: str | None = None, timeout_s: float = 5.0) -> str:
+    """The text of a `/metrics` page (stdlib only, so the scraper thread needs no event loop)."""
+    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {api_key}"} if api_key else {})
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # 127.0.0.1: never via a proxy
+    with opener.open(req, timeout=timeout_s) as resp:
+        return resp.read().decode("utf-8", "replace")
+
+
+class MetricsScraper:
+    """Poll `/metrics` every `interval_s` in a background thread; keep a timeline of chosen gauges.
+
+    Use as a context manager around a load test. `t0` (a `time.perf_counter()` value) sets
+    the time origin, so the timeline shares the load test's clock; by default it is the moment
+    the scraper starts. A failed scrape is counted in `errors` and skipped, never raised: the
+    server being busy is exactly when scrapes are slow.
+    """
+
+    def __init__(self, base_url: str, names: Sequence[str] = DEFAULT_GAUGES, interval_s: float = 0.5,
+                 api_key: str | None = None, t0: float | None = None, labels: Mapping[str, str] | None = None):
+        if not (isinstance(interval_s, (int, float)) and interval_s > 0 and math.isfinite(interval_s)):
+            raise ValueError(f"MetricsScraper.interval_s={interval_s!r}: allowed a finite number of seconds > 0.")
+        self.url = base_url.rstrip("/") + "/metrics"
+        self.names = tuple(names)
+        self.interval_s = float(interval_s)
+        self.api_key = api_key
+        self.labels = dict(labels) if labels else None
+        self.t0 = t0
+        self.samples: list[dict[str, float | None]] = []  # {"t": seconds since t0, name: value or None}
+        self.errors: list[str] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def scrape_once(self) -> dict[str, float | None]:
+        """One sample now (appended to the timeline); a name the page lacks reads None."""
+        t0 = self.t0 if self.t0 is not None else time.perf_counter()
+        values = parse_prometheus(fetch_metrics(self.url, self.api_key, timeout_s=max(1.0, 4 * self.interval_s)),
+                                  self.labels)
+        sample: dict[str, float | None] = {"t": time.perf_counter() - t0}
+        sample.update({n: values.get(n) for n in self.names})
+        self.samples.append(sample)
+        return sample
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            started = time.perf_counter()
+            try:
+                self.scrape_once()
+            except Exception as e:  # noqa: BLE001 - a failed scrape is data, not a crash
+                self.errors.append(f"{time.perf_counter() - (self.t0 or started):.3f}s: {type(e).__name__}: {e}")
+            self._stop.wait(max(0.0, self.interval_s - (time.perf_counter() - started)))
+
+    def start(self) -> MetricsScraper:
+        if self.t0 is None:
+            self.t0 = time.perf_counter()
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._loop, name="metrics-scraper", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+            self._thread = None
+
+    def __enter__(self) -> MetricsScraper:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def timeline(self) -> dict[str, Any]:
+        """The JSON-ready record a Result keeps: the url, names, interval, samples and scrape errors."""
+        return {"url": self.url, "names": list(self.names), "interval_s": self.interval_s,
+                "samples": list(self.samples), "errors": list(self.errors)}
+
+    def series(self, name: str) -> tuple[list[float], list[float | None]]:
+        """(times, values) of one gauge, ready for a line plot."""
+        return [s["t"] for s in self.samples], [s.get(name) for s in self.samples]  # type: ignore[misc]

@@ -1,0 +1,285 @@
+"""Online serving without a GPU: the load generator, the metrics scraper and the server wrapper
+against a fake OpenAI-compatible server (stdlib http.server in a thread) that checks the key,
+streams one SSE chunk per token with a delay, ends with a usage chunk and [DONE], and serves
+a /metrics page whose gauges follow the requests in flight."""
+import asyncio
+import json
+import math
+import sys
+import textwrap
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from lablib.loadgen import arrival_times, load_test, run_online, run_sync
+from lablib.prom import MetricsScraper, parse_prometheus
+from lablib.serving import HOST, ServerConfig, VLLMServer, server_command
+from lablib.workloads import Request, Workload
+
+KEY = "test-key"
+TOKEN_DELAY = 0.01
+
+
+class FakeOpenAI(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self):
+        super().__init__((HOST, 0), _Handler)
+        self.lock = threading.Lock()
+        self.in_flight = 0
+        self.received: list[float] = []  # perf_counter when each completion request arrived
+        self.thread = threading.Thread(target=self.serve_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://{HOST}:{self.server_address[1]}"
+
+
+class _Handler(BaseHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+    def _send(self, code, body, ctype="application/json"):
+        data = body.encode()
+        self.send_response(code)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self):
+        srv = self.server
+        if self.path == "/health":
+            return self._send(200, "")
+        if self.path == "/metrics":
+            running = min(srv.in_flight, 2)  # a "server" with room for 2 sequences
+            page = (f'# HELP vllm:num_requests_running Running.\n# TYPE vllm:num_requests_running gauge\n'
+                    f'vllm:num_requests_running{{engine="0",model_name="fake"}} {running}.0\n'
+                    f'vllm:num_requests_waiting{{engine="0",model_name="fake"}} {srv.in_flight - running}.0\n'
+                    f'vllm:kv_cache_usage_perc{{engine="0",model_name="fake"}} {0.25 * running}\n')
+            return self._send(200, page, "text/plain; version=0.0.4")
+        self._send(404, "{}")
+
+    def do_POST(self):
+        srv = self.server
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if self.headers.get("Authorization") != f"Bearer {KEY}":
+            return self._send(401, json.dumps({"error": "Unauthorized"}))
+        assert body["stream"] and body["ignore_eos"] and body["stream_options"] == {"include_usage": True}
+        with srv.lock:
+            srv.received.append(time.perf_counter())
+            srv.in_flight += 1
+        try:
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.end_headers()
+            n, prompt = body["max_tokens"], body["prompt"]
+            for i in range(n):
+                time.sleep(TOKEN_DELAY)
+                chunk = {"choices": [{"index": 0, "text": f" t{i}", "finish_reason": "length" if i == n - 1 else None}],
+                         "usage": None}
+                self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+                self.wfile.flush()
+            usage = {"prompt_tokens": len(prompt) if isinstance(prompt, list) else len(prompt.split()),
+                     "completion_tokens": n, "total_tokens": 0}
+            self.wfile.write(f"data: {json.dumps({'choices': [], 'usage': usage})}\n\ndata: [DONE]\n\n".encode())
+        finally:
+            with srv.lock:
+                srv.in_flight -= 1
+
+
+@pytest.fixture
+def fake():
+    srv = FakeOpenAI()
+    srv.thread.start()
+    yield srv
+    srv.shutdown()
+    srv.server_close()
+
+
+def _workload(n=6):
+    reqs = [Request(f"r{i}", f"def f{i}(x): return", ({"role": "user", "content": "hi"},), 3 + i % 3, 5)
+            for i in range(n)]
+    return Workload("fake", 1, "a fake set", tuple(reqs))
+
+
+def test_poisson_arrivals_seeded_and_mean_gap():
+    a, b = arrival_times(20_000, 5.0, seed=7), arrival_times(20_000, 5.0, seed=7)
+    assert a == b and a != arrival_times(20_000, 5.0, seed=8)
+    assert a[0] == 0.0 and all(y >= x for x, y in zip(a, a[1:]))
+    assert a[-1] / (len(a) - 1) == pytest.approx(1 / 5.0, rel=0.03)
+    assert arrival_times(4, math.inf, seed=0) == [0.0] * 4
+    for bad in (0, -1.0, float("nan")):
+        with pytest.raises(ValueError, match="rate"):
+            arrival_times(3, bad, seed=0)
+
+
+def test_load_test_records_every_token(fake):
+    prompts = ["a b c", [1, 2, 3, 4], "x", "y z", [5], "q"]
+    max_tokens = [3, 5, 4, 6, 2, 3]
+    t0 = []
+    records, errors = asyncio.run(load_test(fake.url, KEY, "fake", prompts, max_tokens, rate=40.0, seed=3,
+                                            on_start=t0.append))
+    assert errors == [] and [r.request_id for r in records] == [f"req-{i:04d}" for i in range(6)]
+    schedule = arrival_times(6, 40.0, seed=3)
+    for r, n, a, p in zip(records, max_tokens, schedule, prompts):
+        assert len(r.token_times) == n == r.output_tokens
+        assert r.arrival == a and r.ttft > 0 and r.first_token <= r.last_token <= r.finished
+        assert r.tpot >= TOKEN_DELAY * 0.5 if n > 1 else True
+        assert r.prompt_tokens == (len(p) if isinstance(p, list) else len(p.split()))
+    # the server saw each request at its scheduled time: never early, late by at most connection
+    # set-up and a 2-core machine's thread scheduling
+    seen = sorted(t - t0[0] for t in fake.received)
+    assert all(a - 0.002 <= s < a + 0.12 for s, a in zip(seen, schedule)), (seen, schedule)
+
+
+def test_wrong_key_and_dead_server_are_errors_not_exceptions(fake):
+    records, errors = asyncio.run(load_test(fake.url, "wrong", "fake", ["a"] * 3, [2] * 3, rate=math.inf, seed=0))
+    assert records == [] and len(errors) == 3 and all("HTTP 401" in e for e in errors)
+    records, errors = asyncio.run(load_test(f"http://{HOST}:1", KEY, "fake", ["a"], [2], rate=math.inf, seed=0))
+    assert records == [] and len(errors) == 1 and "req-0000" in errors[0]
+    with pytest.raises(ValueError, match="max_tokens"):
+        asyncio.run(load_test(fake.url, KEY, "fake", ["a"], [1, 2], rate=1.0, seed=0))
+
+
+def test_scraper_timeline_follows_the_gauges(fake):
+    with MetricsScraper(fake.url, interval_s=0.02, api_key=KEY) as scraper:
+        time.sleep(0.05)
+        asyncio.run(load_test(fake.url, KEY, "fake", ["a"] * 6, [15] * 6, rate=math.inf, seed=0))
+        time.sleep(0.05)
+    ts, running = scraper.series("vllm:num_requests_running")
+    _, waiting = scraper.series("vllm:num_requests_waiting")
+    assert len(ts) >= 5 and ts == sorted(ts) and scraper.errors == []
+    assert running[0] == 0 and max(running) == 2 and running[-1] == 0 and max(waiting) > 0
+    assert set(scraper.timeline()["samples"][0]) == {"t", "vllm:kv_cache_usage_perc", "vllm:num_requests_running",
+                                                     "vllm:num_requests_waiting"}
+
+
+def test_run_online_one_result_per_rate(fake):
+    results = run_online(fake.url, KEY, "fake", _workload(), [math.inf, 30.0], seed=1, metrics_interval_s=0.02,
+                         server={"max_num_seqs": 2})
+    assert [r.step for r in results] == ["serve-rate-inf", "serve-rate-30"]
+    for r, rate in zip(results, [math.inf, 30.0]):
+        assert r.engine == "vllm-server" and r.config["rate"] == rate and r.config["max_num_seqs"] == 2
+        assert r.summary["requests"] == 6 and r.summary["output_tokens"] == sum(3 + i % 3 for i in range(6))
+        assert r.summary["ttft_s"]["p50"] > 0 and r.notes == []
+        assert r.engine_facts["server_metrics"]["samples"]
+        json.loads(r.to_json())
+    assert len(fake.received) == 1 + 12  # the warm-up request, then 6 per rate
+
+    async def in_a_notebook():  # Jupyter's loop is already running: run_sync moves to a thread
+        return run_sync(load_test(fake.url, KEY, "fake", ["a"], [2], rate=math.inf, seed=0))
+
+    records, errors = asyncio.run(in_a_notebook())
+    assert len(records) == 1 and errors == []
+
+
+VLLM_METRICS = textwrap.dedent('''\
+    # HELP vllm:num_requests_running Number of requests in model execution batches.
+    # TYPE vllm:num_requests_running gauge
+    vllm:num_requests_running{engine="0",model_name="Qwen/Qwen3-0.6B"} 12.0
+    vllm:num_requests_running{engine="1",model_name="Qwen/Qwen3-0.6B"} 3.0
+    # HELP vllm:num_requests_waiting Number of requests waiting to be processed.
+    # TYPE vllm:num_requests_waiting gauge
+    vllm:num_requests_waiting{engine="0",model_name="Qwen/Qwen3-0.6B"} 4.0
+    # HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.
+    # TYPE vllm:kv_cache_usage_perc gauge
+    vllm:kv_cache_usage_perc{engine="0",model_name="Qwen/Qwen3-0.6B"} 0.8125
+    # HELP vllm:prompt_tokens_total Number of prefill tokens processed.
+    # TYPE vllm:prompt_tokens_total counter
+    vllm:prompt_tokens_total{engine="0",model_name="Qwen/Qwen3-0.6B"} 51234.0
+    vllm:prompt_tokens_created{engine="0",model_name="Qwen/Qwen3-0.6B"} 1.7e+09
+    # HELP vllm:time_to_first_token_seconds Histogram of time to first token in seconds.
+    # TYPE vllm:time_to_first_token_seconds histogram
+    vllm:time_to_first_token_seconds_bucket{engine="0",le="0.001",model_name="Qwen/Qwen3-0.6B"} 0.0
+    vllm:time_to_first_token_seconds_bucket{engine="0",le="+Inf",model_name="Qwen/Qwen3-0.6B"} 40.0
+    vllm:time_to_first_token_seconds_count{engine="0",model_name="Qwen/Qwen3-0.6B"} 40.0
+    vllm:time_to_first_token_seconds_sum{engine="0",model_name="Qwen/Qwen3-0.6B"} 2.5
+    # HELP vllm:request_success_total Count of successfully processed requests.
+    # TYPE vllm:request_success_total counter
+    vllm:request_success_total{engine="0",finished_reason="length",model_name="Qwen/Qwen3-0.6B"} 30.0
+    vllm:request_success_total{engine="0",finished_reason="stop",model_name="Qwen/Qwen3-0.6B"} 8.0
+    http_requests_total{handler="/v1/completions",method="POST",status="2xx"} 45.0 1700000000000
+    weird_label{path="a\\"b,c}"} NaN
+    ''')
+
+
+def test_parse_prometheus_on_a_vllm_page():
+    m = parse_prometheus(VLLM_METRICS)
+    assert m["vllm:num_requests_running"] == 15.0 and m["vllm:num_requests_waiting"] == 4.0
+    assert m["vllm:kv_cache_usage_perc"] == 0.8125 and m["vllm:prompt_tokens_total"] == 51234.0
+    assert m["vllm:time_to_first_token_seconds_sum"] / m["vllm:time_to_first_token_seconds_count"] == 2.5 / 40
+    assert m["vllm:request_success_total"] == 38.0 and m["http_requests_total"] == 45.0
+    assert math.isnan(m["weird_label"])
+    assert not any(k.endswith(("_bucket", "_created")) for k in m)
+    assert parse_prometheus(VLLM_METRICS, {"engine": "1"})["vllm:num_requests_running"] == 3.0
+    assert parse_prometheus(VLLM_METRICS, {"finished_reason": "stop"}) == {"vllm:request_success_total": 8.0}
+
+
+def test_server_config_and_command():
+    cfg = ServerConfig("/models/qwen", port=8123, api_key="k", max_num_seqs=64, gpu_memory_utilization=0.85,
+                       max_model_len=4096, enable_prefix_caching=False, served_model_name="qwen", dtype="bfloat16",
+                       extra_args=["--seed", "0"])
+    assert server_command(cfg, python="py") == [
+        "py", "-m", "vllm.entrypoints.openai.api_server", "--model", "/models/qwen", "--host", "127.0.0.1",
+        "--port", "8123", "--api-key", "k", "--served-model-name", "qwen", "--max-num-seqs", "64",
+        "--max-model-len", "4096", "--gpu-memory-utilization", "0.85", "--dtype", "bfloat16",
+        "--no-enable-prefix-caching", "--seed", "0"]
+    short = server_command(ServerConfig("m", api_key="k", tokenizer="tok", enable_prefix_caching=True), python="py")
+    assert short[-5:] == ["--served-model-name", "m", "--tokenizer", "tok", "--enable-prefix-caching"]
+    a, b = ServerConfig("m"), ServerConfig("m")
+    assert len(a.api_key) >= 16 and a.api_key != b.api_key and "api_key" not in a.to_dict()
+    for kwargs, field in [({"port": 70000}, "port"), ({"max_num_seqs": 0}, "max_num_seqs"),
+                          ({"gpu_memory_utilization": 1.5}, "gpu_memory_utilization"),
+                          ({"api_key": "has space"}, "api_key"), ({"max_model_len": 1.5}, "max_model_len")]:
+        with pytest.raises(ValueError, match=field):
+            ServerConfig("m", **kwargs)
+
+
+def test_server_that_exits_at_start_up_says_why(tmp_path):
+    cmd = [sys.executable, "-c", "import sys; print('ValueError: bad option --frobnicate'); sys.exit(3)"]
+    srv = VLLMServer(ServerConfig("m", port=0), command=cmd, log_path=tmp_path / "s.log")
+    with pytest.raises(RuntimeError, match=r"(?s)code 3.*bad option --frobnicate"):
+        srv.__enter__()
+    assert srv.proc is None
+
+
+def test_server_that_never_gets_healthy_times_out(tmp_path):
+    cmd = [sys.executable, "-c", "import time; print('loading weights', flush=True); time.sleep(60)"]
+    with pytest.raises(RuntimeError, match=r"(?s)/health within 1s.*loading weights"):
+        VLLMServer(ServerConfig("m", port=0), command=cmd, log_path=tmp_path / "s.log", startup_timeout_s=1).start()
+
+
+def test_server_context_ends_its_whole_process_group(tmp_path, fake):
+    script = tmp_path / "server.py"
+    script.write_text(textwrap.dedent(f'''\
+        import subprocess, sys, http.server
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+        open({str(tmp_path / "child.pid")!r}, "w").write(str(child.pid))
+        class H(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                self.send_response(200); self.end_headers()
+        http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+        '''))
+    cfg = ServerConfig("m", port=0)
+    srv = VLLMServer(cfg, log_path=tmp_path / "s.log")
+    srv.command = [sys.executable, str(script), str(srv.port)]
+    with srv as s:
+        assert s.healthy() and s.startup_s is not None and s.base_url.endswith(str(s.port))
+        child = int((tmp_path / "child.pid").read_text())
+    assert srv.proc is None
+    for _ in range(50):  # the orphaned child is gone (or at most a zombie awaiting its reaper)
+        try:
+            with open(f"/proc/{child}/stat") as f:
+                if f.read().split(") ")[1][0] == "Z":
+                    break
+        except FileNotFoundError:
+            break
+        time.sleep(0.05)
+    else:
+        pytest.fail(f"child {child} of the server outlived the server's process group")
+    busy = VLLMServer(ServerConfig("m", port=fake.server_address[1]), command=["true"])
+    with pytest.raises(RuntimeError, match="already in use"):
+        busy.start()
