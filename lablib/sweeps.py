@@ -9,7 +9,7 @@ Without a GPU, `gpu_memory_utilization_rows()` returns the sweep recorded on the
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from .bench import run
 from .config import BenchConfig, VLLMConfig
@@ -17,28 +17,47 @@ from .results import Result, ResultStore
 from .workloads import load_workload
 
 
-def gpu_memory_utilization_sweep(values: list[float], model: str = "embedded", workload: str = "journey",
-                                 enforce_eager: bool = True, store: ResultStore | None = None,
-                                 lab: str = "02_kv_cache") -> tuple[list[dict[str, Any]], list[Result]]:
-    """Start one vLLM engine per value, run the workload, record KV capacity, throughput and VRAM after close."""
+def config_sweep(configs: list[VLLMConfig], model: str = "embedded", workload: str = "journey",
+                 step: Callable[[VLLMConfig], str] = lambda c: "vllm", store: ResultStore | None = None,
+                 lab: str = "sweep", bench: BenchConfig = BenchConfig(progress=False)
+                 ) -> tuple[list[dict[str, Any]], list[Result]]:
+    """One vLLM engine per configuration (each in its own worker), the workload on each, one row per engine:
+    KV capacity, throughput, latency and GPU memory before start and after close."""
     from .engines.vllm import VLLMEngine, _nvml_used
 
-    configs = [VLLMConfig(gpu_memory_utilization=g, enforce_eager=enforce_eager) for g in values]  # validate all first
     wl = load_workload(workload)
     rows, results = [], []
     for cfg in configs:
         before = _nvml_used()
         with VLLMEngine(model, cfg) as eng:
-            r = run(eng, wl, BenchConfig(progress=False), lab=lab, step=f"vllm-gmu-{cfg.gpu_memory_utilization}",
-                    store=store)
+            r = run(eng, wl, bench, lab=lab, step=step(cfg), store=store)
         results.append(r)
-        rows.append({"gpu_memory_utilization": cfg.gpu_memory_utilization, "kv_tokens": eng.facts.get("kv_tokens"),
+        rows.append({**cfg.to_dict(), "kv_tokens": eng.facts.get("kv_tokens"),
                      "max_concurrency": eng.facts.get("max_concurrency"), "output_tok_s": r.summary["output_tok_s"],
+                     "ttft_p99_s": r.summary["ttft_s"]["p99"], "tpot_p50_s": r.summary["tpot_s"]["p50"],
                      "peak_used_bytes": r.memory.get("peak_bytes"), "vram_before_bytes": before[0] if before else None,
                      "vram_after_close_bytes": eng.facts.get("vram_after_close_bytes"),
                      "back_to_baseline": eng.facts.get("vram_back_to_baseline"),
                      "startup_s": eng.facts.get("startup_s"), "provenance": "live"})
     return rows, results
+
+
+def gpu_memory_utilization_sweep(values: list[float], model: str = "embedded", workload: str = "journey",
+                                 enforce_eager: bool = True, store: ResultStore | None = None,
+                                 lab: str = "02_kv_cache") -> tuple[list[dict[str, Any]], list[Result]]:
+    """Start one vLLM engine per value, run the workload, record KV capacity, throughput and VRAM after close."""
+    configs = [VLLMConfig(gpu_memory_utilization=g, enforce_eager=enforce_eager) for g in values]  # validate all first
+    return config_sweep(configs, model, workload, lambda c: f"vllm-gmu-{c.gpu_memory_utilization}", store, lab)
+
+
+def scheduler_sweep(max_num_seqs: list[int] = (8, 32, 128, 256), max_num_batched_tokens: list[int | None] = (None,),
+                    model: str = "embedded", workload: str = "journey", store: ResultStore | None = None,
+                    lab: str = "03_continuous_batching", **engine: Any) -> tuple[list[dict[str, Any]], list[Result]]:
+    """vLLM's scheduler knobs: one engine per (max_num_seqs, max_num_batched_tokens) pair."""
+    configs = [VLLMConfig(max_num_seqs=n, max_num_batched_tokens=b, **engine)
+               for n in max_num_seqs for b in max_num_batched_tokens]
+    return config_sweep(configs, model, workload,
+                        lambda c: f"vllm-seqs{c.max_num_seqs}-tok{c.max_num_batched_tokens}", store, lab)
 
 
 def gpu_memory_utilization_rows(values: list[float] = (0.1, 0.3, 0.5), live: bool | None = None,

@@ -406,3 +406,18 @@ def test_vram_that_does_not_come_back_is_reported(start, monkeypatch):
     assert time.monotonic() - t0 >= 1.0  # it waited for the GPU to settle
     assert engine.facts["vram_back_to_baseline"] is False and engine.facts["vram_after_close_bytes"] == stuck
     monkeypatch.setattr(vllm_engine, "SETTLE_S", 0.0)  # the fixture's final close need not wait again
+
+
+def test_scheduler_sweep_restarts_one_engine_per_config_and_returns_to_baseline(start):
+    """lablib.sweeps on the fake: a row per configuration, the knobs recorded, VRAM back after each engine."""
+    from lablib import sweeps
+    from lablib.config import BenchConfig
+
+    rows, results = sweeps.config_sweep(
+        [VLLMConfig(max_num_seqs=n) for n in (2, 8)], workload="journey", step=lambda c: f"seqs{c.max_num_seqs}",
+        bench=BenchConfig(max_new_tokens=4, progress=False))
+    assert [r["max_num_seqs"] for r in rows] == [2, 8] and [r.step for r in results] == ["seqs2", "seqs8"]
+    assert all(r["back_to_baseline"] and r["vram_after_close_bytes"] == BASE_USED for r in rows)
+    assert all(len(r.requests) == 64 and r.summary["output_tokens"] == 256 for r in results)
+    with pytest.raises(ValueError, match="max_num_batched_tokens=4 < max_num_seqs=8"):
+        sweeps.scheduler_sweep([8], [4])  # refused before any engine starts
