@@ -13,11 +13,12 @@ from typing import Any, Callable
 
 from .bench import run
 from .config import BenchConfig, VLLMConfig
+from .models import ModelSpec
 from .results import Result, ResultStore
 from .workloads import load_workload
 
 
-def config_sweep(configs: list[VLLMConfig], model: str = "embedded", workload: str = "journey",
+def config_sweep(configs: list[VLLMConfig], model: str | ModelSpec = "embedded", workload: str = "journey",
                  step: Callable[[VLLMConfig], str] = lambda c: "vllm", store: ResultStore | None = None,
                  lab: str = "sweep", bench: BenchConfig = BenchConfig(progress=False)
                  ) -> tuple[list[dict[str, Any]], list[Result]]:
@@ -42,7 +43,7 @@ def config_sweep(configs: list[VLLMConfig], model: str = "embedded", workload: s
     return rows, results
 
 
-def gpu_memory_utilization_sweep(values: list[float], model: str = "embedded", workload: str = "journey",
+def gpu_memory_utilization_sweep(values: list[float], model: str | ModelSpec = "embedded", workload: str = "journey",
                                  enforce_eager: bool = True, store: ResultStore | None = None,
                                  lab: str = "02_kv_cache") -> tuple[list[dict[str, Any]], list[Result]]:
     """Start one vLLM engine per value, run the workload, record KV capacity, throughput and VRAM after close."""
@@ -51,7 +52,7 @@ def gpu_memory_utilization_sweep(values: list[float], model: str = "embedded", w
 
 
 def scheduler_sweep(max_num_seqs: list[int] = (8, 32, 128, 256), max_num_batched_tokens: list[int | None] = (None,),
-                    model: str = "embedded", workload: str = "journey", store: ResultStore | None = None,
+                    model: str | ModelSpec = "embedded", workload: str = "journey", store: ResultStore | None = None,
                     lab: str = "03_continuous_batching", **engine: Any) -> tuple[list[dict[str, Any]], list[Result]]:
     """vLLM's scheduler knobs: one engine per (max_num_seqs, max_num_batched_tokens) pair."""
     configs = [VLLMConfig(max_num_seqs=n, max_num_batched_tokens=b, **engine)

@@ -15,6 +15,8 @@ Steps:
   hf-big   HF static batching on the same synthetic 8B and the journey (the journey ratio)
   sweep    gpu_memory_utilization sweep on the embedded model: KV capacity, throughput, VRAM
            after each of the configurations (back to baseline each time)
+  knobs    max_num_seqs and max_num_batched_tokens sweeps on the synthetic 8B   (not yet run on a GPU)
+  serve    the OpenAI server under Poisson load at 8, 32 and inf req/s, /metrics  (not yet run on a GPU)
 """
 from __future__ import annotations
 
@@ -37,6 +39,7 @@ from lablib.results import Result, ResultStore  # noqa: E402
 from lablib.workloads import Request, Workload, load_workload  # noqa: E402
 
 LAB = "reference"
+ROOT = Path(__file__).resolve().parent.parent
 BIG = "llama-3.1-8b"
 
 
@@ -150,7 +153,39 @@ def step_sweep(out: Path, store: ResultStore, facts: dict) -> None:
     facts["sweep"] = rows
 
 
-STEPS = {"smoke": step_smoke, "startup": step_startup, "big": step_big, "big-lab": lambda o, s, f: step_big(o, s, f, bench_cli=False), "hf-big": step_hf_big, "sweep": step_sweep}
+def step_knobs(out: Path, store: ResultStore, facts: dict) -> None:
+    """Scheduler knobs on the synthetic 8B: max_num_seqs, then max_num_batched_tokens (one engine each)."""
+    from lablib.sweeps import scheduler_sweep
+    from lablib.synthetic import synthetic_spec
+
+    spec = synthetic_spec(BIG)
+    rows = []
+    for seqs, toks in (([8, 64, 256], [None]), ([256], [512, 2048, 8192])):
+        r, results = scheduler_sweep(seqs, toks, model=spec, lab=LAB, max_model_len=4096)
+        rows += r
+        for res in results:
+            store.append(recorded(res))
+    for row in rows:
+        log(out, f"knobs {json.dumps(row, default=str)}")
+    facts["scheduler_sweep"] = rows
+
+
+def step_serve(out: Path, store: ResultStore, facts: dict) -> None:
+    """vLLM's OpenAI server on 127.0.0.1 with an API key, the journey at several Poisson rates, /metrics scraped."""
+    from lablib.loadgen import run_online
+    from lablib.serving import ServerConfig, VLLMServer
+
+    cfg = ServerConfig(model=str(ROOT / "data/models/target"), port=0, gpu_memory_utilization=0.3)
+    with VLLMServer(cfg, log_path=str(out / "server.log")) as server:
+        facts["server_startup_s"] = server.startup_s
+        for r in run_online(server.base_url, server.api_key, server.model, load_workload("journey"),
+                            [8.0, 32.0, float("inf")], lab=LAB, server=cfg.to_dict()):
+            store.append(recorded(r))
+            log(out, f"{r.step}: {r.summary['output_tok_s']:.0f} tok/s, TTFT p99 {r.summary['ttft_s']['p99']}")
+
+
+STEPS = {"smoke": step_smoke, "startup": step_startup, "big": step_big, "big-lab": lambda o, s, f: step_big(o, s, f, bench_cli=False), "hf-big": step_hf_big, "sweep": step_sweep,
+         "knobs": step_knobs, "serve": step_serve}  # knobs and serve: written after the first GPU session, not yet run
 
 
 def main() -> None:
