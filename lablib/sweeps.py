@@ -72,3 +72,14 @@ def gpu_memory_utilization_rows(values: list[float] = (0.1, 0.3, 0.5), live: boo
         return gpu_memory_utilization_sweep(list(values), **kw)[0]
     head = reference_facts()["headline"]
     return [{**row, "provenance": f"recorded on {head['gpu']}, {head['date']}"} for row in reference_facts()["sweep"]]
+
+
+def request_count_sweep(engine: Any, counts: list[int], workload: str = "journey", store: ResultStore | None = None,
+                        lab: str = "sweep", bench: BenchConfig = BenchConfig(progress=False)) -> list[Result]:
+    """The first n requests of the workload for each n, all on ONE engine: the request count is not an engine knob,
+    so nothing restarts (start-up is paid once, and every point sees the same warm engine)."""
+    wl = load_workload(workload)
+    for n in counts:
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= len(wl):
+            raise ValueError(f"counts contains {n!r}: allowed 1..{len(wl)} (requests in {workload!r}).")
+    return [run(engine, wl.head(n), bench, lab=lab, step=f"{engine.name}-n{n}", store=store) for n in counts]

@@ -48,3 +48,15 @@ def test_schedule_tradeoff_plots_each_setting():
     s = {f"n={n}": continuous_batching(lengths, max_num_seqs=n) for n in (1, 4)}
     fig = schedule_tradeoff(s, ttft_target=100)
     assert list(fig.data[0].text) == ["n=1", "n=4"] and fig.data[0].y[1] > fig.data[0].y[0]
+
+
+def test_request_count_sweep_reuses_one_engine():
+    from lablib import BenchConfig, HFConfig, HFEngine
+
+    engine = HFEngine("embedded", HFConfig("static", 4))
+    before = id(engine.model)
+    results = sweeps.request_count_sweep(engine, [2, 4], bench=BenchConfig(max_new_tokens=4, progress=False))
+    assert [len(r.requests) for r in results] == [2, 4] and id(engine.model) == before
+    assert [r.step for r in results] == ["hf-static-n2", "hf-static-n4"]
+    with pytest.raises(ValueError, match="allowed 1..64"):
+        sweeps.request_count_sweep(engine, [0])
