@@ -168,6 +168,14 @@ def load_tokenizer(spec: ModelSpec, tokenizer_path: str | None = None) -> Any:
     return tok
 
 
+def prompt_tokenizer(spec: ModelSpec) -> Any:
+    """The tokenizer that turns a workload into this model's prompt ids.
+
+    A synthetic checkpoint has none: it takes the embedded tokenizer's ids, which are valid in any real vocabulary.
+    """
+    return load_tokenizer(resolve_model("embedded") if spec.source == "synthetic" else spec)
+
+
 def load_hf_model(spec: ModelSpec, device: str = "cpu", dtype: str = "auto") -> Any:
     """The transformers model on `device`; float32 on the CPU unless asked otherwise (bf16 matmuls are slow there)."""
     import torch

@@ -58,8 +58,8 @@ def mode() -> dict[str, Any]:
     live = bool(gpu) and has_vllm
     why = "GPU and vLLM present: measuring live" if live else (
         "no NVIDIA GPU visible" if not gpu else "vLLM is not installed (pip install 'lablib[gpu]')")
+    head = reference_facts()["headline"]
     banner = ("LIVE: vLLM runs on this machine's " + gpu) if live else (
-        f"RECORDED: {why}, so vLLM cells show runs recorded on "
-        f"{reference_facts()['headline']['gpu']} ({reference_facts()['headline']['date']}); "
+        f"RECORDED: {why}, so vLLM cells show runs recorded on {head['gpu']} ({head['date']}); "
         "simulators and calculators run live.")
     return {"live": live, "gpu": gpu, "vllm": has_vllm, "why": why, "banner": banner}

@@ -70,8 +70,9 @@ def gpu_memory_utilization_rows(values: list[float] = (0.1, 0.3, 0.5), live: boo
         live = mode()["live"]
     if live:
         return gpu_memory_utilization_sweep(list(values), **kw)[0]
-    head = reference_facts()["headline"]
-    return [{**row, "provenance": f"recorded on {head['gpu']}, {head['date']}"} for row in reference_facts()["sweep"]]
+    facts = reference_facts()
+    head = facts["headline"]
+    return [{**row, "provenance": f"recorded on {head['gpu']}, {head['date']}"} for row in facts["sweep"]]
 
 
 def request_count_sweep(engine: Any, counts: list[int], workload: str = "journey", store: ResultStore | None = None,

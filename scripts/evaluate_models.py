@@ -382,9 +382,9 @@ are scored on that same half as well, for a like-for-like comparison.
     rows.append(["unigram baseline", "", "", ""] + cells(uni))
     out.append(_table(["model", "test NLL", "test perplexity", "test top-1",
                        "scored-half NLL", "scored-half perplexity", "scored-half top-1"], rows))
-    out.append(f"\nTop-1 is next-token accuracy (argmax equals the next token; for the unigram, always its most frequent token). "
-               f"Validation losses during training (below) used bf16 autocast on a GPU and the validation split, so they are "
-               f"close to, not equal to, these figures.\n")
+    out.append("\nTop-1 is next-token accuracy (argmax equals the next token; for the unigram, always its most frequent token). "
+               "Validation losses during training (below) used bf16 autocast on a GPU and the validation split, so they are "
+               "close to, not equal to, these figures.\n")
 
     exp = ag["expected_tokens_per_step"]
     q = ag["alpha_per_prompt_quartiles"]

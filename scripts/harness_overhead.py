@@ -13,7 +13,6 @@ import time
 
 from lablib import BenchConfig, HFEngine, load_workload, run
 from lablib.engines.hf import _StepClock
-from lablib.memory import MemoryMonitor  # noqa: F401  (the monitor the harness runs)
 from lablib.results import RequestRecord, summarise
 
 

@@ -141,16 +141,20 @@ def step_hf_big(out: Path, store: ResultStore, facts: dict) -> None:
         log(out, f"hf static b{b} 8b journey: {r.summary['output_tok_s']:.1f} tok/s wall {r.wall_s:.1f}s")
 
 
+def keep_sweep(out: Path, store: ResultStore, facts: dict, key: str, rows: list[dict], results: list[Result]) -> None:
+    """Store a sweep's Results as recorded, log its rows, keep the rows in the facts under `key`."""
+    for r in results:
+        store.append(recorded(r))
+    for row in rows:
+        log(out, f"{key} {json.dumps(row, default=str)}")
+    facts[key] = rows
+
+
 def step_sweep(out: Path, store: ResultStore, facts: dict) -> None:
     from lablib.sweeps import gpu_memory_utilization_sweep
 
     values = [0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8]
-    rows, results = gpu_memory_utilization_sweep(values, lab=LAB)
-    for r in results:
-        store.append(recorded(r))
-    for row in rows:
-        log(out, f"sweep {json.dumps(row)}")
-    facts["sweep"] = rows
+    keep_sweep(out, store, facts, "sweep", *gpu_memory_utilization_sweep(values, lab=LAB))
 
 
 def step_knobs(out: Path, store: ResultStore, facts: dict) -> None:
@@ -159,15 +163,11 @@ def step_knobs(out: Path, store: ResultStore, facts: dict) -> None:
     from lablib.synthetic import synthetic_spec
 
     spec = synthetic_spec(BIG)
-    rows = []
+    rows, results = [], []
     for seqs, toks in (([8, 64, 256], [None]), ([256], [512, 2048, 8192])):
-        r, results = scheduler_sweep(seqs, toks, model=spec, lab=LAB, max_model_len=4096)
-        rows += r
-        for res in results:
-            store.append(recorded(res))
-    for row in rows:
-        log(out, f"knobs {json.dumps(row, default=str)}")
-    facts["scheduler_sweep"] = rows
+        r, res = scheduler_sweep(seqs, toks, model=spec, lab=LAB, max_model_len=4096)
+        rows, results = rows + r, results + res
+    keep_sweep(out, store, facts, "scheduler_sweep", rows, results)
 
 
 def step_serve(out: Path, store: ResultStore, facts: dict) -> None:

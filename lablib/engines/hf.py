@@ -22,7 +22,7 @@ import time
 from typing import Any
 
 from ..config import HFConfig
-from ..models import ModelSpec, load_hf_model, load_tokenizer, resolve_model
+from ..models import ModelSpec, load_hf_model, prompt_tokenizer, resolve_model
 from ..results import RequestRecord
 from .base import OnRecord, PreparedRequest
 
@@ -63,8 +63,7 @@ class HFEngine:
         if self.device == "cuda" and not torch.cuda.is_available():
             raise ValueError("HFConfig.device='cuda' but no CUDA GPU is visible. Fix: device='auto' or 'cpu'.")
         t0 = time.perf_counter()
-        # Synthetic checkpoints have no tokenizer: prompts are the embedded tokenizer's ids (valid in any vocab).
-        self.tokenizer = load_tokenizer(resolve_model("embedded") if self.spec.source == "synthetic" else self.spec)
+        self.tokenizer = prompt_tokenizer(self.spec)
         self.model = load_hf_model(self.spec, self.device, config.dtype)
         self._gen_config = copy.deepcopy(self.model.generation_config)
         self._gen_config.eos_token_id = None  # ignore_eos: generate exactly max_new_tokens

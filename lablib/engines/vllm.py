@@ -24,7 +24,7 @@ from typing import Any
 
 from ..config import VLLMConfig
 from ..fit import check_fit
-from ..models import ModelSpec, embedded_path, load_tokenizer, resolve_model
+from ..models import ModelSpec, embedded_path, prompt_tokenizer, resolve_model
 from ..results import RequestRecord
 from .base import OnRecord, PreparedRequest
 from .hf import _progress_bar
@@ -66,7 +66,7 @@ def preflight(spec: ModelSpec, config: VLLMConfig) -> dict[str, Any]:
     if (config.quantization == "fp8" or config.kv_cache_dtype.startswith("fp8")) and (major, minor) < (8, 9):
         raise ValueError(f"fp8 needs compute capability 8.9 (Ada) or 9.0 (Hopper); this GPU is {major}.{minor}. "
                          "Fix: quantization=None and kv_cache_dtype='auto', or a newer GPU.")
-    used, free, total = mem
+    _, free, total = mem
     if not spec.config:
         return {"fits": None, "why": "hub preset: shape known only after download"}
     report = check_fit(spec, config, total, free)
@@ -85,8 +85,7 @@ class VLLMEngine:
         self.name = "vllm"
         synthetic = self.spec.source == "synthetic"
         fit = preflight(self.spec, config)
-        # Synthetic checkpoints have no tokenizer: prompts are the embedded tokenizer's ids (valid in any vocab).
-        self.tokenizer = load_tokenizer(resolve_model("embedded") if synthetic else self.spec)
+        self.tokenizer = prompt_tokenizer(self.spec)
         self.baseline = _nvml_used()
         self.log_path = tempfile.NamedTemporaryFile(prefix="lablib-vllm-", suffix=".log", delete=False).name
         ctx = mp.get_context("spawn")
