@@ -160,13 +160,17 @@ def run_online(base_url: str, api_key: str | None, model: str, workload: Workloa
                seed: int = 0, prompts: Sequence[Prompt] | None = None, max_tokens: int | Sequence[int] | None = None,
                max_concurrency: int | None = None, warmup_requests: int = 1, metrics: Sequence[str] | None =
                DEFAULT_GAUGES, metrics_interval_s: float = 0.5, lab: str = "03_serving",
-               server: dict[str, Any] | None = None, store: ResultStore | None = None) -> list[Result]:
+               server: dict[str, Any] | None = None, store: ResultStore | None = None,
+               on_metrics: Callable[[float, dict[str, float | None]], None] | None = None,
+               on_result: Callable[[Result], None] | None = None) -> list[Result]:
     """One load test per rate against a running server; one Result each (engine "vllm-server").
 
     `prompts` overrides the workload's completion-form text (e.g. chat-templated token ids
     for an instruct model); `max_tokens` overrides its output lengths (one int for all).
     `metrics=None` skips the `/metrics` scraper; otherwise its timeline is kept in
     `engine_facts["server_metrics"]`. `server` (e.g. `ServerConfig.to_dict()`) joins the config.
+    Live figures: `on_metrics(rate, sample)` gets every scrape as it happens (from the
+    scraper's thread), `on_result(result)` each rate's Result as soon as it is stored.
     """
     texts = list(prompts) if prompts is not None else [r.prompt for r in workload.requests]
     if isinstance(max_tokens, int):
@@ -182,7 +186,8 @@ def run_online(base_url: str, api_key: str | None, model: str, workload: Workloa
             raise RuntimeError(f"the warm-up request failed, so the server is not ready to measure: {errors[0]}")
     hardware, versions, results = device_facts(), library_versions(), []
     for rate in rates:
-        scraper = MetricsScraper(base_url, metrics, metrics_interval_s, api_key) if metrics else None
+        hook = (lambda sample, rate=rate: on_metrics(rate, sample)) if on_metrics is not None else None
+        scraper = MetricsScraper(base_url, metrics, metrics_interval_s, api_key, on_sample=hook) if metrics else None
         t0: list[float] = []
 
         def on_start(t: float) -> None:
@@ -212,4 +217,6 @@ def run_online(base_url: str, api_key: str | None, model: str, workload: Workloa
         if store is not None:
             store.append(result)
         results.append(result)
+        if on_result is not None:
+            on_result(result)
     return results

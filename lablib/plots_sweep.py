@@ -37,3 +37,18 @@ def schedule_tradeoff(schedules: dict[str, Any], ttft_target: float | None = Non
     fig.update_layout(title="Throughput vs tail latency (simulator, cost-model units)",
                       xaxis_title="p99 TTFT", yaxis_title="output tokens per unit time", showlegend=True)
     return fig
+
+
+def scheduler_figure(rows: list[dict[str, Any]], ttft_target_s: float | None = None) -> go.Figure:
+    """Measured throughput vs p99 TTFT, one point per vLLM engine configuration, with a TTFT target line."""
+    if not rows:
+        raise ValueError("scheduler_figure: no rows. Fix: run lablib.sweeps.scheduler_rows().")
+    prov = rows[0].get("provenance", "live")
+    text = [f"seqs={r['max_num_seqs']}, tokens={r.get('max_num_batched_tokens') or 'default'}" for r in rows]
+    fig = go.Figure(go.Scatter(x=[(r["ttft_p99_s"] or 0) * 1e3 for r in rows], y=[r["output_tok_s"] for r in rows],
+                               text=text, mode="markers+text", textposition="top center", name=f"vLLM ({prov})"))
+    if ttft_target_s is not None:
+        fig.add_vline(x=ttft_target_s * 1e3, line_dash="dash", annotation_text=f"TTFT target {ttft_target_s * 1e3:g} ms")
+    fig.update_layout(title=f"Scheduler knobs on vLLM: throughput vs tail latency ({prov})",
+                      xaxis_title="p99 TTFT (ms)", yaxis_title="output tokens/s", showlegend=True)
+    return fig

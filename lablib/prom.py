@@ -22,7 +22,7 @@ import re
 import threading
 import time
 import urllib.request
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 DEFAULT_GAUGES = ("vllm:kv_cache_usage_perc", "vllm:num_requests_running", "vllm:num_requests_waiting")
@@ -94,7 +94,8 @@ class MetricsScraper:
     """
 
     def __init__(self, base_url: str, names: Sequence[str] = DEFAULT_GAUGES, interval_s: float = 0.5,
-                 api_key: str | None = None, t0: float | None = None, labels: Mapping[str, str] | None = None):
+                 api_key: str | None = None, t0: float | None = None, labels: Mapping[str, str] | None = None,
+                 on_sample: Callable[[dict[str, float | None]], None] | None = None):
         if not (isinstance(interval_s, (int, float)) and interval_s > 0 and math.isfinite(interval_s)):
             raise ValueError(f"MetricsScraper.interval_s={interval_s!r}: allowed a finite number of seconds > 0.")
         self.url = base_url.rstrip("/") + "/metrics"
@@ -103,6 +104,7 @@ class MetricsScraper:
         self.api_key = api_key
         self.labels = dict(labels) if labels else None
         self.t0 = t0
+        self.on_sample = on_sample  # called with each new sample, from the scraper's thread (a live figure)
         self.samples: list[dict[str, float | None]] = []  # {"t": seconds since t0, name: value or None}
         self.errors: list[str] = []
         self._stop = threading.Event()
@@ -116,6 +118,8 @@ class MetricsScraper:
         sample: dict[str, float | None] = {"t": time.perf_counter() - t0}
         sample.update({n: values.get(n) for n in self.names})
         self.samples.append(sample)
+        if self.on_sample is not None:
+            self.on_sample(sample)
         return sample
 
     def _loop(self) -> None:

@@ -75,6 +75,24 @@ def gpu_memory_utilization_rows(values: list[float] = (0.1, 0.3, 0.5), live: boo
     return [{**row, "provenance": f"recorded on {head['gpu']}, {head['date']}"} for row in facts["sweep"]]
 
 
+def scheduler_rows(max_num_seqs: list[int] = (8, 64), max_num_batched_tokens: list[int | None] = (None,),
+                   live: bool | None = None, **kw: Any) -> list[dict[str, Any]]:
+    """Live scheduler-sweep rows on a GPU with vLLM; otherwise the synthetic-8B sweep recorded on the H200."""
+    from .reference import mode, reference_facts
+
+    if live is None:
+        live = mode()["live"]
+    if live:
+        return scheduler_sweep(list(max_num_seqs), list(max_num_batched_tokens), **kw)[0]
+    facts = reference_facts()
+    if "scheduler_sweep" not in facts:
+        raise ValueError("data/reference/facts.json has no scheduler sweep: it ships with the repository. "
+                         "Fix: git checkout data/reference, or record it on a GPU (scripts/record_reference.py "
+                         "--steps knobs).")
+    head = facts["headline"]
+    return [{**row, "provenance": f"recorded on {head['gpu']}, {head['date']}"} for row in facts["scheduler_sweep"]]
+
+
 def request_count_sweep(engine: Any, counts: list[int], workload: str = "journey", store: ResultStore | None = None,
                         lab: str = "sweep", bench: BenchConfig = BenchConfig(progress=False)) -> list[Result]:
     """The first n requests of the workload for each n, all on ONE engine: the request count is not an engine knob,

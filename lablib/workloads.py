@@ -178,6 +178,20 @@ class Workload:
         _check_count("n", n)
         return Workload(self.name, self.version, self.description, self.requests[:n], self.manifest)
 
+    def repeated(self, times: int) -> Workload:
+        """The requests `times` over, in order, ids suffixed "#1", "#2", ...: a longer run of the same mix.
+
+        A load test needs more requests than the journey's 64 to reach a steady state. The
+        copies share prompts, so run them with prefix caching off, or the copies' prefill is free.
+        """
+        _check_count("times", times)
+        if times == 1:
+            return self
+        reqs = tuple(Request(f"{r.id}#{k}", r.prompt, r.messages, r.max_new_tokens, r.prompt_tokens, r.meta)
+                     for k in range(1, times + 1) for r in self.requests)
+        return Workload(f"{self.name}x{times}", self.version, f"{self.description} (repeated {times}x)", reqs,
+                        {**self.manifest, "num_requests": len(reqs)})
+
     def prompt_ids(self, tokenizer: Any) -> list[list[int]]:
         """Token ids of the plain prompts, with the tokenizer's own special tokens (bos)."""
         return [list(ids) for ids in tokenizer([r.prompt for r in self.requests])["input_ids"]]

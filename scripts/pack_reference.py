@@ -62,6 +62,10 @@ def main(dirs: list[Path]) -> None:
     if bench and "vllm-8b-256x128x128" in s:
         head["lab_over_vllm_bench_total_tok_s"] = s["vllm-8b-256x128x128"]["total_tok_s"] / bench["tokens_per_second"]
         head["lab_over_vllm_bench_requests_s"] = s["vllm-8b-256x128x128"]["requests_s"] / bench["requests_per_second"]
+    if "serve" in facts:
+        head["serve_capacity_rps"] = facts["serve"].get("capacity_rps")
+        fig = (facts["serve"].get("compare") or {}).get("figures", {})
+        head["lab_over_vllm_bench_serve_output_tok_s"] = (fig.get("output_tok_s") or {}).get("ratio")
     facts["headline"] = head
     (OUT / "facts.json").write_text(json.dumps(_round(facts), indent=1))
     write_readme(by_step, facts)
@@ -79,6 +83,19 @@ def write_readme(by_step: dict, facts: dict) -> None:
         f"| {r['gpu_memory_utilization']} | {r['kv_tokens']:,} | {r['max_concurrency']:,.0f} | {r['output_tok_s']:,.0f} | "
         f"{r['vram_before_bytes'] / 2**20:,.0f} | {r['vram_after_close_bytes'] / 2**20:,.0f} | {r['back_to_baseline']} |"
         for r in facts.get("sweep", []))
+    knobs = "\n".join(
+        f"| {r['max_num_seqs']} | {r.get('max_num_batched_tokens') or 'default'} | {r['output_tok_s']:,.0f} | "
+        f"{(r['ttft_p99_s'] or 0) * 1e3:,.0f} | {(r['tpot_p50_s'] or 0) * 1e3:,.1f} | {r['kv_tokens']:,} | "
+        f"{r['back_to_baseline']} |" for r in facts.get("scheduler_sweep", []))
+    serve_rows = "\n".join(
+        f"| {v['config']['rate']:g} | {v['summary']['requests']} | {v['summary']['output_tok_s']:,.0f} | "
+        + " | ".join(f"{(v['summary'][k][q] or 0) * 1e3:,.1f}" for k in ("ttft_s", "tpot_s", "itl_s") for q in ("p50", "p99"))
+        + f" | {len(v['notes'])} |"
+        for v in sorted((v for k, v in by_step.items() if k.startswith("serve-rate-")), key=lambda v: v["config"]["rate"]))
+    serve = facts.get("serve", {})
+    compare = "\n".join(
+        f"| {k} | {v['lab']:,.3f} | {v['vllm_bench']:,.3f} | {v['ratio']:.3f} |"
+        for k, v in (serve.get("compare") or {}).get("figures", {}).items() if v.get("ratio") is not None)
     cold, warm = facts.get("cold_start", {}), facts.get("warm_start", {})
     big = facts.get("big_start", {})
     g = facts.get("greedy_agreement", {})
@@ -121,6 +138,28 @@ The labs show these on machines without a GPU, each labelled *recorded on {h['gp
 Throughput here is the tiny embedded model in eager mode, where the engine's CPU-side work, not the GPU,
 sets the pace; it varies between runs and is not a lesson about `gpu_memory_utilization`. The KV capacity
 column is: it grows linearly with the budget.
+
+## Scheduler knobs (synthetic 8B, journey workload, every request at t=0, `max_model_len=4096`): one engine each
+
+| max_num_seqs | max_num_batched_tokens | output tok/s | TTFT p99 ms | TPOT p50 ms | KV tokens | VRAM back to baseline |
+| --- | --- | --- | --- | --- | --- | --- |
+{knobs}
+
+## Online serving (synthetic 8B, vLLM's OpenAI server, the journey 4 times over = 256 requests, prefix caching off)
+
+Rates are fractions of the capacity measured by the first test (every request at once, rate=inf):
+{serve.get('capacity_rps') or 0:.2f} requests/s. The server started in {(serve.get('server') or {}).get('startup_s') or 0:.1f} s
+(`gpu_memory_utilization={(serve.get('server') or {}).get('gpu_memory_utilization')}`). Latencies in ms.
+
+| offered rate (req/s) | requests | output tok/s | TTFT p50 | TTFT p99 | TPOT p50 | TPOT p99 | ITL p50 | ITL p99 | failed |
+| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |
+{serve_rows}
+
+### Cross-check: the lab's client vs `vllm bench serve`, same server, same 256 requests, all at once
+
+| figure | lab | vllm bench serve | lab / vLLM |
+| --- | --- | --- | --- |
+{compare}
 """
     (OUT / "README.md").write_text(text)
 

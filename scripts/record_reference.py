@@ -15,8 +15,9 @@ Steps:
   hf-big   HF static batching on the same synthetic 8B and the journey (the journey ratio)
   sweep    gpu_memory_utilization sweep on the embedded model: KV capacity, throughput, VRAM
            after each of the configurations (back to baseline each time)
-  knobs    max_num_seqs and max_num_batched_tokens sweeps on the synthetic 8B   (not yet run on a GPU)
-  serve    the OpenAI server under Poisson load at 8, 32 and inf req/s, /metrics  (not yet run on a GPU)
+  knobs    max_num_seqs and max_num_batched_tokens sweeps on the synthetic 8B
+  serve    the OpenAI server with the synthetic 8B under Poisson load at fractions of its capacity, /metrics
+           scraped, and `vllm bench serve` on the same requests
 """
 from __future__ import annotations
 
@@ -39,7 +40,6 @@ from lablib.results import Result, ResultStore  # noqa: E402
 from lablib.workloads import Request, Workload, load_workload  # noqa: E402
 
 LAB = "reference"
-ROOT = Path(__file__).resolve().parent.parent
 BIG = "llama-3.1-8b"
 
 
@@ -158,34 +158,36 @@ def step_sweep(out: Path, store: ResultStore, facts: dict) -> None:
 
 
 def step_knobs(out: Path, store: ResultStore, facts: dict) -> None:
-    """Scheduler knobs on the synthetic 8B: max_num_seqs, then max_num_batched_tokens (one engine each)."""
+    """Scheduler knobs on the synthetic 8B, one engine each: max_num_seqs 8/64/256, then a 512-token step budget."""
     from lablib.sweeps import scheduler_sweep
     from lablib.synthetic import synthetic_spec
 
     spec = synthetic_spec(BIG)
     rows, results = [], []
-    for seqs, toks in (([8, 64, 256], [None]), ([256], [512, 2048, 8192])):
+    for seqs, toks in (([8, 64, 256], [None]), ([256], [512])):
         r, res = scheduler_sweep(seqs, toks, model=spec, lab=LAB, max_model_len=4096)
         rows, results = rows + r, results + res
     keep_sweep(out, store, facts, "scheduler_sweep", rows, results)
 
 
 def step_serve(out: Path, store: ResultStore, facts: dict) -> None:
-    """vLLM's OpenAI server on 127.0.0.1 with an API key, the journey at several Poisson rates, /metrics scraped."""
-    from lablib.loadgen import run_online
-    from lablib.serving import ServerConfig, VLLMServer
+    """vLLM's OpenAI server with the synthetic 8B (127.0.0.1, API key): the journey x4 at fractions of its measured
+    capacity, /metrics scraped, then `vllm bench serve` on the same requests (lablib.online.rate_sweep)."""
+    from lablib.online import rate_sweep
+    from lablib.synthetic import synthetic_spec
 
-    cfg = ServerConfig(model=str(ROOT / "data/models/target"), port=0, gpu_memory_utilization=0.3)
-    with VLLMServer(cfg, log_path=str(out / "server.log")) as server:
-        facts["server_startup_s"] = server.startup_s
-        for r in run_online(server.base_url, server.api_key, server.model, load_workload("journey"),
-                            [8.0, 32.0, float("inf")], lab=LAB, server=cfg.to_dict()):
-            store.append(recorded(r))
-            log(out, f"{r.step}: {r.summary['output_tok_s']:.0f} tok/s, TTFT p99 {r.summary['ttft_s']['p99']}")
+    online = rate_sweep(synthetic_spec(BIG), repeat=4, out_dir=out / "serve", lab=LAB, gpu_memory_utilization=0.9,
+                        max_model_len=4096)
+    for r in online.pop("results"):
+        store.append(recorded(r))
+        log(out, f"{r.step}: {r.summary['output_tok_s']:.0f} out tok/s, TTFT p50/p99 {r.summary['ttft_s']['p50']}/"
+                 f"{r.summary['ttft_s']['p99']}, TPOT p50 {r.summary['tpot_s']['p50']}, notes {r.notes[:2]}")
+    facts["serve"] = online
+    log(out, f"serve: capacity {online['capacity_rps']:.2f} req/s, compare {json.dumps(online.get('compare'))}")
 
 
 STEPS = {"smoke": step_smoke, "startup": step_startup, "big": step_big, "big-lab": lambda o, s, f: step_big(o, s, f, bench_cli=False), "hf-big": step_hf_big, "sweep": step_sweep,
-         "knobs": step_knobs, "serve": step_serve}  # knobs and serve: written after the first GPU session, not yet run
+         "knobs": step_knobs, "serve": step_serve}
 
 
 def main() -> None:

@@ -1,0 +1,90 @@
+"""The online-serving experiment of lab 03: one server, a rate sweep, and vLLM's own client as referee.
+
+Offline throughput says how fast the engine can go; a server is judged by what users feel
+at the rate they arrive. The experiment, in the order a serving engineer runs it:
+
+1. Start vLLM's OpenAI server (`lablib.serving.VLLMServer`, 127.0.0.1, API key).
+2. Send the whole workload at once (`rate=inf`): the server's capacity C in requests/s.
+3. Send it again as Poisson arrivals at fractions of C (by default 0.25, 0.5, 0.75, 1 and
+   1.25): below C, TTFT is prefill time and stays flat; near and past C, requests queue
+   (the `/metrics` gauges show the waiting queue and the KV cache filling) and the tail
+   TTFT climbs, while TPOT barely moves.
+4. Run `vllm bench serve` on the same requests at `rate=inf` and divide (lablib.vllm_bench).
+
+The workload is repeated (`Workload.repeated`) so a load test lasts long enough to reach a
+steady state; the copies share prompts, so the server runs with prefix caching off.
+Every Result goes to `store` as soon as it is measured.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from .loadgen import run_online
+from .models import ModelSpec, embedded_path, resolve_model
+from .results import Result, ResultStore
+from .serving import ServerConfig, VLLMServer
+from .workloads import load_workload
+
+FRACTIONS = (0.25, 0.5, 0.75, 1.0, 1.25)
+
+
+def server_config(model: str | ModelSpec = "embedded", **knobs: Any) -> ServerConfig:
+    """A ServerConfig for a lab model: a synthetic checkpoint takes the embedded tokenizer (it has none).
+
+    Defaults: a free port, `gpu_memory_utilization=0.3`, prefix caching off (the load test
+    repeats prompts); `knobs` override them (any ServerConfig field).
+    """
+    spec = model if isinstance(model, ModelSpec) else resolve_model(model)
+    tokenizer = str(embedded_path("target")) if spec.source == "synthetic" else None
+    base = {"port": 0, "gpu_memory_utilization": 0.3, "enable_prefix_caching": False, "tokenizer": tokenizer,
+            "served_model_name": spec.name}
+    return ServerConfig(model=str(spec.path), **{**base, **knobs})
+
+
+def check_fractions(fractions: Sequence[float]) -> list[float]:
+    out = list(fractions)
+    if not out or any(isinstance(f, bool) or not isinstance(f, (int, float)) or not 0 < f < math.inf for f in out):
+        raise ValueError(f"fractions={fractions!r}: allowed a non-empty list of finite numbers > 0 (fractions of the "
+                         "measured capacity, e.g. [0.5, 1.0, 1.5]).")
+    return out
+
+
+def rate_sweep(model: str | ModelSpec = "embedded", workload: str = "journey", repeat: int = 4,
+               fractions: Sequence[float] = FRACTIONS, *, seed: int = 0, cross_check: bool = True,
+               out_dir: str | Path = "results/serve", store: ResultStore | None = None, lab: str = "03_serving",
+               on_metrics: Callable[[float, dict[str, float | None]], None] | None = None,
+               on_result: Callable[[Result], None] | None = None, metrics_interval_s: float = 0.25,
+               **knobs: Any) -> dict[str, Any]:
+    """Steps 1-4 above on one server; returns {"results", "capacity_rps", "server", "bench_serve", "compare"}.
+
+    Inputs are checked before the server starts. `knobs` go to the ServerConfig
+    (e.g. `max_num_seqs=32`). `cross_check=False` skips `vllm bench serve`.
+    """
+    from .vllm_bench import bench_serve, compare_serve
+
+    fractions = check_fractions(fractions)
+    wl = load_workload(workload).repeated(repeat)
+    cfg = server_config(model, **knobs)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    common = dict(seed=seed, lab=lab, server=cfg.to_dict(), store=store, on_metrics=on_metrics, on_result=on_result,
+                  metrics_interval_s=metrics_interval_s)
+    out: dict[str, Any] = {"results": [], "server": cfg.to_dict()}
+    with VLLMServer(cfg, log_path=out_dir / "server.log") as server:
+        out["server"]["startup_s"] = server.startup_s
+        burst = run_online(server.base_url, server.api_key, server.model, wl, [math.inf], **common)
+        out["results"] += burst
+        capacity = burst[0].summary["requests_s"]
+        out["capacity_rps"] = capacity
+        rates = [round(f * capacity, 2) for f in fractions]
+        out["results"] += run_online(server.base_url, server.api_key, server.model, wl, rates, warmup_requests=0,
+                                     **common)
+        if cross_check:
+            bench = bench_serve(server.base_url, server.api_key, server.model, cfg.tokenizer or cfg.model, wl,
+                                math.inf, out_dir, seed=seed)
+            out["bench_serve"] = bench
+            out["compare"] = compare_serve(burst[0], bench)
+    return out

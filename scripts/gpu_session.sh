@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# One phase of GPU work on the lent GPU machine, after ../shared/gpu/stage installed vLLM into /tmp/site:
+#
+#   bash scripts/gpu_session.sh tests  SECONDS            pytest -m gpu (tests/test_gpu_vllm.py)
+#   bash scripts/gpu_session.sh labs   SECONDS NB...      notebooks under nbval, live (e.g. labs/02_kv_cache.ipynb)
+#   bash scripts/gpu_session.sh record SECONDS STEPS      scripts/record_reference.py --steps STEPS
+#
+# Each phase stops itself (SIGINT, so engines and servers close) after SECONDS, then packs its logs,
+# results and the workers' logs into ONE file, $OUT/<phase>.tgz ($OUT brings back at most 8 files).
+set -u
+phase=$1; budget=$2; shift 2
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0
+run=/tmp/run-$phase; mkdir -p "$run"
+t0=$(date +%s)
+case $phase in
+  tests)  timeout -s INT -k 30 "$budget" python -m pytest -m gpu -v -rs tests/test_gpu_vllm.py 2>&1 | tee "$run/pytest.log" ;;
+  labs)   timeout -s INT -k 30 "$budget" python -m pytest -v -rs "$@" 2>&1 | tee "$run/nbval.log"
+          cp -r labs/results "$run/" 2>/dev/null ;;
+  record) timeout -s INT -k 30 "$budget" python scripts/record_reference.py --out "$run" --steps "$1" 2>&1 | tee "$run/stdout.log" ;;
+  *) echo "unknown phase $phase: tests, labs or record"; exit 2 ;;
+esac
+echo "phase $phase: $(( $(date +%s) - t0 )) s" | tee -a "$run/phase.txt"
+nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv >> "$run/phase.txt" 2>&1
+cp /tmp/lablib-vllm-*.log /tmp/vllm-server-*.log "$run/" 2>/dev/null
+tar czf "${OUT:-/tmp}/$phase.tgz" -C "$run" .
