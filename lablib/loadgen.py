@@ -11,7 +11,8 @@ Each request is one streaming `POST /v1/completions` (`stream: true`, `ignore_eo
 a fixed `max_tokens`, with a final usage chunk); the client stamps every server-sent-event
 chunk on arrival, as vLLM's own `benchmark_serving` does. TTFT under load is then measured
 from the *scheduled* arrival: it includes the time the request queued in the server
-because the running batch or the KV cache was full, so as the rate approaches the server's
+because the running batch or the KV cache was full (and any lag of the client itself in sending it:
+`start` is when it was actually sent), so as the rate approaches the server's
 capacity TTFT climbs steeply while TPOT (one decode step per token) barely moves, and past
 it the queue and TTFT grow for as long as the test runs.
 
@@ -69,6 +70,7 @@ async def _one_request(client: Any, url: str, headers: dict[str, str], model: st
     try:
         times: list[float] = []
         usage: dict[str, Any] = {}
+        sent = time.perf_counter() - t0  # when this client began sending: later than `arrival` if it lagged
         async with client.stream("POST", url, json=_completion_body(model, prompt, max_tokens),
                                  headers=headers) as resp:
             if resp.status_code != 200:
@@ -97,7 +99,7 @@ async def _one_request(client: Any, url: str, headers: dict[str, str], model: st
     prompt_tokens = usage.get("prompt_tokens") or (len(prompt) if isinstance(prompt, list) else 0)
     return RequestRecord(request_id=rid, prompt_tokens=int(prompt_tokens),
                          output_tokens=int(usage.get("completion_tokens") or len(times)), arrival=arrival,
-                         first_token=times[0], last_token=times[-1], finished=finished, token_times=times)
+                         start=sent, first_token=times[0], last_token=times[-1], finished=finished, token_times=times)
 
 
 async def load_test(base_url: str, api_key: str | None, model: str, prompts: Sequence[Prompt],

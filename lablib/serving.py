@@ -125,6 +125,24 @@ def log_tail(path: str | Path, lines: int = 40) -> str:
         return ""
 
 
+def _die_with_parent() -> None:
+    """In the child before exec (Linux): SIGTERM when the process that started it dies.
+
+    The server runs in its own session (so stop() can end its whole group), which also
+    shields it from the kernel's death: a notebook kernel killed with SIGKILL (a time limit,
+    an out-of-memory kill) runs no atexit handler, and the server would hold its share of the
+    GPU until someone finds it. The parent-death signal closes that hole; vLLM ends its engine
+    core when the api_server exits. It fires when the *thread* that started the server ends,
+    so start servers from a thread that lives as long as they do (a notebook's main thread).
+    """
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG = 1
+    except (OSError, AttributeError):  # not Linux: stop() and atexit remain the only guards
+        pass
+
+
 class VLLMServer:
     """The api_server as a child process group: `with VLLMServer(cfg) as srv: run_online(srv.base_url, ...)`.
 
@@ -173,7 +191,8 @@ class VLLMServer:
         t0 = time.perf_counter()
         try:
             self.proc = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         start_new_session=True, env={**os.environ, **(self.env or {})})
+                                         start_new_session=True, env={**os.environ, **(self.env or {})},
+                                         preexec_fn=_die_with_parent)
         finally:
             log.close()  # the child holds its own descriptor
         atexit.register(self.stop)

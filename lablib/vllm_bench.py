@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .results import Result
+from .results import Result, percentile
 from .workloads import Workload
 
 
@@ -62,7 +62,8 @@ def bench_serve_command(base_url: str, model: str, tokenizer: str, dataset: str 
             "--custom-output-len", "-1", "--skip-chat-template", "--disable-shuffle",
             "--num-prompts", str(num_prompts), "--request-rate", _rate_arg(rate), "--seed", str(seed),
             "--ignore-eos", "--temperature", "0", "--percentile-metrics", "ttft,tpot,itl,e2el",
-            "--metric-percentiles", "50,90,99", "--save-result", "--result-dir", str(result_dir),
+            "--metric-percentiles", "50,90,99", "--save-result", "--save-detailed",
+            "--result-dir", str(result_dir),
             "--result-filename", result_filename]
 
 
@@ -110,22 +111,30 @@ def summary_of(bench: dict[str, Any]) -> dict[str, Any]:
     out = {k: v for k, v in bench.items() if k not in PER_REQUEST}
     errors = [e for e in bench.get("errors", []) if e]
     out["errors"] = errors[:5]
+    starts = bench.get("start_times") or []
+    if starts:  # how long vLLM's client took to send everything (a burst is not sent in one instant)
+        out["send_spread_s"] = max(starts) - min(starts)
     return out
 
 
 def compare_serve(result: Result, bench: dict[str, Any]) -> dict[str, Any]:
     """The lab's load test next to `vllm bench serve` on the same workload and rate: each figure and lab/vLLM."""
     s = result.summary
+    sends = [r.first_token - r.start for r in result.requests if r.start is not None and r.first_token is not None]
     pairs = {
         "output_tok_s": (s["output_tok_s"], bench.get("output_throughput")),
         "requests_s": (s["requests_s"], bench.get("request_throughput")),
         "ttft_p50_ms": (_ms(s["ttft_s"]["p50"]), bench.get("median_ttft_ms")),
         "ttft_p99_ms": (_ms(s["ttft_s"]["p99"]), bench.get("p99_ttft_ms")),
+        # vllm bench counts TTFT from when its client sent each request; the lab from when it was due
+        "ttft_from_send_p50_ms": (_ms(percentile(sends, 50)), bench.get("median_ttft_ms")),
         "tpot_p50_ms": (_ms(s["tpot_s"]["p50"]), bench.get("median_tpot_ms")),
     }
     rows = {k: {"lab": lab, "vllm_bench": v, "ratio": (lab / v) if lab and v else None} for k, (lab, v) in pairs.items()}
+    lag = [r.start - r.arrival for r in result.requests if r.start is not None]
     return {"rate": bench.get("rate"), "workload": bench.get("workload"), "figures": rows,
-            "completed": {"lab": len(result.requests), "vllm_bench": bench.get("completed")}}
+            "completed": {"lab": len(result.requests), "vllm_bench": bench.get("completed")},
+            "send_spread_s": {"lab": max(lag) if lag else None, "vllm_bench": bench.get("send_spread_s")}}
 
 
 def _ms(x: float | None) -> float | None:

@@ -75,7 +75,11 @@ def test_vllm_bench_serve_cross_check_on_the_same_requests(sweep):
     wl = load_workload("journey")
     assert [(r["prompt"], r["output_tokens"]) for r in rows] == [(q.prompt, q.max_new_tokens) for q in wl.requests]
     fig = online["compare"]["figures"]
-    assert set(fig) == {"output_tok_s", "requests_s", "ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms"}
+    assert set(fig) == {"output_tok_s", "requests_s", "ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "ttft_from_send_p50_ms"}
+    # counted from when each request was sent, the lab's TTFT can only be shorter than from when it was due
+    assert fig["ttft_from_send_p50_ms"]["lab"] <= fig["ttft_p50_ms"]["lab"]
+    spread = online["compare"]["send_spread_s"]
+    assert spread["lab"] >= 0 and spread["vllm_bench"] >= 0 and bench["send_spread_s"] == spread["vllm_bench"]
     assert fig["output_tok_s"]["lab"] == online["results"][0].summary["output_tok_s"]
     assert 0.5 < fig["output_tok_s"]["ratio"] < 2.0  # same server, same requests: same ballpark even on 2 shared cores
     assert online["compare"]["completed"] == {"lab": 64, "vllm_bench": 64}
@@ -98,7 +102,7 @@ def test_bench_serve_command_and_dataset(tmp_path):
                  ["--num-prompts", "3"], ["--temperature", "0"]):
         i = cmd.index(pair[0])
         assert cmd[i:i + 2] == pair
-    assert {"--ignore-eos", "--disable-shuffle", "--skip-chat-template", "--save-result"} <= set(cmd)
+    assert {"--ignore-eos", "--disable-shuffle", "--skip-chat-template", "--save-result", "--save-detailed"} <= set(cmd)
     assert cmd[cmd.index("--request-rate") + 1] == "2.5"
     assert bench_serve_command("u", "m", "t", path, 3, math.inf, tmp_path, "r")[cmd.index("--request-rate") + 1] == "inf"
     for bad in (0, -1, float("nan"), True):

@@ -119,3 +119,31 @@ def test_missing_reference_file_says_how_to_restore(monkeypatch, tmp_path):
             reference_steps()
     finally:
         reference._all.cache_clear()
+
+
+def test_serving_sweep_recorded_with_the_cross_check(facts):
+    served = load_reference(prefix="serve-rate-")
+    assert len(served) == 6 and all(r.provenance == "recorded" and "H200" in r.label for r in served)
+    assert all(len(r.requests) == 256 and not r.notes and r.engine_facts["server_metrics"]["samples"] for r in served)
+    serve = facts["serve"]
+    burst = next(r for r in served if r.config["rate"] == float("inf"))
+    assert serve["capacity_rps"] == pytest.approx(burst.summary["requests_s"], rel=1e-5)
+    rates = sorted(r.config["rate"] for r in served if r.config["rate"] != float("inf"))
+    assert rates == pytest.approx([f * serve["capacity_rps"] for f in (0.25, 0.5, 0.75, 1.0, 1.25)], abs=0.01)
+    fig = serve["compare"]["figures"]["output_tok_s"]
+    assert fig["lab"] == pytest.approx(burst.summary["output_tok_s"], rel=1e-5)
+    assert fig["ratio"] == pytest.approx(fig["lab"] / fig["vllm_bench"], rel=1e-5)
+    assert serve["bench_serve"]["completed"] == 256 and "ttfts" not in serve["bench_serve"]
+    assert facts["headline"]["lab_over_vllm_bench_serve_output_tok_s"] == pytest.approx(fig["ratio"], rel=1e-5)
+
+
+def test_scheduler_sweep_recorded_one_engine_per_setting(facts, runs):
+    from lablib.sweeps import scheduler_rows
+
+    rows = scheduler_rows(live=False)
+    assert [r["max_num_seqs"] for r in rows] == [8, 64, 256] and all(r["back_to_baseline"] for r in rows)
+    assert all(r["provenance"].startswith("recorded on NVIDIA H200") for r in rows)
+    for r in rows:  # each row is the summary of its recorded Result
+        res = runs[f"vllm-seqs{r['max_num_seqs']}-tokNone"]
+        assert res.summary["output_tok_s"] == pytest.approx(r["output_tok_s"], rel=1e-5)
+        assert res.summary["ttft_s"]["p99"] == pytest.approx(r["ttft_p99_s"], rel=1e-5)

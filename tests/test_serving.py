@@ -126,7 +126,7 @@ def test_load_test_records_every_token(fake):
     schedule = arrival_times(6, 40.0, seed=3)
     for r, n, a, p in zip(records, max_tokens, schedule, prompts):
         assert len(r.token_times) == n == r.output_tokens
-        assert r.arrival == a and r.ttft > 0 and r.first_token <= r.last_token <= r.finished
+        assert r.arrival == a and r.ttft > 0 and r.arrival <= r.start <= r.first_token <= r.last_token <= r.finished
         assert r.tpot >= TOKEN_DELAY * 0.5 if n > 1 else True
         assert r.prompt_tokens == (len(p) if isinstance(p, list) else len(p.split()))
     # the server saw each request at its scheduled time: never early, late by at most connection
@@ -252,6 +252,19 @@ def test_server_that_never_gets_healthy_times_out(tmp_path):
         VLLMServer(ServerConfig("m", port=0), command=cmd, log_path=tmp_path / "s.log", startup_timeout_s=1).start()
 
 
+def _ends(pid: int, within_s: float) -> bool:
+    """True once process `pid` is gone or a zombie (dead, awaiting its reaper), polling for up to within_s."""
+    for _ in range(int(within_s / 0.05)):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().split(") ")[1][0] == "Z":
+                    return True
+        except FileNotFoundError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
 def test_server_context_ends_its_whole_process_group(tmp_path, fake):
     script = tmp_path / "server.py"
     script.write_text(textwrap.dedent(f'''\
@@ -270,16 +283,42 @@ def test_server_context_ends_its_whole_process_group(tmp_path, fake):
         assert s.healthy() and s.startup_s is not None and s.base_url.endswith(str(s.port))
         child = int((tmp_path / "child.pid").read_text())
     assert srv.proc is None
-    for _ in range(50):  # the orphaned child is gone (or at most a zombie awaiting its reaper)
-        try:
-            with open(f"/proc/{child}/stat") as f:
-                if f.read().split(") ")[1][0] == "Z":
-                    break
-        except FileNotFoundError:
-            break
-        time.sleep(0.05)
-    else:
+    if not _ends(child, 2.5):  # the orphaned child is gone (or at most a zombie awaiting its reaper)
         pytest.fail(f"child {child} of the server outlived the server's process group")
     busy = VLLMServer(ServerConfig("m", port=fake.server_address[1]), command=["true"])
     with pytest.raises(RuntimeError, match="already in use"):
         busy.start()
+
+
+def test_server_dies_with_the_process_that_started_it(tmp_path):
+    """A kernel killed with SIGKILL runs no atexit handler: the server must not outlive it holding the GPU."""
+    import os
+    import signal
+    import subprocess
+
+    server = tmp_path / "server.py"
+    server.write_text(textwrap.dedent('''\
+        import http.server, sys
+        class H(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                self.send_response(200); self.end_headers()
+        http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+        '''))
+    parent = tmp_path / "parent.py"
+    parent.write_text(textwrap.dedent(f'''\
+        import sys, time
+        sys.path.insert(0, {os.getcwd()!r})
+        from lablib.serving import ServerConfig, VLLMServer
+        srv = VLLMServer(ServerConfig("m", port=0), log_path={str(tmp_path / "s.log")!r})
+        srv.command = [sys.executable, {str(server)!r}, str(srv.port)]
+        srv.start()
+        print(srv.proc.pid, flush=True)
+        time.sleep(60)
+        '''))
+    p = subprocess.Popen([sys.executable, str(parent)], stdout=subprocess.PIPE, text=True)
+    pid = int(p.stdout.readline())
+    os.kill(p.pid, signal.SIGKILL)  # no atexit, no stop(): only the parent-death signal can end the server
+    p.wait()
+    if not _ends(pid, 5.0):
+        os.kill(pid, signal.SIGKILL)
+        pytest.fail("the server outlived the process that started it")

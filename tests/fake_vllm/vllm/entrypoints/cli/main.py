@@ -44,7 +44,7 @@ def bench_serve(argv):
                  "--custom-output-len", "--num-prompts", "--request-rate", "--seed", "--temperature",
                  "--percentile-metrics", "--metric-percentiles", "--result-dir", "--result-filename"):
         ap.add_argument(flag)
-    for flag in ("--skip-chat-template", "--disable-shuffle", "--ignore-eos", "--save-result"):
+    for flag in ("--skip-chat-template", "--disable-shuffle", "--ignore-eos", "--save-result", "--save-detailed"):
         ap.add_argument(flag, action="store_true")
     a = ap.parse_args(argv)
     if os.environ.get("FAKE_VLLM_BENCH_FAIL"):
