@@ -13,6 +13,7 @@ and gzipped; the README with the headline figures is generated from these files.
 from __future__ import annotations
 
 import gzip
+import io
 import json
 import sys
 from pathlib import Path
@@ -57,7 +58,7 @@ def main(dirs: list[Path]) -> None:
             facts["vllm_bench_throughput"] = json.loads((d / "bench_throughput.json").read_text())
     by_step = {r["step"]: r for r in results}  # a later recording of a step replaces an earlier one
     OUT.mkdir(parents=True, exist_ok=True)
-    with gzip.open(OUT / "h200.jsonl.gz", "wt", encoding="utf-8") as f:
+    with io.TextIOWrapper(gzip.GzipFile(OUT / "h200.jsonl.gz", "wb", mtime=0), encoding="utf-8") as f:  # reproducible bytes
         for r in by_step.values():
             f.write(json.dumps(r, separators=(",", ":")) + "\n")
     s = {k: v["summary"] for k, v in by_step.items()}
@@ -142,6 +143,8 @@ The labs show these on machines without a GPU, each labelled *recorded on {h['gp
 | lab / `vllm bench throughput` (requests/s) | {h.get('lab_over_vllm_bench_requests_s', 0):.3f} |
 | engine start, embedded model: cold (first on the machine) / warm | {cold.get('startup_s', 0):.1f} s / {warm.get('startup_s', 0):.1f} s in `LLM(...)`; {cold.get('startup_wall_s', 0):.1f} s / {warm.get('startup_wall_s', 0):.1f} s with the worker's spawn and imports |
 | engine start, synthetic 8B (cold compile for its shape) | {big.get('startup_s', 0):.1f} s in `LLM(...)`, {big.get('startup_wall_s', 0):.1f} s wall; KV capacity {big.get('kv_tokens', 0):,} tokens, {big.get('max_concurrency', 0):.0f} concurrent 4k-token sequences, backend {big.get('attention_backend')} |
+| online serving capacity, synthetic 8B, OpenAI server, 256 journey requests at once | {h.get('serve_capacity_rps') or 0:.1f} requests/s |
+| lab's client / `vllm bench serve`, same server and requests, output tok/s | {h.get('lab_over_vllm_bench_serve_output_tok_s') or 0:.3f} (see below) |
 | greedy tokens, HF (bf16) vs vLLM (bf16), embedded model, 16 journey requests | {g.get('identical_requests')} of {g.get('of')} identical; {g.get('mean_matching_prefix_fraction', 0):.2f} of tokens before the first divergence |
 
 ## Every recorded run
