@@ -53,7 +53,12 @@ def main(dirs: list[Path]) -> None:
                     q["output_ids"] = None
                 results.append(_round(r))
         for f in sorted(d.glob("facts-*.json")):
-            facts.update({k: v for k, v in json.loads(f.read_text()).items() if k != "step_seconds"})
+            new = {k: v for k, v in json.loads(f.read_text()).items() if k != "step_seconds"}
+            if "scheduler_sweep" in new:  # rows of one engine each: a new run adds settings, replaces the same ones
+                key = lambda r: (r["max_num_seqs"], r.get("max_num_batched_tokens"))  # noqa: E731
+                merged = {key(r): r for r in facts.get("scheduler_sweep", []) + new["scheduler_sweep"]}
+                new["scheduler_sweep"] = sorted(merged.values(), key=lambda r: (key(r)[0], key(r)[1] or 0))
+            facts.update(new)
         if (d / "bench_throughput.json").exists():
             facts["vllm_bench_throughput"] = json.loads((d / "bench_throughput.json").read_text())
     by_step = {r["step"]: r for r in results}  # a later recording of a step replaces an earlier one

@@ -147,3 +147,23 @@ def test_scheduler_sweep_recorded_one_engine_per_setting(facts, runs):
         res = runs[f"vllm-seqs{r['max_num_seqs']}-tokNone"]
         assert res.summary["output_tok_s"] == pytest.approx(r["output_tok_s"], rel=1e-5)
         assert res.summary["ttft_s"]["p99"] == pytest.approx(r["ttft_p99_s"], rel=1e-5)
+
+
+def test_packing_a_new_run_merges_onto_the_reference(pack, facts, monkeypatch, tmp_path):
+    import shutil
+
+    out = tmp_path / "reference"
+    shutil.copytree(REFERENCE_DIR, out)
+    monkeypatch.setattr(pack, "OUT", out)
+    run = tmp_path / "run"
+    run.mkdir()
+    budget = {**facts["scheduler_sweep"][-1], "max_num_batched_tokens": 512, "output_tok_s": 1.0}
+    seqs8 = {**facts["scheduler_sweep"][0], "output_tok_s": 2.0}  # the same setting measured again
+    (run / "facts-knobs.json").write_text(json.dumps({"scheduler_sweep": [budget, seqs8]}))
+    pack.main([run])
+    merged = json.loads((out / "facts.json").read_text())
+    keys = [(r["max_num_seqs"], r["max_num_batched_tokens"]) for r in merged["scheduler_sweep"]]
+    assert keys == [(8, None), (64, None), (256, None), (256, 512)]
+    assert merged["scheduler_sweep"][0]["output_tok_s"] == 2.0  # the newer measurement replaced the older
+    assert merged["serve"] == facts["serve"] and merged["sweep"] == facts["sweep"]  # untouched facts kept
+    assert (out / "h200.jsonl.gz").read_bytes() == (REFERENCE_DIR / "h200.jsonl.gz").read_bytes()  # no new Results
