@@ -34,6 +34,22 @@ def _try(fn: Callable[..., Any], *args: object) -> Any:
         return None
 
 
+def nvml_memory(index: int = 0) -> tuple[int, int, int] | None:
+    """(used, free, total) bytes of GPU `index` right now, from NVML; None without a GPU or nvidia-ml-py.
+
+    NVML, not torch.cuda: reading it creates no CUDA context, so the notebook's process can
+    watch the GPU without holding any of it.
+    """
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        info = pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(index))
+        return int(info.used), int(info.free), int(info.total)
+    except Exception:
+        return None
+
+
 def _cpu_facts() -> dict:
     model = platform.processor() or None
     try:

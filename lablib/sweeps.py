@@ -20,10 +20,11 @@ from .workloads import load_workload
 
 def config_sweep(configs: list[VLLMConfig], model: str | ModelSpec = "embedded", workload: str = "journey",
                  step: Callable[[VLLMConfig], str] = lambda c: "vllm", store: ResultStore | None = None,
-                 lab: str = "sweep", bench: BenchConfig = BenchConfig(progress=False)
-                 ) -> tuple[list[dict[str, Any]], list[Result]]:
+                 lab: str = "sweep", bench: BenchConfig = BenchConfig(progress=False),
+                 on_row: Callable[[dict[str, Any]], None] | None = None) -> tuple[list[dict[str, Any]], list[Result]]:
     """One vLLM engine per configuration (each in its own worker), the workload on each, one row per engine:
-    KV capacity, throughput, latency and GPU memory before start and after close."""
+    KV capacity, throughput, latency and GPU memory before start and after close. `on_row(row)` is
+    called as each engine closes (a live figure marks it)."""
     from .engines.vllm import VLLMEngine, _nvml_used
 
     wl = load_workload(workload)
@@ -40,15 +41,19 @@ def config_sweep(configs: list[VLLMConfig], model: str | ModelSpec = "embedded",
                      "vram_after_close_bytes": eng.facts.get("vram_after_close_bytes"),
                      "back_to_baseline": eng.facts.get("vram_back_to_baseline"),
                      "startup_s": eng.facts.get("startup_s"), "provenance": "live"})
+        if on_row is not None:
+            on_row(rows[-1])
     return rows, results
 
 
 def gpu_memory_utilization_sweep(values: list[float], model: str | ModelSpec = "embedded", workload: str = "journey",
                                  enforce_eager: bool = True, store: ResultStore | None = None,
-                                 lab: str = "02_kv_cache") -> tuple[list[dict[str, Any]], list[Result]]:
+                                 lab: str = "02_kv_cache", on_row: Callable[[dict[str, Any]], None] | None = None
+                                 ) -> tuple[list[dict[str, Any]], list[Result]]:
     """Start one vLLM engine per value, run the workload, record KV capacity, throughput and VRAM after close."""
     configs = [VLLMConfig(gpu_memory_utilization=g, enforce_eager=enforce_eager) for g in values]  # validate all first
-    return config_sweep(configs, model, workload, lambda c: f"vllm-gmu-{c.gpu_memory_utilization}", store, lab)
+    return config_sweep(configs, model, workload, lambda c: f"vllm-gmu-{c.gpu_memory_utilization}", store, lab,
+                        on_row=on_row)
 
 
 def scheduler_sweep(max_num_seqs: list[int] = (8, 32, 128, 256), max_num_batched_tokens: list[int | None] = (None,),

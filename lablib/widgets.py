@@ -13,12 +13,16 @@ panels are tested by calling their handlers directly, with no browser.
   model loads.
 - `KVCalculator` shows the KV-cache size arithmetic live: bytes per token and the total
   for a batch of sequences, with presets of real architectures.
+- `VRAMChart` draws the GPU's memory in use (NVML) while engines start, run and close,
+  with a mark where each one closed: the picture of "back to baseline" during a sweep.
 
 The live figure is a `plotly.graph_objects.FigureWidget` (it needs the `anywidget` package);
 without it the panel falls back to a static figure redrawn in an Output area.
 """
 from __future__ import annotations
 
+import threading
+import time
 import traceback
 from collections import OrderedDict
 from pathlib import Path
@@ -31,6 +35,7 @@ from . import plots
 from .bench import run as bench_run
 from .config import HF_MODES, BenchConfig, HFConfig
 from .engines.hf import HFEngine
+from .gpu import nvml_memory
 from .mechanisms import kv
 from .models import EMBEDDED, PRESETS
 from .results import RequestRecord, Result, ResultStore
@@ -280,3 +285,91 @@ class KVCalculator:
         from IPython.display import display
 
         display(self.widget)
+
+
+class VRAMChart:
+    """GPU memory in use over time, sampled from NVML in a background thread and drawn as it comes.
+
+    `with chart: <start and close engines>`; `chart.mark(text)` puts a labelled marker at
+    the current time (e.g. when an engine closed). NVML needs no CUDA context, so watching
+    costs the notebook no GPU memory. Without a GPU (no NVML) it records nothing and says so.
+    """
+
+    def __init__(self, interval_s: float = 0.5, device_index: int = 0, title: str = "GPU memory in use (NVML)"):
+        if not (isinstance(interval_s, (int, float)) and interval_s > 0):
+            raise ValueError(f"VRAMChart.interval_s={interval_s!r}: allowed a number of seconds > 0, e.g. 0.5.")
+        self.interval_s, self.device_index, self.title = float(interval_s), device_index, title
+        self.t: list[float] = []
+        self.used_gib: list[float] = []
+        self.marks: list[tuple[float, str]] = []
+        self.total_gib: float | None = None
+        self.note: str | None = None  # why nothing is drawn, when NVML is missing
+        self._t0 = time.perf_counter()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self.figure, self.widget, self._live = _figure()
+        self.figure.add_trace(go.Scatter(x=[], y=[], mode="lines", name="used (GiB)"))
+        self.figure.update_layout(title=title, xaxis_title="seconds", yaxis_title="GiB", showlegend=True)
+
+    @property
+    def available(self) -> bool:
+        return nvml_memory(self.device_index) is not None
+
+    def sample(self) -> bool:
+        """Take one sample now; False without NVML."""
+        mem = nvml_memory(self.device_index)
+        if mem is None:
+            return False
+        with self._lock:
+            self.t.append(time.perf_counter() - self._t0)
+            self.used_gib.append(mem[0] / 2**30)
+            self.total_gib = mem[2] / 2**30
+            if self._live:
+                self.figure.data[0].x, self.figure.data[0].y = tuple(self.t), tuple(self.used_gib)
+        return True
+
+    def mark(self, text: str) -> None:
+        """A labelled vertical marker at the current time."""
+        x = time.perf_counter() - self._t0
+        self.marks.append((x, text))
+        if self._live:
+            self.figure.add_vline(x=x, line_dash="dot", annotation_text=text)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.sample()
+
+    def start(self) -> VRAMChart:
+        if not self.sample():
+            self.note = "no NVIDIA GPU visible (NVML): nothing to draw"
+            return self
+        self.note = None
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._loop, name="vram-chart", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+            self.sample()
+
+    def __enter__(self) -> VRAMChart:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def static_figure(self) -> go.Figure:
+        """The whole timeline with its marks, as a plain figure (for a report, or without anywidget)."""
+        fig = go.Figure(go.Scatter(x=self.t, y=self.used_gib, mode="lines", name="used (GiB)"))
+        for x, text in self.marks:
+            fig.add_vline(x=x, line_dash="dot", annotation_text=text)
+        fig.update_layout(title=self.title, xaxis_title="seconds", yaxis_title="GiB", showlegend=True)
+        return fig
+
+    def display(self) -> Any:
+        return self.widget

@@ -413,10 +413,12 @@ def test_scheduler_sweep_restarts_one_engine_per_config_and_returns_to_baseline(
     from lablib import sweeps
     from lablib.config import BenchConfig
 
+    closed = []
     rows, results = sweeps.config_sweep(
         [VLLMConfig(max_num_seqs=n) for n in (2, 8)], workload="journey", step=lambda c: f"seqs{c.max_num_seqs}",
-        bench=BenchConfig(max_new_tokens=4, progress=False))
+        bench=BenchConfig(max_new_tokens=4, progress=False), on_row=closed.append)
     assert [r["max_num_seqs"] for r in rows] == [2, 8] and [r.step for r in results] == ["seqs2", "seqs8"]
+    assert closed == rows  # each row announced as its engine closed
     assert all(r["back_to_baseline"] and r["vram_after_close_bytes"] == BASE_USED for r in rows)
     assert all(len(r.requests) == 64 and r.summary["output_tokens"] == 256 for r in results)
     with pytest.raises(ValueError, match="max_num_batched_tokens=4 < max_num_seqs=8"):

@@ -99,3 +99,32 @@ def test_kv_calculator_presets_and_live_numbers():
     assert calc.display() is calc.widget
     with pytest.raises(ValueError, match="allowed 'Llama-3.1-8B'"):
         widgets.KVCalculator(preset="GPT-5")
+
+
+def test_vram_chart_draws_nvml_samples_and_marks(fake_pynvml):
+    import time
+
+    chart = widgets.VRAMChart(interval_s=0.01)
+    with chart:
+        time.sleep(0.08)
+        chart.mark("engine closed")
+        time.sleep(0.03)
+    n = len(chart.t)
+    assert n >= 4 and chart.note is None and chart.t == sorted(chart.t)
+    assert chart.used_gib == sorted(chart.used_gib) and chart.used_gib[-1] > chart.used_gib[0]  # the fake GPU's memory grows
+    assert chart.total_gib == 141 and chart.marks[0][1] == "engine closed" and chart.t[0] <= chart.marks[0][0] <= chart.t[-1]
+    time.sleep(0.05)
+    assert len(chart.t) == n  # stopped: no more samples
+    fig = chart.static_figure()
+    assert list(fig.data[0].x) == chart.t and fig.layout.shapes  # the mark is a vertical line
+    if chart._live:
+        assert list(chart.figure.data[0].y) == chart.used_gib
+
+
+def test_vram_chart_without_a_gpu_says_so(no_gpu):
+    chart = widgets.VRAMChart()
+    with chart:
+        pass
+    assert chart.t == [] and "no NVIDIA GPU" in chart.note and not chart.available
+    with pytest.raises(ValueError, match="interval_s"):
+        widgets.VRAMChart(interval_s=0)

@@ -24,6 +24,7 @@ from typing import Any
 
 from ..config import VLLMConfig
 from ..fit import check_fit
+from ..gpu import nvml_memory
 from ..models import ModelSpec, embedded_path, prompt_tokenizer, resolve_model
 from ..results import RequestRecord
 from .base import OnRecord, PreparedRequest
@@ -33,16 +34,7 @@ SETTLE_S = 60.0  # how long close() waits for the GPU to return to its baseline
 SETTLE_SLACK = 256 * 2**20  # bytes above baseline still counted as "back"
 
 
-def _nvml_used(index: int = 0) -> tuple[int, int, int] | None:
-    """(used, free, total) bytes of GPU `index`, or None without NVML."""
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        info = pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(index))
-        return int(info.used), int(info.free), int(info.total)
-    except Exception:
-        return None
+_nvml_used = nvml_memory  # this module's name for it: the engine tests replace it with a fake GPU's
 
 
 def preflight(spec: ModelSpec, config: VLLMConfig) -> dict[str, Any]:
