@@ -164,13 +164,15 @@ def run_online(base_url: str, api_key: str | None, model: str, workload: Workloa
                DEFAULT_GAUGES, metrics_interval_s: float = 0.5, lab: str = "03_serving",
                server: dict[str, Any] | None = None, store: ResultStore | None = None,
                on_metrics: Callable[[float, dict[str, float | None]], None] | None = None,
-               on_result: Callable[[Result], None] | None = None) -> list[Result]:
+               on_result: Callable[[Result], None] | None = None,
+               model_info: dict[str, Any] | None = None) -> list[Result]:
     """One load test per rate against a running server; one Result each (engine "vllm-server").
 
     `prompts` overrides the workload's completion-form text (e.g. chat-templated token ids
     for an instruct model); `max_tokens` overrides its output lengths (one int for all).
     `metrics=None` skips the `/metrics` scraper; otherwise its timeline is kept in
-    `engine_facts["server_metrics"]`. `server` (e.g. `ServerConfig.to_dict()`) joins the config.
+    `engine_facts["server_metrics"]`. `server` (e.g. `ServerConfig.to_dict()`) joins the config;
+    `model_info` (e.g. `ModelSpec.describe()`) joins the Result's model record.
     Live figures: `on_metrics(rate, sample)` gets every scrape as it happens (from the
     scraper's thread), `on_result(result)` each rate's Result as soon as it is stored.
     """
@@ -211,7 +213,7 @@ def run_online(base_url: str, api_key: str | None, model: str, workload: Workloa
             lab=lab, step=f"serve-rate-{rate:g}", engine="vllm-server",
             config={"rate": rate, "seed": seed, "ignore_eos": True, "max_concurrency": max_concurrency,
                     "warmup_requests": warmup_requests, **(server or {})},
-            model={"name": model}, workload={"name": workload.name, "version": workload.version,
+            model={"name": model, **(model_info or {})}, workload={"name": workload.name, "version": workload.version,
                                               "requests": len(texts)},
             requests=records, wall_s=wall, engine_facts={"base_url": base_url, "server_metrics":
                                                          scraper.timeline() if scraper else None},

@@ -67,11 +67,12 @@ def rate_sweep(model: str | ModelSpec = "embedded", workload: str = "journey", r
 
     fractions = check_fractions(fractions)
     wl = load_workload(workload).repeated(repeat)
-    cfg = server_config(model, **knobs)
+    spec = model if isinstance(model, ModelSpec) else resolve_model(model)
+    cfg = server_config(spec, **knobs)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     common = dict(seed=seed, lab=lab, server=cfg.to_dict(), store=store, on_metrics=on_metrics, on_result=on_result,
-                  metrics_interval_s=metrics_interval_s)
+                  metrics_interval_s=metrics_interval_s, model_info={**spec.describe(), "name": cfg.name})
     out: dict[str, Any] = {"results": [], "server": cfg.to_dict()}
     with VLLMServer(cfg, log_path=out_dir / "server.log") as server:
         out["server"]["startup_s"] = server.startup_s

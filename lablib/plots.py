@@ -34,7 +34,8 @@ from .plots_gantt import gantt, result_gantt_rows
 from .plots_kv import block_table_heatmap, fragmentation_bars
 from .results import Result
 
-__all__ = ["throughput_vs_batch", "latency_cdf", "memory_timeline", "phase_breakdown", "journey",
+__all__ = ["throughput_vs_batch", "latency_cdf", "memory_timeline", "phase_breakdown", "journey", "synthetic_note",
+           "is_synthetic",
            "gantt", "result_gantt_rows", "fragmentation_bars", "block_table_heatmap", "series_name",
            "ROOFLINE_UNKNOWN", "LATENCY_METRICS"]
 
@@ -49,9 +50,22 @@ def series_name(r: Result, base: str | None = None) -> str:
     return r.label if base is None else base + r.label[len(r.step):]
 
 
+def is_synthetic(r: Result) -> bool:
+    """Whether r ran a synthetic checkpoint (random weights of a real architecture)."""
+    return bool(r.model.get("synthetic")) or str(r.model.get("name", "")).startswith("synthetic:")
+
+
+def synthetic_note(results: list[Result]) -> str:
+    """A title line saying so when any of these runs used synthetic weights (empty otherwise)."""
+    from .synthetic import LABEL
+
+    return f"<br><sup>{LABEL}</sup>" if any(is_synthetic(r) for r in results) else ""
+
+
 def _recorded_note(results: list[Result]) -> str:
     gpus = sorted({r.hardware.get("gpu") or "CPU" for r in results if r.provenance == "recorded"})
-    return f"<br><sup>includes runs recorded on {', '.join(gpus)}, not measured here</sup>" if gpus else ""
+    note = f"<br><sup>includes runs recorded on {', '.join(gpus)}, not measured here</sup>" if gpus else ""
+    return note + synthetic_note(results)
 
 
 def _require(results: list[Result], what: str) -> list[Result]:

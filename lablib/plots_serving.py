@@ -19,6 +19,7 @@ from typing import Any
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from .plots import synthetic_note
 from .prom import DEFAULT_GAUGES
 from .results import Result
 
@@ -60,7 +61,7 @@ def latency_vs_rate(results: list[Result], target_ttft_s: float | None = None) -
     if any(not math.isfinite(_rate(r)) for r in results):
         fig.add_vline(x=burst_x, line_dash="dot", line_color="gray", annotation_text="all at once (rate=inf)")
     fig.update_xaxes(title_text="offered load (requests/s)")
-    fig.update_layout(title=f"Latency under load: {prov}", showlegend=True)
+    fig.update_layout(title=f"Latency under load: {prov}" + synthetic_note(results), showlegend=True)
     return fig
 
 
@@ -77,7 +78,7 @@ def throughput_vs_rate(results: list[Result]) -> go.Figure:
     if burst:
         fig.add_hline(y=burst[0].summary["output_tok_s"], line_dash="dash",
                       annotation_text="capacity: everything at once (rate=inf)")
-    fig.update_layout(title=f"Throughput follows the load until the server saturates: {prov}",
+    fig.update_layout(title=f"Throughput follows the load until the server saturates: {prov}" + synthetic_note(results),
                       xaxis_title="offered load (requests/s)", yaxis_title="output tokens/s", showlegend=True)
     return fig
 
@@ -97,7 +98,8 @@ def server_metrics_figure(results: list[Result], names: tuple[str, ...] = DEFAUL
             fig.add_trace(go.Scatter(x=[s["t"] for s in samples], y=[s.get(name) for s in samples], mode="lines",
                                      name=f"{_rate(r):g} req/s", legendgroup=str(_rate(r)), showlegend=row == 1), row, 1)
     fig.update_xaxes(title_text="seconds since the load test started", row=len(names), col=1)
-    fig.update_layout(title=f"The server's view (/metrics): {prov}", height=220 * len(names) + 120, showlegend=True)
+    fig.update_layout(title=f"The server's view (/metrics): {prov}" + synthetic_note(with_metrics),
+                      height=220 * len(names) + 120, showlegend=True)
     return fig
 
 

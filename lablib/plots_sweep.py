@@ -7,6 +7,12 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 
+def _synthetic(rows: list[dict[str, Any]]) -> str:
+    from .synthetic import LABEL
+
+    return f"<br><sup>{LABEL}</sup>" if any(str(r.get("model", "")).startswith("synthetic:") for r in rows) else ""
+
+
 def gpu_memory_utilization_figure(rows: list[dict[str, Any]]) -> go.Figure:
     """KV capacity vs gpu_memory_utilization, and VRAM before start / after close of each engine."""
     if not rows:
@@ -21,7 +27,7 @@ def gpu_memory_utilization_figure(rows: list[dict[str, Any]]) -> go.Figure:
         fig.add_trace(go.Bar(x=[str(x) for x in g], y=[(r.get(key) or 0) / 2**20 for r in rows],
                              name=f"{label} ({prov})"), 1, 2)
     fig.update_xaxes(title_text="gpu_memory_utilization")
-    fig.update_layout(title=f"gpu_memory_utilization sweep: {prov}", barmode="group", showlegend=True)
+    fig.update_layout(title=f"gpu_memory_utilization sweep: {prov}" + _synthetic(rows), barmode="group", showlegend=True)
     return fig
 
 
@@ -49,6 +55,6 @@ def scheduler_figure(rows: list[dict[str, Any]], ttft_target_s: float | None = N
                                text=text, mode="markers+text", textposition="top center", name=f"vLLM ({prov})"))
     if ttft_target_s is not None:
         fig.add_vline(x=ttft_target_s * 1e3, line_dash="dash", annotation_text=f"TTFT target {ttft_target_s * 1e3:g} ms")
-    fig.update_layout(title=f"Scheduler knobs on vLLM: throughput vs tail latency ({prov})",
+    fig.update_layout(title=f"Scheduler knobs on vLLM: throughput vs tail latency ({prov})" + _synthetic(rows),
                       xaxis_title="p99 TTFT (ms)", yaxis_title="output tokens/s", showlegend=True)
     return fig

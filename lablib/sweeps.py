@@ -34,7 +34,7 @@ def config_sweep(configs: list[VLLMConfig], model: str | ModelSpec = "embedded",
         with VLLMEngine(model, cfg) as eng:
             r = run(eng, wl, bench, lab=lab, step=step(cfg), store=store)
         results.append(r)
-        rows.append({**cfg.to_dict(), "kv_tokens": eng.facts.get("kv_tokens"),
+        rows.append({**cfg.to_dict(), "model": eng.spec.name, "kv_tokens": eng.facts.get("kv_tokens"),
                      "max_concurrency": eng.facts.get("max_concurrency"), "output_tok_s": r.summary["output_tok_s"],
                      "ttft_p99_s": r.summary["ttft_s"]["p99"], "tpot_p50_s": r.summary["tpot_s"]["p50"],
                      "peak_used_bytes": r.memory.get("peak_bytes"), "vram_before_bytes": before[0] if before else None,

@@ -52,6 +52,7 @@ def test_rate_sweep_measures_capacity_then_fractions_of_it(sweep):
     for r in results:
         assert len(r.requests) == 64 and r.notes == [] and r.engine == "vllm-server"
         assert r.config["enable_prefix_caching"] is False and r.config["model"].endswith("models/target")
+        assert r.model["name"] == "embedded" and r.model["source"] == "embedded" and r.model["layers"] == 5
         assert r.engine_facts["server_metrics"]["samples"]
     assert [r.step for r in store.load()] == [r.step for r in results]  # stored as measured
     assert seen["results"] == results and {rate for rate, _ in seen["metrics"]} == {r.config["rate"] for r in results}

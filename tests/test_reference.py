@@ -167,3 +167,18 @@ def test_packing_a_new_run_merges_onto_the_reference(pack, facts, monkeypatch, t
     assert merged["scheduler_sweep"][0]["output_tok_s"] == 2.0  # the newer measurement replaced the older
     assert merged["serve"] == facts["serve"] and merged["sweep"] == facts["sweep"]  # untouched facts kept
     assert (out / "h200.jsonl.gz").read_bytes() == (REFERENCE_DIR / "h200.jsonl.gz").read_bytes()  # no new Results
+
+
+def test_recorded_synthetic_runs_say_so_in_every_figure(runs):
+    from lablib import plots, plots_serving
+    from lablib.plots_sweep import scheduler_figure
+    from lablib.sweeps import scheduler_rows
+    from lablib.synthetic import LABEL
+
+    served = load_reference(prefix="serve-rate-")
+    for fig in (plots_serving.latency_vs_rate(served), plots_serving.throughput_vs_rate(served),
+                plots_serving.server_metrics_figure(served), scheduler_figure(scheduler_rows(live=False)),
+                plots.journey([runs["hf-static-b64-8b-journey"], runs["vllm-8b-journey"]])):
+        assert LABEL in fig.layout.title.text and "recorded" in fig.layout.title.text
+    embedded = [r for r in runs.values() if r.model.get("name") == "embedded"]
+    assert embedded and LABEL not in plots.journey(embedded).layout.title.text
