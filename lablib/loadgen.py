@@ -210,7 +210,8 @@ def run_online(base_url: str, api_key: str | None, model: str, workload: Workloa
                 scraper.stop()
         notes = [f"{len(errors)} of {len(texts)} requests failed"] + errors if errors else []
         result = Result(
-            lab=lab, step=f"serve-rate-{rate:g}", engine="vllm-server",
+            lab=lab, step=f"serve-rate-{rate:g}" + (f"-conc-{max_concurrency}" if max_concurrency else ""),
+            engine="vllm-server",
             config={"rate": rate, "seed": seed, "ignore_eos": True, "max_concurrency": max_concurrency,
                     "warmup_requests": warmup_requests, **(server or {})},
             model={"name": model, **(model_info or {})}, workload={"name": workload.name, "version": workload.version,

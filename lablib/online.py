@@ -14,6 +14,11 @@ at the rate they arrive. The experiment, in the order a serving engineer runs it
 The workload is repeated (`Workload.repeated`) so a load test lasts long enough to reach a
 steady state; the copies share prompts, so the server runs with prefix caching off.
 Every Result goes to `store` as soon as it is measured.
+
+`concurrency_sweep` asks the other classic question on the same kind of server: with at
+most N requests in flight (N users, each sending the next request when the last returns),
+how do throughput and latency trade? Concurrency is a client-side knob, so the whole sweep
+reuses one server: no restart between points.
 """
 from __future__ import annotations
 
@@ -88,4 +93,39 @@ def rate_sweep(model: str | ModelSpec = "embedded", workload: str = "journey", r
                                 math.inf, out_dir, seed=seed)
             out["bench_serve"] = bench
             out["compare"] = compare_serve(burst[0], bench)
+    return out
+
+
+def check_levels(levels: Sequence[int]) -> list[int]:
+    out = list(levels)
+    if not out or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in out):
+        raise ValueError(f"levels={levels!r}: allowed a non-empty list of integers >= 1 (requests in flight).")
+    return out
+
+
+def concurrency_sweep(model: str | ModelSpec = "embedded", workload: str = "journey", repeat: int = 2,
+                      levels: Sequence[int] = (1, 4, 16, 64), *, seed: int = 0, out_dir: str | Path = "results/serve",
+                      store: ResultStore | None = None, lab: str = "03_serving",
+                      on_result: Callable[[Result], None] | None = None, **knobs: Any) -> dict[str, Any]:
+    """One server, the workload sent with at most N requests in flight for each N in `levels`.
+
+    Returns {"results" (one per level, step "serve-rate-inf-conc-N"), "server"}; inputs are
+    checked before the server starts. Every request is due at t=0, so TTFT includes the wait
+    for a free client slot (the queue moved from the server to the client); each record's
+    `start` is when it was sent, so `first_token - start` is the server's own share.
+    """
+    levels = check_levels(levels)
+    wl = load_workload(workload).repeated(repeat)
+    spec = model if isinstance(model, ModelSpec) else resolve_model(model)
+    cfg = server_config(spec, **knobs)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    out: dict[str, Any] = {"results": [], "server": cfg.to_dict()}
+    with VLLMServer(cfg, log_path=out_dir / "server.log") as server:
+        out["server"]["startup_s"] = server.startup_s
+        for i, n in enumerate(levels):
+            out["results"] += run_online(server.base_url, server.api_key, server.model, wl, [math.inf], seed=seed,
+                                         max_concurrency=n, warmup_requests=1 if i == 0 else 0, lab=lab,
+                                         server=cfg.to_dict(), store=store, on_result=on_result,
+                                         model_info={**spec.describe(), "name": cfg.name})
     return out

@@ -175,3 +175,19 @@ def test_live_server_metrics_grows_with_each_sample():
     assert len(live.samples[4.0]) == 3 and len(live.figure.data) == 6
     if live.widget is not None:  # anywidget installed: the FigureWidget itself grew
         assert len(live.widget.data) == 6 and list(live.widget.data[1].y) == [0, 1, 2]
+
+
+def test_concurrency_sweep_reuses_one_server(fake_vllm_cli, tmp_path):
+    from lablib.online import concurrency_sweep
+
+    out = concurrency_sweep("embedded", repeat=1, levels=[1, 16], out_dir=tmp_path)
+    one, many = out["results"]
+    assert [r.step for r in out["results"]] == ["serve-rate-inf-conc-1", "serve-rate-inf-conc-16"]
+    assert one.config["max_concurrency"] == 1 and len(one.requests) == len(many.requests) == 64
+    # one in flight: each request is sent only when the previous one has finished
+    reqs = sorted(one.requests, key=lambda q: q.start)
+    assert all(b.start >= a.finished - 1e-3 for a, b in zip(reqs, reqs[1:]))
+    assert many.summary["output_tok_s"] > 2 * one.summary["output_tok_s"]  # the fake has 8 slots
+    assert (tmp_path / "server.log").read_text().count("fake api_server") == 1  # started once
+    with pytest.raises(ValueError, match="levels"):
+        concurrency_sweep("embedded", levels=[0])
