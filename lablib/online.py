@@ -23,7 +23,8 @@ reuses one server: no restart between points.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +58,25 @@ def check_fractions(fractions: Sequence[float]) -> list[float]:
     return out
 
 
+def _prepare(model: str | ModelSpec, workload: str, repeat: int, out_dir: str | Path, knobs: dict[str, Any]
+             ) -> tuple[Any, ModelSpec, ServerConfig, Path]:
+    """The repeated workload, the model, the server's config and the output folder (all checked, none started)."""
+    wl = load_workload(workload).repeated(repeat)
+    spec = model if isinstance(model, ModelSpec) else resolve_model(model)
+    cfg = server_config(spec, **knobs)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    return wl, spec, cfg, out
+
+
+@contextmanager
+def _started(cfg: ServerConfig, out_dir: Path, out: dict[str, Any]) -> Iterator[VLLMServer]:
+    """The server, running; its start-up time goes into out["server"]; ended on exit, whatever happened."""
+    with VLLMServer(cfg, log_path=out_dir / "server.log") as server:
+        out["server"]["startup_s"] = server.startup_s
+        yield server
+
+
 def rate_sweep(model: str | ModelSpec = "embedded", workload: str = "journey", repeat: int = 4,
                fractions: Sequence[float] = FRACTIONS, *, seed: int = 0, cross_check: bool = True,
                out_dir: str | Path = "results/serve", store: ResultStore | None = None, lab: str = "03_serving",
@@ -71,16 +91,11 @@ def rate_sweep(model: str | ModelSpec = "embedded", workload: str = "journey", r
     from .vllm_bench import bench_serve, compare_serve
 
     fractions = check_fractions(fractions)
-    wl = load_workload(workload).repeated(repeat)
-    spec = model if isinstance(model, ModelSpec) else resolve_model(model)
-    cfg = server_config(spec, **knobs)
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    wl, spec, cfg, out_dir = _prepare(model, workload, repeat, out_dir, knobs)
     common = dict(seed=seed, lab=lab, server=cfg.to_dict(), store=store, on_metrics=on_metrics, on_result=on_result,
                   metrics_interval_s=metrics_interval_s, model_info={**spec.describe(), "name": cfg.name})
     out: dict[str, Any] = {"results": [], "server": cfg.to_dict()}
-    with VLLMServer(cfg, log_path=out_dir / "server.log") as server:
-        out["server"]["startup_s"] = server.startup_s
+    with _started(cfg, out_dir, out) as server:
         burst = run_online(server.base_url, server.api_key, server.model, wl, [math.inf], **common)
         out["results"] += burst
         capacity = burst[0].summary["requests_s"]
@@ -115,14 +130,9 @@ def concurrency_sweep(model: str | ModelSpec = "embedded", workload: str = "jour
     `start` is when it was sent, so `first_token - start` is the server's own share.
     """
     levels = check_levels(levels)
-    wl = load_workload(workload).repeated(repeat)
-    spec = model if isinstance(model, ModelSpec) else resolve_model(model)
-    cfg = server_config(spec, **knobs)
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    wl, spec, cfg, out_dir = _prepare(model, workload, repeat, out_dir, knobs)
     out: dict[str, Any] = {"results": [], "server": cfg.to_dict()}
-    with VLLMServer(cfg, log_path=out_dir / "server.log") as server:
-        out["server"]["startup_s"] = server.startup_s
+    with _started(cfg, out_dir, out) as server:
         for i, n in enumerate(levels):
             out["results"] += run_online(server.base_url, server.api_key, server.model, wl, [math.inf], seed=seed,
                                          max_concurrency=n, warmup_requests=1 if i == 0 else 0, lab=lab,
