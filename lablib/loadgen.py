@@ -165,14 +165,15 @@ def run_online(base_url: str, api_key: str | None, model: str, workload: Workloa
                server: dict[str, Any] | None = None, store: ResultStore | None = None,
                on_metrics: Callable[[float, dict[str, float | None]], None] | None = None,
                on_result: Callable[[Result], None] | None = None,
-               model_info: dict[str, Any] | None = None) -> list[Result]:
+               model_info: dict[str, Any] | None = None, step_prefix: str = "serve") -> list[Result]:
     """One load test per rate against a running server; one Result each (engine "vllm-server").
 
     `prompts` overrides the workload's completion-form text (e.g. chat-templated token ids
     for an instruct model); `max_tokens` overrides its output lengths (one int for all).
     `metrics=None` skips the `/metrics` scraper; otherwise its timeline is kept in
     `engine_facts["server_metrics"]`. `server` (e.g. `ServerConfig.to_dict()`) joins the config;
-    `model_info` (e.g. `ModelSpec.describe()`) joins the Result's model record.
+    `model_info` (e.g. `ModelSpec.describe()`) joins the Result's model record. Steps are
+    named `{step_prefix}-rate-{rate}` (plus `-conc-{N}` with a concurrency cap).
     Live figures: `on_metrics(rate, sample)` gets every scrape as it happens (from the
     scraper's thread), `on_result(result)` each rate's Result as soon as it is stored.
     """
@@ -210,7 +211,7 @@ def run_online(base_url: str, api_key: str | None, model: str, workload: Workloa
                 scraper.stop()
         notes = [f"{len(errors)} of {len(texts)} requests failed"] + errors if errors else []
         result = Result(
-            lab=lab, step=f"serve-rate-{rate:g}" + (f"-conc-{max_concurrency}" if max_concurrency else ""),
+            lab=lab, step=f"{step_prefix}-rate-{rate:g}" + (f"-conc-{max_concurrency}" if max_concurrency else ""),
             engine="vllm-server",
             config={"rate": rate, "seed": seed, "ignore_eos": True, "max_concurrency": max_concurrency,
                     "warmup_requests": warmup_requests, **(server or {})},

@@ -15,6 +15,9 @@ The workload is repeated (`Workload.repeated`) so a load test lasts long enough 
 steady state; the copies share prompts, so the server runs with prefix caching off.
 Every Result goes to `store` as soon as it is measured.
 
+`cross_check` repeats step 4 alone, alternating which client goes first, to show how far
+single bursts scatter (one burst each is not enough to tell a 5% gap from noise).
+
 `concurrency_sweep` asks the other classic question on the same kind of server: with at
 most N requests in flight (N users, each sending the next request when the last returns),
 how do throughput and latency trade? Concurrency is a client-side knob, so the whole sweep
@@ -138,4 +141,39 @@ def concurrency_sweep(model: str | ModelSpec = "embedded", workload: str = "jour
                                          max_concurrency=n, warmup_requests=1 if i == 0 else 0, lab=lab,
                                          server=cfg.to_dict(), store=store, on_result=on_result,
                                          model_info={**spec.describe(), "name": cfg.name})
+    return out
+
+
+def cross_check(model: str | ModelSpec = "embedded", workload: str = "journey", repeat: int = 4, times: int = 3, *,
+                seed: int = 0, out_dir: str | Path = "results/serve-check", store: ResultStore | None = None,
+                lab: str = "03_serving", **knobs: Any) -> dict[str, Any]:
+    """The lab's burst and `vllm bench serve`'s on one server, `times` rounds, the first client alternating.
+
+    Returns {"rounds": [compare_serve dicts, with "lab_first"], "results", "output_tok_s_ratios",
+    "server"}: the ratios' spread is the run-to-run noise any single comparison carries.
+    """
+    from .vllm_bench import bench_serve, compare_serve
+
+    if isinstance(times, bool) or not isinstance(times, int) or times < 1:
+        raise ValueError(f"times={times!r}: allowed integers >= 1 (rounds of lab + vllm bench serve).")
+    wl, spec, cfg, out_dir = _prepare(model, workload, repeat, out_dir, knobs)
+    out: dict[str, Any] = {"rounds": [], "results": [], "server": cfg.to_dict()}
+    with _started(cfg, out_dir, out) as server:
+        def lab_burst(i: int) -> Result:
+            return run_online(server.base_url, server.api_key, server.model, wl, [math.inf], seed=seed,
+                              warmup_requests=1 if i == 0 else 0, lab=lab, server=cfg.to_dict(), store=store,
+                              model_info={**spec.describe(), "name": cfg.name}, step_prefix=f"check{i}")[0]
+
+        def vllm_burst(i: int) -> dict[str, Any]:
+            return bench_serve(server.base_url, server.api_key, server.model, cfg.tokenizer or cfg.model, wl,
+                               math.inf, out_dir / f"round{i}", seed=seed)
+
+        for i in range(times):
+            if i % 2 == 0:
+                result, bench = lab_burst(i), vllm_burst(i)
+            else:
+                bench, result = vllm_burst(i), lab_burst(i)
+            out["results"].append(result)
+            out["rounds"].append({**compare_serve(result, bench), "lab_first": i % 2 == 0})
+    out["output_tok_s_ratios"] = [r["figures"]["output_tok_s"]["ratio"] for r in out["rounds"]]
     return out

@@ -45,6 +45,7 @@ def existing() -> tuple[list[dict], dict]:
 
 def main(dirs: list[Path]) -> None:
     results, facts = existing()
+    n_old = len(results)
     for d in dirs:
         if (d / "reference.jsonl").exists():
             for line in (d / "reference.jsonl").read_text().splitlines():
@@ -61,6 +62,8 @@ def main(dirs: list[Path]) -> None:
             facts.update(new)
         if (d / "bench_throughput.json").exists():
             facts["vllm_bench_throughput"] = json.loads((d / "bench_throughput.json").read_text())
+    if any(r["step"].startswith("serve-rate-") for r in results[n_old:]):  # a new rate sweep replaces the old whole
+        results = [r for i, r in enumerate(results) if i >= n_old or not r["step"].startswith("serve-rate-")]
     by_step = {r["step"]: r for r in results}  # a later recording of a step replaces an earlier one
     OUT.mkdir(parents=True, exist_ok=True)
     with io.TextIOWrapper(gzip.GzipFile(OUT / "h200.jsonl.gz", "wb", mtime=0), encoding="utf-8") as f:  # reproducible bytes
@@ -123,6 +126,18 @@ def write_readme(by_step: dict, facts: dict) -> None:
     lab_cmp = "\n".join(
         f"| {k} | {v['lab']:,.3f} | {v['vllm_bench']:,.3f} | {v['ratio']:.3f} |"
         for k, v in (lab.get("serve_compare") or {}).get("figures", {}).items() if v.get("ratio") is not None)
+    check = facts.get("serve_check") or {}
+    check_rows = "\n".join(
+        f"| {i} | {'lab' if r.get('lab_first') else 'vllm bench serve'} | {r['figures']['output_tok_s']['ratio']:.3f} | "
+        f"{(r['figures'].get('ttft_from_send_p50_ms') or {}).get('ratio') or float('nan'):.3f} |"
+        for i, r in enumerate(check.get("rounds", [])))
+    check_text = "" if not check_rows else f"""
+### Repeated cross-check: {len(check['rounds'])} rounds on one server, the first client alternating
+
+| round | first | lab / vLLM, output tok/s | lab / vLLM, TTFT p50 from send |
+| --- | --- | --- | --- |
+{check_rows}
+"""
     cold, warm = facts.get("cold_start", {}), facts.get("warm_start", {})
     big = facts.get("big_start", {})
     g = facts.get("greedy_agreement", {})
@@ -198,6 +213,7 @@ client sent each request. The rates are fractions of the burst's capacity, which
 steady state: throughput was still rising at 1.25 C, so this sweep never saturates the 8B server (the embedded
 model's did, at about C).
 
+{check_text}
 {facts.get('scheduler_sweep_note', '').capitalize()}.
 
 ## The labs themselves on the H200 (nbval, live vLLM, embedded model)

@@ -17,7 +17,8 @@ Steps:
            after each of the configurations (back to baseline each time)
   knobs    max_num_seqs and max_num_batched_tokens sweeps on the synthetic 8B (knobs-budget: the token budget only)
   serve    the OpenAI server with the synthetic 8B under Poisson load at fractions of its capacity, /metrics
-           scraped, and `vllm bench serve` on the same requests
+           scraped, and `vllm bench serve` on the same requests (serve-wide: up to 3x the burst's capacity)
+  serve-check  the lab's client against `vllm bench serve`, three rounds on one server
 """
 from __future__ import annotations
 
@@ -158,6 +159,8 @@ def step_sweep(out: Path, store: ResultStore, facts: dict) -> None:
 
 
 KNOBS = ((8, None), (64, None), (256, None), (256, 512))
+FRACTIONS = (0.25, 0.5, 0.75, 1.0, 1.25)  # lablib.online.FRACTIONS: what the lab runs live
+WIDE = (0.25, 0.5, 1.0, 1.5, 2.0, 3.0)  # past a burst's capacity, where the 8B server saturates (it had not by 1.25)
 KNOBS_BUDGET = ((256, 512), (256, 2048))  # the step-token budget alone (the first GPU session ran out of time here)
 
 
@@ -174,14 +177,15 @@ def step_knobs(out: Path, store: ResultStore, facts: dict, configs=KNOBS) -> Non
         keep_sweep(out, store, facts, "scheduler_sweep", rows, res)
 
 
-def step_serve(out: Path, store: ResultStore, facts: dict) -> None:
+def step_serve(out: Path, store: ResultStore, facts: dict, fractions: tuple[float, ...] = FRACTIONS) -> None:
     """vLLM's OpenAI server with the synthetic 8B (127.0.0.1, API key): the journey x4 at fractions of its measured
     capacity, /metrics scraped, then `vllm bench serve` on the same requests (lablib.online.rate_sweep)."""
     from lablib.online import rate_sweep
     from lablib.synthetic import synthetic_spec
 
-    online = rate_sweep(synthetic_spec(BIG), repeat=4, out_dir=out / "serve", lab=LAB, gpu_memory_utilization=0.9,
-                        max_model_len=4096)
+    online = rate_sweep(synthetic_spec(BIG), repeat=4, fractions=fractions, out_dir=out / "serve", lab=LAB,
+                        gpu_memory_utilization=0.9, max_model_len=4096)
+    online["fractions"] = list(fractions)
     for r in online.pop("results"):
         store.append(recorded(r))
         log(out, f"{r.step}: {r.summary['output_tok_s']:.0f} out tok/s, TTFT p50/p99 {r.summary['ttft_s']['p50']}/"
@@ -190,8 +194,22 @@ def step_serve(out: Path, store: ResultStore, facts: dict) -> None:
     log(out, f"serve: capacity {online['capacity_rps']:.2f} req/s, compare {json.dumps(online.get('compare'))}")
 
 
+def step_serve_check(out: Path, store: ResultStore, facts: dict) -> None:
+    """The lab's burst against `vllm bench serve`'s, three rounds on one 8B server, the first client alternating."""
+    from lablib.online import cross_check
+    from lablib.synthetic import synthetic_spec
+
+    check = cross_check(synthetic_spec(BIG), repeat=4, times=3, out_dir=out / "serve-check", lab=LAB,
+                        gpu_memory_utilization=0.9, max_model_len=4096)
+    for r in check.pop("results"):
+        store.append(recorded(r))
+    facts["serve_check"] = check
+    log(out, f"serve-check: lab / vllm bench serve output tok/s per round {check['output_tok_s_ratios']}")
+
+
 STEPS = {"smoke": step_smoke, "startup": step_startup, "big": step_big, "big-lab": lambda o, s, f: step_big(o, s, f, bench_cli=False), "hf-big": step_hf_big, "sweep": step_sweep,
-         "knobs": step_knobs, "knobs-budget": lambda o, s, f: step_knobs(o, s, f, KNOBS_BUDGET), "serve": step_serve}
+         "knobs": step_knobs, "knobs-budget": lambda o, s, f: step_knobs(o, s, f, KNOBS_BUDGET), "serve": step_serve,
+         "serve-wide": lambda o, s, f: step_serve(o, s, f, WIDE), "serve-check": step_serve_check}
 
 
 def main() -> None:

@@ -191,3 +191,16 @@ def test_concurrency_sweep_reuses_one_server(fake_vllm_cli, tmp_path):
     assert (tmp_path / "server.log").read_text().count("fake api_server") == 1  # started once
     with pytest.raises(ValueError, match="levels"):
         concurrency_sweep("embedded", levels=[0])
+
+
+def test_cross_check_alternates_the_clients_on_one_server(fake_vllm_cli, tmp_path):
+    from lablib.online import cross_check
+
+    out = cross_check("embedded", repeat=1, times=2, out_dir=tmp_path)
+    assert [r.step for r in out["results"]] == ["check0-rate-inf", "check1-rate-inf"]
+    assert [r["lab_first"] for r in out["rounds"]] == [True, False]
+    assert len(out["output_tok_s_ratios"]) == 2 and all(0.5 < x < 2.0 for x in out["output_tok_s_ratios"])
+    assert all((tmp_path / f"round{i}" / "bench-serve-journey-rate-inf.json").exists() for i in range(2))
+    assert (tmp_path / "server.log").read_text().count("fake api_server") == 1
+    with pytest.raises(ValueError, match="times"):
+        cross_check("embedded", times=0)

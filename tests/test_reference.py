@@ -129,7 +129,8 @@ def test_serving_sweep_recorded_with_the_cross_check(facts):
     burst = next(r for r in served if r.config["rate"] == float("inf"))
     assert serve["capacity_rps"] == pytest.approx(burst.summary["requests_s"], rel=1e-5)
     rates = sorted(r.config["rate"] for r in served if r.config["rate"] != float("inf"))
-    assert rates == pytest.approx([f * serve["capacity_rps"] for f in (0.25, 0.5, 0.75, 1.0, 1.25)], abs=0.01)
+    fractions = serve.get("fractions", (0.25, 0.5, 0.75, 1.0, 1.25))  # the first recording predates the field
+    assert rates == pytest.approx([f * serve["capacity_rps"] for f in fractions], abs=0.01)
     fig = serve["compare"]["figures"]["output_tok_s"]
     assert fig["lab"] == pytest.approx(burst.summary["output_tok_s"], rel=1e-5)
     assert fig["ratio"] == pytest.approx(fig["lab"] / fig["vllm_bench"], rel=1e-5)
@@ -149,7 +150,7 @@ def test_scheduler_sweep_recorded_one_engine_per_setting(facts, runs):
         assert res.summary["ttft_s"]["p99"] == pytest.approx(r["ttft_p99_s"], rel=1e-5)
 
 
-def test_packing_a_new_run_merges_onto_the_reference(pack, facts, monkeypatch, tmp_path):
+def test_packing_a_new_run_merges_onto_the_reference(pack, facts, runs, monkeypatch, tmp_path):
     import shutil
 
     out = tmp_path / "reference"
@@ -167,6 +168,13 @@ def test_packing_a_new_run_merges_onto_the_reference(pack, facts, monkeypatch, t
     assert merged["scheduler_sweep"][0]["output_tok_s"] == 2.0  # the newer measurement replaced the older
     assert merged["serve"] == facts["serve"] and merged["sweep"] == facts["sweep"]  # untouched facts kept
     assert (out / "h200.jsonl.gz").read_bytes() == (REFERENCE_DIR / "h200.jsonl.gz").read_bytes()  # no new Results
+    new = dict(runs["serve-rate-inf"].to_dict(), step="serve-rate-99")  # a new rate sweep (of one rate)
+    (run / "reference.jsonl").write_text(json.dumps(new) + "\n")
+    pack.main([run])
+    with gzip.open(out / "h200.jsonl.gz", "rt", encoding="utf-8") as f:
+        steps = [json.loads(line)["step"] for line in f]
+    assert [s for s in steps if s.startswith("serve-rate-")] == ["serve-rate-99"]  # the old sweep went whole
+    assert set(steps) - {"serve-rate-99"} == {s for s in runs if not s.startswith("serve-rate-")}
 
 
 def test_recorded_synthetic_runs_say_so_in_every_figure(runs):
