@@ -55,11 +55,16 @@ def is_synthetic(r: Result) -> bool:
     return bool(r.model.get("synthetic")) or str(r.model.get("name", "")).startswith("synthetic:")
 
 
-def synthetic_note(results: list[Result]) -> str:
-    """A title line saying so when any of these runs used synthetic weights (empty otherwise)."""
+def synthetic_line(synthetic: bool) -> str:
+    """The title line that says a figure shows synthetic weights ('' when it does not)."""
     from .synthetic import LABEL
 
-    return f"<br><sup>{LABEL}</sup>" if any(is_synthetic(r) for r in results) else ""
+    return f"<br><sup>{LABEL}</sup>" if synthetic else ""
+
+
+def synthetic_note(results: list[Result]) -> str:
+    """synthetic_line for a figure of these runs: shown when any of them used synthetic weights."""
+    return synthetic_line(any(is_synthetic(r) for r in results))
 
 
 def _recorded_note(results: list[Result]) -> str:

@@ -6,11 +6,11 @@ from typing import Any
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from .plots import synthetic_line
+
 
 def _synthetic(rows: list[dict[str, Any]]) -> str:
-    from .synthetic import LABEL
-
-    return f"<br><sup>{LABEL}</sup>" if any(str(r.get("model", "")).startswith("synthetic:") for r in rows) else ""
+    return synthetic_line(any(str(r.get("model", "")).startswith("synthetic:") for r in rows))
 
 
 def gpu_memory_utilization_figure(rows: list[dict[str, Any]]) -> go.Figure:

@@ -66,36 +66,38 @@ def scheduler_sweep(max_num_seqs: list[int] = (8, 32, 128, 256), max_num_batched
                         lambda c: f"vllm-seqs{c.max_num_seqs}-tok{c.max_num_batched_tokens}", store, lab)
 
 
+def _recorded_rows(key: str, step: str) -> list[dict[str, Any]]:
+    """The sweep rows recorded on the H200 under facts[key], each labelled with where and when."""
+    from .reference import reference_facts
+
+    facts = reference_facts()
+    if key not in facts:
+        raise ValueError(f"data/reference/facts.json has no {key!r}: it ships with the repository. Fix: git checkout "
+                         f"data/reference, or record it on a GPU (scripts/record_reference.py --steps {step}).")
+    head = facts["headline"]
+    return [{**row, "provenance": f"recorded on {head['gpu']}, {head['date']}"} for row in facts[key]]
+
+
+def _live(live: bool | None) -> bool:
+    from .reference import mode
+
+    return mode()["live"] if live is None else live
+
+
 def gpu_memory_utilization_rows(values: list[float] = (0.1, 0.3, 0.5), live: bool | None = None,
                                 **kw: Any) -> list[dict[str, Any]]:
     """Live sweep rows on a GPU with vLLM; otherwise the rows recorded on the H200 (labelled)."""
-    from .reference import mode, reference_facts
-
-    if live is None:
-        live = mode()["live"]
-    if live:
+    if _live(live):
         return gpu_memory_utilization_sweep(list(values), **kw)[0]
-    facts = reference_facts()
-    head = facts["headline"]
-    return [{**row, "provenance": f"recorded on {head['gpu']}, {head['date']}"} for row in facts["sweep"]]
+    return _recorded_rows("sweep", "sweep")
 
 
 def scheduler_rows(max_num_seqs: list[int] = (8, 64), max_num_batched_tokens: list[int | None] = (None,),
                    live: bool | None = None, **kw: Any) -> list[dict[str, Any]]:
     """Live scheduler-sweep rows on a GPU with vLLM; otherwise the synthetic-8B sweep recorded on the H200."""
-    from .reference import mode, reference_facts
-
-    if live is None:
-        live = mode()["live"]
-    if live:
+    if _live(live):
         return scheduler_sweep(list(max_num_seqs), list(max_num_batched_tokens), **kw)[0]
-    facts = reference_facts()
-    if "scheduler_sweep" not in facts:
-        raise ValueError("data/reference/facts.json has no scheduler sweep: it ships with the repository. "
-                         "Fix: git checkout data/reference, or record it on a GPU (scripts/record_reference.py "
-                         "--steps knobs).")
-    head = facts["headline"]
-    return [{**row, "provenance": f"recorded on {head['gpu']}, {head['date']}"} for row in facts["scheduler_sweep"]]
+    return _recorded_rows("scheduler_sweep", "knobs")
 
 
 def request_count_sweep(engine: Any, counts: list[int], workload: str = "journey", store: ResultStore | None = None,

@@ -99,7 +99,7 @@ def bench_serve(base_url: str, api_key: str | None, model: str, tokenizer: str, 
     cmd = bench_serve_command(base_url, model, tokenizer, dataset, len(workload), rate, out_dir, name, seed=seed)
     env = {"OPENAI_API_KEY": api_key} if api_key else {}
     result = run_command(cmd, out_dir / name, out_dir / (name[:-5] + ".log"), env=env, timeout_s=timeout_s)
-    return {**summary_of(result), "command": [c for c in cmd if c != api_key], "rate": rate,
+    return {**summary_of(result), "command": cmd, "rate": rate,  # the key travels in env, never in cmd
             "workload": workload.label}
 
 

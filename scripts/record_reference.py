@@ -143,12 +143,12 @@ def step_hf_big(out: Path, store: ResultStore, facts: dict) -> None:
 
 
 def keep_sweep(out: Path, store: ResultStore, facts: dict, key: str, rows: list[dict], results: list[Result]) -> None:
-    """Store a sweep's Results as recorded, log its rows, keep the rows in the facts under `key`."""
+    """Store a sweep's Results as recorded, log its rows, add the rows to the facts under `key`."""
     for r in results:
         store.append(recorded(r))
     for row in rows:
         log(out, f"{key} {json.dumps(row, default=str)}")
-    facts[key] = rows
+    facts.setdefault(key, []).extend(rows)
 
 
 def step_sweep(out: Path, store: ResultStore, facts: dict) -> None:
@@ -170,11 +170,9 @@ def step_knobs(out: Path, store: ResultStore, facts: dict, configs=KNOBS) -> Non
     from lablib.synthetic import synthetic_spec
 
     spec = synthetic_spec(BIG)
-    rows: list = list(facts.get("scheduler_sweep", []))
     for seqs, toks in configs:  # one at a time: each kept as it ends
-        r, res = scheduler_sweep([seqs], [toks], model=spec, lab=LAB, max_model_len=4096)
-        rows += r
-        keep_sweep(out, store, facts, "scheduler_sweep", rows, res)
+        keep_sweep(out, store, facts, "scheduler_sweep",
+                   *scheduler_sweep([seqs], [toks], model=spec, lab=LAB, max_model_len=4096))
 
 
 def step_serve(out: Path, store: ResultStore, facts: dict, fractions: tuple[float, ...] = FRACTIONS) -> None:
