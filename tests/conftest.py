@@ -1,4 +1,5 @@
 """Fixtures shared between test files: no GPU at all or a fake one (test_gpu.py, test_memory.py),
+the embedded model on HF naive generate (test_bench.py, test_engines_hf.py), the scripts as modules,
 chat-like request lengths (test_mechanisms_kv.py, test_mechanisms_paging.py), and torch on one
 thread for the modules that run the embedded model (pytestmark = pytest.mark.usefixtures("one_thread"))."""
 
@@ -21,6 +22,32 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def hf_naive_cpu(one_thread):
+    """The embedded model on HF naive generate, on the CPU: one per test module, closed after it."""
+    from lablib import HFConfig, HFEngine
+
+    engine = HFEngine("embedded", HFConfig(device="cpu"))
+    yield engine
+    engine.close()
+
+
+@pytest.fixture(scope="session")
+def load_script():
+    """load_script("pack_reference") → scripts/pack_reference.py as a module (the scripts are not a package)."""
+    import importlib.util
+    from pathlib import Path
+
+    def load(name: str):
+        path = Path(__file__).resolve().parents[1] / "scripts" / f"{name}.py"
+        spec = importlib.util.spec_from_file_location(name, path)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        return mod
+
+    return load
 
 
 @pytest.fixture

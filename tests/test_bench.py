@@ -6,7 +6,7 @@ import pytest
 
 from lablib import bench
 from lablib.bench import prepare
-from lablib.config import BenchConfig, HFConfig
+from lablib.config import BenchConfig
 from lablib.engines import HFEngine, PreparedRequest
 from lablib.results import RequestRecord, ResultStore
 from lablib.workloads import Workload, load_workload
@@ -20,10 +20,8 @@ pytestmark = [pytest.mark.usefixtures("one_thread"),  # torch on one thread (con
 
 
 @pytest.fixture(scope="module")
-def engine(one_thread) -> HFEngine:
-    e = HFEngine("embedded", HFConfig(device="cpu"))
-    yield e
-    e.close()
+def engine(hf_naive_cpu) -> HFEngine:
+    return hf_naive_cpu
 
 
 @pytest.fixture(scope="module")

@@ -21,10 +21,8 @@ N, NEW, B = 8, 8, 4
 
 
 @pytest.fixture(scope="module")
-def naive(one_thread) -> HFEngine:
-    e = HFEngine("embedded", HFConfig(device="cpu"))
-    yield e
-    e.close()
+def naive(hf_naive_cpu) -> HFEngine:
+    return hf_naive_cpu
 
 
 @pytest.fixture(scope="module")

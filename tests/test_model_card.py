@@ -6,7 +6,6 @@ If a test here fails after the weights, the test split or the evaluation changed
 """
 
 import hashlib
-import importlib.util
 import json
 import re
 from pathlib import Path
@@ -39,11 +38,8 @@ def training() -> dict:
 
 
 @pytest.fixture(scope="module")
-def script():
-    spec = importlib.util.spec_from_file_location("evaluate_models", ROOT / "scripts" / "evaluate_models.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+def script(load_script):
+    return load_script("evaluate_models")
 
 
 def sha256(path: Path) -> str:

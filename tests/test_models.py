@@ -141,50 +141,45 @@ def test_same_seed_same_sample(loaded):
 # --- refusing what cannot work ------------------------------------------------------------------
 
 
+def _refused(folder, match: str, named) -> None:
+    """resolve_model(folder) raises a ValueError matching `match` that names `named` and says how to fix it."""
+    with pytest.raises(ValueError, match=match) as e:
+        resolve_model(str(folder))
+    assert str(named) in str(e.value) and "Fix" in str(e.value)
+
+
 def test_missing_folder(tmp_path):
     path = tmp_path / "nowhere"
-    with pytest.raises(ValueError, match="does not exist") as e:
-        resolve_model(str(path))
-    assert str(path) in str(e.value) and "Fix" in str(e.value)
+    _refused(path, "does not exist", named=path)
 
 
 def test_folder_without_config(model_copy):
     (model_copy / "config.json").unlink()
-    with pytest.raises(ValueError, match="no config.json") as e:
-        resolve_model(str(model_copy))
-    assert str(model_copy) in str(e.value) and "Fix" in str(e.value)
+    _refused(model_copy, "no config.json", named=model_copy)
 
 
 def test_corrupt_config(model_copy):
     cfg = model_copy / "config.json"
     cfg.write_text(cfg.read_text()[:40])
-    with pytest.raises(ValueError, match="not valid JSON") as e:
-        resolve_model(str(model_copy))
-    assert str(cfg) in str(e.value) and "Fix" in str(e.value)
+    _refused(model_copy, "not valid JSON", named=cfg)
 
 
 def test_lfs_pointer_instead_of_weights(model_copy):
     w = model_copy / "model.safetensors"
     w.write_text("version https://git-lfs.github.com/spec/v1\noid sha256:" + "0" * 64 + "\nsize 9480648\n")
-    with pytest.raises(ValueError, match="Git LFS") as e:
-        resolve_model(str(model_copy))
-    assert str(w) in str(e.value) and "Fix" in str(e.value)
+    _refused(model_copy, "Git LFS", named=w)
 
 
 def test_truncated_weights(model_copy):
     w = model_copy / "model.safetensors"
     data = w.read_bytes()
     w.write_bytes(data[:len(data) // 2])  # big enough to pass for a file, but cut off mid-tensor
-    with pytest.raises(ValueError, match="truncated") as e:
-        resolve_model(str(model_copy))
-    assert str(w) in str(e.value) and "Fix" in str(e.value)
+    _refused(model_copy, "truncated", named=w)
 
 
 def test_no_weights(model_copy):
     (model_copy / "model.safetensors").unlink()
-    with pytest.raises(ValueError, match="no weights") as e:
-        resolve_model(str(model_copy))
-    assert str(model_copy) in str(e.value) and "Fix" in str(e.value)
+    _refused(model_copy, "no weights", named=model_copy)
 
 
 def test_intact_copy_is_accepted(model_copy):

@@ -3,9 +3,7 @@ facts agree with the Results they were computed from, and the README is what the
 renders from both. Pure file checks: well under a second."""
 
 import gzip
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
@@ -13,7 +11,6 @@ from lablib import reference
 from lablib.reference import REFERENCE_DIR, load_reference, mode, reference_facts, reference_steps
 from lablib.results import Result
 
-ROOT = Path(__file__).resolve().parents[1]
 REPACK = "re-pack: python scripts/pack_reference.py RUN_DIR..."
 
 
@@ -28,11 +25,8 @@ def facts() -> dict:
 
 
 @pytest.fixture(scope="module")
-def pack():
-    spec = importlib.util.spec_from_file_location("pack_reference", ROOT / "scripts" / "pack_reference.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+def pack(load_script):
+    return load_script("pack_reference")
 
 
 def test_recorded_runs_load_with_their_provenance(runs):

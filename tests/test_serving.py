@@ -1,15 +1,18 @@
 """Online serving without a GPU: the load generator, the metrics scraper and the server wrapper
-against a fake OpenAI-compatible server (stdlib http.server in a thread) that checks the key,
-streams one SSE chunk per token with a delay, ends with a usage chunk and [DONE], and serves
-a /metrics page whose gauges follow the requests in flight."""
+against the fake OpenAI-compatible server of tests/fake_vllm (run here in a thread) that checks
+the key, streams one SSE chunk per token with a delay, ends with a usage chunk and [DONE], and
+serves a /metrics page whose gauges follow the requests in flight."""
 import asyncio
+import importlib.util
 import json
 import math
+import os
+import signal
+import subprocess
 import sys
 import textwrap
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
@@ -22,78 +25,22 @@ KEY = "test-key"
 TOKEN_DELAY = 0.01
 
 
-class FakeOpenAI(ThreadingHTTPServer):
-    daemon_threads = True
-
-    def __init__(self):
-        super().__init__((HOST, 0), _Handler)
-        self.lock = threading.Lock()
-        self.in_flight = 0
-        self.received: list[float] = []  # perf_counter when each completion request arrived
-        self.thread = threading.Thread(target=self.serve_forever, daemon=True)
-
-    @property
-    def url(self) -> str:
-        return f"http://{HOST}:{self.server_address[1]}"
-
-
-class _Handler(BaseHTTPRequestHandler):
-    def log_message(self, *args):
-        pass
-
-    def _send(self, code, body, ctype="application/json"):
-        data = body.encode()
-        self.send_response(code)
-        self.send_header("Content-Type", ctype)
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def do_GET(self):
-        srv = self.server
-        if self.path == "/health":
-            return self._send(200, "")
-        if self.path == "/metrics":
-            running = min(srv.in_flight, 2)  # a "server" with room for 2 sequences
-            page = (f'# HELP vllm:num_requests_running Running.\n# TYPE vllm:num_requests_running gauge\n'
-                    f'vllm:num_requests_running{{engine="0",model_name="fake"}} {running}.0\n'
-                    f'vllm:num_requests_waiting{{engine="0",model_name="fake"}} {srv.in_flight - running}.0\n'
-                    f'vllm:kv_cache_usage_perc{{engine="0",model_name="fake"}} {0.25 * running}\n')
-            return self._send(200, page, "text/plain; version=0.0.4")
-        self._send(404, "{}")
-
-    def do_POST(self):
-        srv = self.server
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        if self.headers.get("Authorization") != f"Bearer {KEY}":
-            return self._send(401, json.dumps({"error": "Unauthorized"}))
-        assert body["stream"] and body["ignore_eos"] and body["stream_options"] == {"include_usage": True}
-        with srv.lock:
-            srv.received.append(time.perf_counter())
-            srv.in_flight += 1
-        try:
-            self.send_response(200)
-            self.send_header("Content-Type", "text/event-stream")
-            self.end_headers()
-            n, prompt = body["max_tokens"], body["prompt"]
-            for i in range(n):
-                time.sleep(TOKEN_DELAY)
-                chunk = {"choices": [{"index": 0, "text": f" t{i}", "finish_reason": "length" if i == n - 1 else None}],
-                         "usage": None}
-                self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
-                self.wfile.flush()
-            usage = {"prompt_tokens": len(prompt) if isinstance(prompt, list) else len(prompt.split()),
-                     "completion_tokens": n, "total_tokens": 0}
-            self.wfile.write(f"data: {json.dumps({'choices': [], 'usage': usage})}\n\ndata: [DONE]\n\n".encode())
-        finally:
-            with srv.lock:
-                srv.in_flight -= 1
+def _fake_api_server():
+    """tests/fake_vllm's api_server module, loaded from its file (stdlib only: the fake `vllm` package stays out)."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fake_vllm", "vllm", "entrypoints", "openai",
+                        "api_server.py")
+    spec = importlib.util.spec_from_file_location("fake_api_server", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 
 @pytest.fixture
 def fake():
-    srv = FakeOpenAI()
-    srv.thread.start()
+    """The fake OpenAI server in a thread: room for 2 sequences, TOKEN_DELAY per token, key KEY."""
+    srv = _fake_api_server().make_server(HOST, 0, KEY, max_num_seqs=2, delay=TOKEN_DELAY)
+    thread = threading.Thread(target=srv.serve_forever, daemon=True)
+    thread.start()
     yield srv
     srv.shutdown()
     srv.server_close()
@@ -292,9 +239,6 @@ def test_server_context_ends_its_whole_process_group(tmp_path, fake):
 
 def test_server_dies_with_the_process_that_started_it(tmp_path):
     """A kernel killed with SIGKILL runs no atexit handler: the server must not outlive it holding the GPU."""
-    import os
-    import signal
-    import subprocess
 
     server = tmp_path / "server.py"
     server.write_text(textwrap.dedent('''\
