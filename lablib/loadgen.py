@@ -32,7 +32,7 @@ from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, TypeVar
 
 from .gpu import device_facts, library_versions
-from .prom import DEFAULT_GAUGES, MetricsScraper
+from .prom import DEFAULT_GAUGES, MetricsScraper, fetch_metrics, parse_prometheus, window_means
 from .results import RequestRecord, Result, ResultStore
 from .workloads import Workload
 
@@ -61,9 +61,16 @@ def _completion_body(model: str, prompt: Prompt, max_tokens: int) -> dict[str, A
             "temperature": 0.0, "stream_options": {"include_usage": True}}
 
 
-async def _one_request(client: Any, url: str, headers: dict[str, str], model: str, rid: str, prompt: Prompt,
-                       max_tokens: int, arrival: float, t0: float, sem: asyncio.Semaphore | None
-                       ) -> RequestRecord:
+def _events(buf: bytes) -> tuple[list[bytes], bytes]:
+    """Split a byte buffer into complete server-sent events (blank-line separated) and the unfinished rest."""
+    buf = buf.replace(b"\r\n", b"\n")
+    *events, rest = buf.split(b"\n\n")
+    return events, rest
+
+
+async def _one_request(session: Any, url: str, headers: dict[str, str], model: str, rid: str, prompt: Prompt,
+                       max_tokens: int, arrival: float, t0: float, sem: asyncio.Semaphore | None,
+                       count: list[int]) -> RequestRecord:
     await asyncio.sleep(max(0.0, t0 + arrival - time.perf_counter()))
     if sem is not None:
         await sem.acquire()
@@ -71,25 +78,32 @@ async def _one_request(client: Any, url: str, headers: dict[str, str], model: st
         times: list[float] = []
         usage: dict[str, Any] = {}
         sent = time.perf_counter() - t0  # when this client began sending: later than `arrival` if it lagged
-        async with client.stream("POST", url, json=_completion_body(model, prompt, max_tokens),
-                                 headers=headers) as resp:
-            if resp.status_code != 200:
-                body = (await resp.aread()).decode("utf-8", "replace")[:300]
-                raise RuntimeError(f"HTTP {resp.status_code}: {body}")
-            async for line in resp.aiter_lines():
-                if not line.startswith("data:"):
-                    continue
+        async with session.post(url, json=_completion_body(model, prompt, max_tokens), headers=headers) as resp:
+            if resp.status != 200:
+                body = (await resp.read()).decode("utf-8", "replace")[:300]
+                raise RuntimeError(f"HTTP {resp.status}: {body}")
+            buf, done = b"", False
+            async for data in resp.content.iter_any():  # whatever bytes arrived, as vLLM's own client reads
                 now = time.perf_counter() - t0
-                data = line[5:].strip()
-                if data == "[DONE]":
+                events, buf = _events(buf + data)
+                for event in events:
+                    for line in event.split(b"\n"):
+                        if not line.startswith(b"data:"):
+                            continue
+                        payload = line[5:].strip()
+                        if payload == b"[DONE]":
+                            done = True
+                            break
+                        chunk = json.loads(payload)
+                        count[0] += 1
+                        if "error" in chunk and not chunk.get("choices"):
+                            raise RuntimeError(f"server error in stream: {chunk['error']}")
+                        if chunk.get("choices"):
+                            times.append(now)
+                        if chunk.get("usage"):
+                            usage = chunk["usage"]
+                if done:
                     break
-                chunk = json.loads(data)
-                if "error" in chunk and not chunk.get("choices"):
-                    raise RuntimeError(f"server error in stream: {chunk['error']}")
-                if chunk.get("choices"):
-                    times.append(now)
-                if chunk.get("usage"):
-                    usage = chunk["usage"]
         finished = time.perf_counter() - t0
     finally:
         if sem is not None:
@@ -105,7 +119,8 @@ async def _one_request(client: Any, url: str, headers: dict[str, str], model: st
 async def load_test(base_url: str, api_key: str | None, model: str, prompts: Sequence[Prompt],
                     max_tokens: Sequence[int], rate: float, seed: int, *, request_ids: Sequence[str] | None = None,
                     max_concurrency: int | None = None, timeout_s: float = 600.0,
-                    on_start: Callable[[float], None] | None = None) -> tuple[list[RequestRecord], list[str]]:
+                    on_start: Callable[[float], None] | None = None, stats: dict[str, Any] | None = None
+                    ) -> tuple[list[RequestRecord], list[str]]:
     """Send every prompt on a seeded Poisson schedule, streaming; return (records, errors).
 
     Records are the requests that finished, in request order, with times in seconds since
@@ -114,8 +129,14 @@ async def load_test(base_url: str, api_key: str | None, model: str, prompts: Seq
     (run_online starts the metrics scraper there, on the same clock). `max_concurrency`
     caps requests in flight on the client (the arrival still counts from the schedule, so
     a capped client's waiting shows up as TTFT). Each error line names the request.
+
+    The client is aiohttp, as in `vllm bench serve`: one event loop on one thread reads every
+    stream, at ~16 us of CPU per event on a laptop core (httpx, the first client here, took
+    ~41 us). A `stats` dict gets the client's own load: `events` read, `cpu_s` the loop
+    thread's CPU time, `busy` = cpu_s / wall. Near 1 the client, not the server, sets the pace:
+    events wait in socket buffers and are stamped late, so TPOT rises and throughput falls.
     """
-    import httpx
+    import aiohttp
 
     if len(prompts) != len(max_tokens):
         raise ValueError(f"load_test: {len(prompts)} prompts but {len(max_tokens)} max_tokens: give one each.")
@@ -128,15 +149,20 @@ async def load_test(base_url: str, api_key: str | None, model: str, prompts: Seq
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     url = base_url.rstrip("/") + "/v1/completions"
     sem = asyncio.Semaphore(max_concurrency) if max_concurrency else None
+    count = [0]
     # No connection cap and no proxies: a client-side queue would be measured as server TTFT.
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-    async with httpx.AsyncClient(timeout=httpx.Timeout(timeout_s), limits=limits, trust_env=False) as client:
-        start = time.perf_counter()
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
+                                     timeout=aiohttp.ClientTimeout(total=timeout_s), trust_env=False) as session:
+        start, cpu0 = time.perf_counter(), time.thread_time()
         if on_start is not None:
             on_start(start)
-        tasks = [_one_request(client, url, headers, model, rid, p, n, a, start, sem)
+        tasks = [_one_request(session, url, headers, model, rid, p, n, a, start, sem, count)
                  for rid, p, n, a in zip(ids, prompts, max_tokens, schedule)]
         outcomes = await asyncio.gather(*tasks, return_exceptions=True)
+        cpu, wall = time.thread_time() - cpu0, time.perf_counter() - start
+    if stats is not None:
+        stats.update(library=f"aiohttp {aiohttp.__version__}", events=count[0], cpu_s=cpu, wall_s=wall,
+                     busy=cpu / wall if wall > 0 else None)
     records, errors = [], []
     for rid, a, out in zip(ids, schedule, outcomes):
         if isinstance(out, RequestRecord):
@@ -146,6 +172,39 @@ async def load_test(base_url: str, api_key: str | None, model: str, prompts: Seq
         else:
             raise out  # KeyboardInterrupt, CancelledError: not a request failure
     return records, errors
+
+
+def _histograms(base_url: str, api_key: str | None) -> dict[str, float] | None:
+    """The server's /metrics now (for the latency histograms' window means); None if it does not answer."""
+    try:
+        return parse_prometheus(fetch_metrics(base_url.rstrip("/") + "/metrics", api_key))
+    except Exception:  # noqa: BLE001 - the server's own view is extra: its absence must not lose the load test
+        return None
+
+
+def client_check(result: Result, max_lag: float = 1.1) -> dict[str, Any]:
+    """Did the load generator keep up with the server? Its mean gap between tokens next to the server's own.
+
+    The server stamps every token in the engine core; vLLM's `inter_token_latency_seconds`
+    histogram, read before and after the test (`engine_facts["server_latency"]`), gives its
+    mean gap over exactly this test. The client's mean gap over the same tokens is
+    sum(last - first token) / sum(tokens - 1). A client that keeps up sees the server's gaps
+    (lag ~1); one that falls behind reads events late, stretches them (lag > `max_lag`), and
+    its TPOT and throughput then describe the client, not the server. `busy` is the client
+    thread's CPU time over the test's wall time (in a notebook other threads share the GIL,
+    so a client can fall behind well below busy = 1).
+    """
+    recs = [r for r in result.requests if r.token_times and len(r.token_times) > 1]
+    n = sum(len(r.token_times) - 1 for r in recs)
+    client_itl = sum(r.last_token - r.first_token for r in recs) / n if n else None
+    server = (result.engine_facts or {}).get("server_latency") or {}
+    server_itl = server.get("itl_s")
+    lag = client_itl / server_itl if client_itl and server_itl else None
+    client = (result.engine_facts or {}).get("client") or {}
+    return {"client_itl_ms": None if client_itl is None else client_itl * 1e3,
+            "server_itl_ms": None if server_itl is None else server_itl * 1e3, "lag": lag,
+            "busy": client.get("busy"), "events": client.get("events"), "library": client.get("library"),
+            "kept_up": None if lag is None else lag <= max_lag}
 
 
 def run_sync(coro: Coroutine[Any, Any, T]) -> T:
@@ -201,14 +260,17 @@ def run_online(base_url: str, api_key: str | None, model: str, workload: Workloa
                 scraper.t0 = t
                 scraper.start()
 
+        stats: dict[str, Any] = {}
+        before = _histograms(base_url, api_key) if metrics else None
         try:
             records, errors = run_sync(load_test(base_url, api_key, model, texts, lengths, rate, seed,
                                                  request_ids=ids, max_concurrency=max_concurrency,
-                                                 on_start=on_start))
+                                                 on_start=on_start, stats=stats))
         finally:
             wall = time.perf_counter() - (t0[0] if t0 else time.perf_counter())
             if scraper is not None:
                 scraper.stop()
+        after = _histograms(base_url, api_key) if before is not None else None
         notes = [f"{len(errors)} of {len(texts)} requests failed"] + errors if errors else []
         result = Result(
             lab=lab, step=f"{step_prefix}-rate-{rate:g}" + (f"-conc-{max_concurrency}" if max_concurrency else ""),
@@ -217,8 +279,9 @@ def run_online(base_url: str, api_key: str | None, model: str, workload: Workloa
                     "warmup_requests": warmup_requests, **(server or {})},
             model={"name": model, **(model_info or {})}, workload={"name": workload.name, "version": workload.version,
                                               "requests": len(texts)},
-            requests=records, wall_s=wall, engine_facts={"base_url": base_url, "server_metrics":
-                                                         scraper.timeline() if scraper else None},
+            requests=records, wall_s=wall, engine_facts={
+                "base_url": base_url, "server_metrics": scraper.timeline() if scraper else None, "client": stats,
+                "server_latency": window_means(before, after) if before is not None and after is not None else None},
             hardware=hardware, versions=versions, notes=notes)
         if store is not None:
             store.append(result)

@@ -26,6 +26,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 DEFAULT_GAUGES = ("vllm:kv_cache_usage_perc", "vllm:num_requests_running", "vllm:num_requests_waiting")
+# The server's own latency histograms (engine-core time stamps): what a client's figures should match.
+SERVER_LATENCIES = {"ttft_s": "vllm:time_to_first_token_seconds", "itl_s": "vllm:inter_token_latency_seconds"}
 
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})?\s+(\S+)(\s+-?\d+)?\s*$")
 _LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"')
@@ -82,6 +84,24 @@ def fetch_metrics(url: str, api_key: str | None = None, timeout_s: float = 5.0) 
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # 127.0.0.1: never via a proxy
     with opener.open(req, timeout=timeout_s) as resp:
         return resp.read().decode("utf-8", "replace")
+
+
+def window_means(before: Mapping[str, float], after: Mapping[str, float],
+                 names: Mapping[str, str] = SERVER_LATENCIES) -> dict[str, float | int | None]:
+    """Each histogram's mean over the window between two scrapes: (sum after - before) / (count after - before).
+
+    Histograms only accumulate, so two scrapes around a load test give the server's own mean
+    of, e.g., the gap between a request's tokens during exactly that test (`itl_s`), and how
+    many it observed (`itl_s_count`); None where the page lacks the histogram or saw nothing.
+    """
+    out: dict[str, float | int | None] = {}
+    for key, name in names.items():
+        s0, s1 = before.get(f"{name}_sum"), after.get(f"{name}_sum")
+        c0, c1 = before.get(f"{name}_count"), after.get(f"{name}_count")
+        n = None if c0 is None or c1 is None else c1 - c0
+        out[key] = (s1 - s0) / n if n and s0 is not None and s1 is not None else None
+        out[f"{key}_count"] = None if n is None else int(n)
+    return out
 
 
 class MetricsScraper:

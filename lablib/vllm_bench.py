@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from .loadgen import client_check
 from .results import Result, percentile
 from .workloads import Workload
 
@@ -118,7 +119,11 @@ def summary_of(bench: dict[str, Any]) -> dict[str, Any]:
 
 
 def compare_serve(result: Result, bench: dict[str, Any]) -> dict[str, Any]:
-    """The lab's load test next to `vllm bench serve` on the same workload and rate: each figure and lab/vLLM."""
+    """The lab's load test next to `vllm bench serve` on the same workload and rate: each figure and lab/vLLM.
+
+    `client` is `loadgen.client_check` of the lab's run: whether the lab's client kept up with
+    the server's own token gaps, the first suspect when the two clients disagree.
+    """
     s = result.summary
     sends = [r.first_token - r.start for r in result.requests if r.start is not None and r.first_token is not None]
     pairs = {
@@ -134,7 +139,8 @@ def compare_serve(result: Result, bench: dict[str, Any]) -> dict[str, Any]:
     lag = [r.start - r.arrival for r in result.requests if r.start is not None]
     return {"rate": bench.get("rate"), "workload": bench.get("workload"), "figures": rows,
             "completed": {"lab": len(result.requests), "vllm_bench": bench.get("completed")},
-            "send_spread_s": {"lab": max(lag) if lag else None, "vllm_bench": bench.get("send_spread_s")}}
+            "send_spread_s": {"lab": max(lag) if lag else None, "vllm_bench": bench.get("send_spread_s")},
+            "client": client_check(result)}
 
 
 def _ms(x: float | None) -> float | None:

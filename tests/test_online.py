@@ -84,6 +84,8 @@ def test_vllm_bench_serve_cross_check_on_the_same_requests(sweep):
     assert fig["output_tok_s"]["lab"] == online["results"][0].summary["output_tok_s"]
     assert 0.5 < fig["output_tok_s"]["ratio"] < 2.0  # same server, same requests: same ballpark even on 2 shared cores
     assert online["compare"]["completed"] == {"lab": 64, "vllm_bench": 64}
+    client = online["compare"]["client"]  # the server's own token gaps next to the lab client's
+    assert client["server_itl_ms"] > 0 and client["lag"] > 0.5 and client["library"].startswith("aiohttp")
 
 
 def test_a_failing_vllm_bench_says_why(fake_vllm_cli, monkeypatch, tmp_path):

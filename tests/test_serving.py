@@ -16,8 +16,9 @@ import time
 
 import pytest
 
-from lablib.loadgen import arrival_times, load_test, run_online, run_sync
-from lablib.prom import MetricsScraper, parse_prometheus
+from lablib import loadgen
+from lablib.loadgen import arrival_times, client_check, load_test, run_online, run_sync
+from lablib.prom import MetricsScraper, parse_prometheus, window_means
 from lablib.serving import HOST, ServerConfig, VLLMServer, server_command
 from lablib.workloads import Request, Workload
 
@@ -121,6 +122,44 @@ def test_run_online_one_result_per_rate(fake):
 
     records, errors = asyncio.run(in_a_notebook())
     assert len(records) == 1 and errors == []
+
+
+def test_client_check_sees_the_server_own_token_gaps(fake):
+    """A client that keeps up reads tokens at the server's pace: its mean gap matches the histogram's."""
+    (r,) = run_online(fake.url, KEY, "fake", _workload(), [math.inf], seed=1, metrics_interval_s=0.05)
+    server = r.engine_facts["server_latency"]
+    assert server["itl_s_count"] == sum(2 + i % 3 for i in range(6))  # tokens after the first: this test's only
+    assert server["ttft_s_count"] == 6 and server["itl_s"] == pytest.approx(TOKEN_DELAY, rel=0.5)
+    client = r.engine_facts["client"]
+    assert client["library"].startswith("aiohttp") and client["events"] == 6 + sum(3 + i % 3 for i in range(6))
+    assert 0 < client["busy"] < 0.5  # 6 slow streams: the client mostly waits
+    check = client_check(r)
+    assert check["kept_up"] is True and check["lag"] == pytest.approx(1.0, abs=0.1), check
+
+
+def test_client_check_catches_a_client_that_falls_behind(fake, monkeypatch):
+    """A client whose loop stalls 3 token delays per event reads late: the stretched gaps give it away."""
+    real = json.loads
+
+    def slow(data):
+        time.sleep(3 * TOKEN_DELAY)  # blocks the event loop, as a CPU-bound client does
+        return real(data)
+
+    monkeypatch.setattr(loadgen.json, "loads", slow)
+    (r,) = run_online(fake.url, KEY, "fake", _workload(), [math.inf], seed=1, metrics=loadgen.DEFAULT_GAUGES,
+                      warmup_requests=0)
+    check = client_check(r)
+    assert check["kept_up"] is False and check["lag"] > 1.5, check
+    assert check["client_itl_ms"] > check["server_itl_ms"]
+
+
+def test_window_means_of_histograms():
+    before = parse_prometheus(VLLM_METRICS)
+    after = dict(before, **{"vllm:time_to_first_token_seconds_sum": 4.5, "vllm:time_to_first_token_seconds_count": 50.0})
+    means = window_means(before, after)
+    assert means["ttft_s"] == pytest.approx(2.0 / 10) and means["ttft_s_count"] == 10
+    assert means["itl_s"] is None and means["itl_s_count"] is None  # not on this page
+    assert window_means(before, before)["ttft_s"] is None  # nothing observed in the window
 
 
 VLLM_METRICS = textwrap.dedent('''\

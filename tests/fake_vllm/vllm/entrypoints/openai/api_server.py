@@ -1,7 +1,8 @@
 """A fake `python -m vllm.entrypoints.openai.api_server` (test support only).
 
 Speaks the slice of the OpenAI API that lablib's serving code uses: `GET /health`,
-`GET /metrics` (running / waiting / KV-cache gauges), and streaming `POST /v1/completions`
+`GET /metrics` (running / waiting / KV-cache gauges; TTFT and inter-token histograms' `_sum` and
+`_count`, timed where the server writes each token, as vLLM's engine core stamps them), and streaming `POST /v1/completions`
 that checks the bearer key and the body lablib sends (stream, ignore_eos, a usage chunk
 asked for), streams one SSE chunk per token, then a usage chunk and `[DONE]`. It has room
 for `--max-num-seqs` sequences (default 8); later requests wait for a slot, so TTFT grows
@@ -15,6 +16,7 @@ it loads without the fake `vllm` package); its `received` list holds the
 import argparse
 import json
 import os
+import socket
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -30,6 +32,8 @@ class FakeServer(ThreadingHTTPServer):
         self.slots = threading.Semaphore(max_num_seqs)
         self.lock = threading.Lock()
         self.running = self.waiting = 0
+        self.ttft_sum = self.itl_sum = 0.0
+        self.ttft_count = self.itl_count = 0
         self.received: list[float] = []
 
     @property
@@ -42,6 +46,12 @@ class _Handler(BaseHTTPRequestHandler):
 
     def log_message(self, *a):
         pass
+
+    def setup(self):
+        super().setup()
+        # every token leaves at once, as from vLLM's server (asyncio sets TCP_NODELAY): without it Nagle's
+        # algorithm holds small writes for the client's delayed ACK, and tokens reach the client in clumps
+        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def _send(self, code, body, ctype="application/json"):
         data = body.encode()
@@ -58,7 +68,11 @@ class _Handler(BaseHTTPRequestHandler):
         if self.path == "/metrics":
             with srv.lock:
                 r, w = srv.running, srv.waiting
-            page = (f'# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{{engine="0"}} {r}.0\n'
+                hist = (f"vllm:time_to_first_token_seconds_sum {srv.ttft_sum}\n"
+                        f"vllm:time_to_first_token_seconds_count {srv.ttft_count}.0\n"
+                        f"vllm:inter_token_latency_seconds_sum {srv.itl_sum}\n"
+                        f"vllm:inter_token_latency_seconds_count {srv.itl_count}.0\n")
+            page = hist + (f'# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{{engine="0"}} {r}.0\n'
                     f'vllm:num_requests_waiting{{engine="0"}} {w}.0\n'
                     f'vllm:kv_cache_usage_perc{{engine="0"}} {r / srv.max_num_seqs}\n')
             return self._send(200, page, "text/plain; version=0.0.4")
@@ -76,8 +90,9 @@ class _Handler(BaseHTTPRequestHandler):
             return self._send(401, json.dumps({"error": "Unauthorized"}))
         if not (body.get("stream") and body.get("ignore_eos") and body.get("stream_options") == {"include_usage": True}):
             return self._send(400, json.dumps({"error": f"expected a streaming, ignore_eos request with usage: {body}"}))
+        arrived = time.perf_counter()
         with srv.lock:
-            srv.received.append(time.perf_counter())
+            srv.received.append(arrived)
             srv.waiting += 1
         srv.slots.acquire()
         with srv.lock:
@@ -89,8 +104,16 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header("Transfer-Encoding", "chunked")
             self.end_headers()
             n, prompt = body["max_tokens"], body["prompt"]
+            last = None
             for i in range(n):
                 time.sleep(srv.delay)
+                now = time.perf_counter()
+                with srv.lock:
+                    if last is None:
+                        srv.ttft_sum, srv.ttft_count = srv.ttft_sum + now - arrived, srv.ttft_count + 1
+                    else:
+                        srv.itl_sum, srv.itl_count = srv.itl_sum + now - last, srv.itl_count + 1
+                last = now
                 chunk = {"choices": [{"index": 0, "text": f" t{i}", "finish_reason": None}], "usage": None}
                 self._chunk(f"data: {json.dumps(chunk)}\n\n")
             usage = {"prompt_tokens": len(prompt) if isinstance(prompt, list) else len(prompt.split()),
