@@ -131,8 +131,8 @@ async def load_test(base_url: str, api_key: str | None, model: str, prompts: Seq
     a capped client's waiting shows up as TTFT). Each error line names the request.
 
     The client is aiohttp, as in `vllm bench serve`: one event loop on one thread reads every
-    stream, at ~16 us of CPU per event on a laptop core (httpx, the first client here, took
-    ~41 us). A `stats` dict gets the client's own load: `events` read, `cpu_s` the loop
+    stream, at 11-14 us of CPU per event on a CI core (httpx, the first client here, took
+    50-170 us, more with more streams open: scripts/client_overhead.py). A `stats` dict gets the client's own load: `events` read, `cpu_s` the loop
     thread's CPU time, `busy` = cpu_s / wall. Near 1 the client, not the server, sets the pace:
     events wait in socket buffers and are stamped late, so TPOT rises and throughput falls.
     """
