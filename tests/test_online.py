@@ -49,6 +49,8 @@ def test_rate_sweep_measures_capacity_then_fractions_of_it(sweep):
     assert c == results[0].summary["requests_s"] > 0
     assert [r.config["rate"] for r in results] == [math.inf, round(0.5 * c, 2), round(2.0 * c, 2)]
     assert [r.step for r in results][0] == "serve-rate-inf"
+    # the whole workload went through once (8 tokens each) before the first measurement, and never again
+    assert [r.config["warmup_requests"] for r in results] == [64, 0, 0]
     for r in results:
         assert len(r.requests) == 64 and r.notes == [] and r.engine == "vllm-server"
         assert r.config["enable_prefix_caching"] is False and r.config["model"].endswith("models/target")
