@@ -117,13 +117,13 @@ def test_missing_reference_file_says_how_to_restore(monkeypatch, tmp_path):
 
 def test_serving_sweep_recorded_with_the_cross_check(facts):
     served = load_reference(prefix="serve-rate-")
-    assert len(served) == 6 and all(r.provenance == "recorded" and "H200" in r.label for r in served)
-    assert all(len(r.requests) == 256 and not r.notes and r.engine_facts["server_metrics"]["samples"] for r in served)
     serve = facts["serve"]
+    fractions = serve.get("fractions", (0.25, 0.5, 0.75, 1.0, 1.25))  # the first recording predates the field
+    assert len(served) == 1 + len(fractions) and all(r.provenance == "recorded" and "H200" in r.label for r in served)
+    assert all(len(r.requests) == 256 and not r.notes and r.engine_facts["server_metrics"]["samples"] for r in served)
     burst = next(r for r in served if r.config["rate"] == float("inf"))
     assert serve["capacity_rps"] == pytest.approx(burst.summary["requests_s"], rel=1e-5)
     rates = sorted(r.config["rate"] for r in served if r.config["rate"] != float("inf"))
-    fractions = serve.get("fractions", (0.25, 0.5, 0.75, 1.0, 1.25))  # the first recording predates the field
     assert rates == pytest.approx([f * serve["capacity_rps"] for f in fractions], abs=0.01)
     fig = serve["compare"]["figures"]["output_tok_s"]
     assert fig["lab"] == pytest.approx(burst.summary["output_tok_s"], rel=1e-5)
@@ -132,14 +132,57 @@ def test_serving_sweep_recorded_with_the_cross_check(facts):
     assert facts["headline"]["lab_over_vllm_bench_serve_output_tok_s"] == pytest.approx(fig["ratio"], rel=1e-5)
 
 
+def test_serve_check_rounds_recorded(facts, runs):
+    check = facts["serve_check"]
+    rounds = check["rounds"]
+    assert len(rounds) == 3 and [r["lab_first"] for r in rounds] == [True, False, True]  # the first client alternates
+    for i, r in enumerate(rounds):  # each round's lab burst is a recorded Result, and its ratio divides the two
+        fig = r["figures"]["output_tok_s"]
+        assert fig["lab"] == pytest.approx(runs[f"check{i}-rate-inf"].summary["output_tok_s"], rel=1e-5)
+        assert fig["ratio"] == pytest.approx(fig["lab"] / fig["vllm_bench"], rel=1e-5)
+        assert r["completed"] == {"lab": 256, "vllm_bench": 256}
+    assert check["output_tok_s_ratios"] == [r["figures"]["output_tok_s"]["ratio"] for r in rounds]
+    assert all(0.9 < x < 1.1 for x in check["output_tok_s_ratios"])  # the synthetic 8B: within 10% every round
+
+
+def test_lab_runs_on_the_gpu_summarised(pack, facts):
+    lab = facts["lab_runs"]
+    assert lab["nbval"]["02_kv_cache"] == "13 of 13 cells passed"
+    rows = {r["step"]: r for r in lab["rows"]}
+    ratio = rows["vllm-embedded-journey"]["output_tok_s"] / rows["hf-static-b64-embedded-journey"]["output_tok_s"]
+    assert lab["embedded_journey_ratio_vllm_over_hf_static_b64"] == pytest.approx(ratio, rel=1e-5)
+    assert lab["serve_capacity_rps"] == pytest.approx(lab["serve_compare"]["figures"]["requests_s"]["lab"], rel=1e-5)
+    log = "labs/03_x::ipynb::Cell 0 PASSED  [ 4%]\nlabs/03_x::ipynb::Cell 1 FAILED\nlabs/02_y::ipynb::Cell 0 PASSED\n"
+    assert pack.nbval_summary(log) == {"03_x": "1 of 2 cells passed (failed: cell 1)", "02_y": "1 of 1 cells passed"}
+
+
+def test_lab_runs_packed_from_a_gpu_labs_folder(pack, runs, tmp_path):
+    import dataclasses
+
+    (tmp_path / "results").mkdir(parents=True)
+    (tmp_path / "nbval.log").write_text("labs/03_z::ipynb::Cell 0 PASSED\nlabs/03_z::ipynb::Cell 1 PASSED\n")
+    live = [dataclasses.replace(runs[s], provenance="live", step=s.replace("8b", "embedded"), lab="03_z")
+            for s in ("vllm-8b-journey", "hf-static-b64-8b-journey")]
+    recorded = dataclasses.replace(runs["vllm-8b-single"], lab="03_z")  # only live runs are the labs' own
+    (tmp_path / "results" / "03_z.jsonl").write_text("".join(r.to_json() + "\n" for r in [*live, recorded]))
+    lab = pack.lab_runs([tmp_path])
+    assert lab["nbval"] == {"03_z": "2 of 2 cells passed"}
+    assert [r["step"] for r in lab["rows"]] == ["vllm-embedded-journey", "hf-static-b64-embedded-journey"]
+    assert lab["embedded_journey_ratio_vllm_over_hf_static_b64"] == pytest.approx(
+        live[0].summary["output_tok_s"] / live[1].summary["output_tok_s"])
+    assert "serve_compare" not in lab  # no load test in this folder
+
+
 def test_scheduler_sweep_recorded_one_engine_per_setting(facts, runs):
     from lablib.sweeps import scheduler_rows
 
     rows = scheduler_rows(live=False)
-    assert [r["max_num_seqs"] for r in rows] == [8, 64, 256] and all(r["back_to_baseline"] for r in rows)
+    assert [(r["max_num_seqs"], r["max_num_batched_tokens"]) for r in rows] == [
+        (8, None), (64, None), (256, None), (256, 512), (256, 2048)]
+    assert all(r["back_to_baseline"] for r in rows)
     assert all(r["provenance"].startswith("recorded on NVIDIA H200") for r in rows)
     for r in rows:  # each row is the summary of its recorded Result
-        res = runs[f"vllm-seqs{r['max_num_seqs']}-tokNone"]
+        res = runs[f"vllm-seqs{r['max_num_seqs']}-tok{r['max_num_batched_tokens']}"]
         assert res.summary["output_tok_s"] == pytest.approx(r["output_tok_s"], rel=1e-5)
         assert res.summary["ttft_s"]["p99"] == pytest.approx(r["ttft_p99_s"], rel=1e-5)
 
@@ -152,13 +195,13 @@ def test_packing_a_new_run_merges_onto_the_reference(pack, facts, runs, monkeypa
     monkeypatch.setattr(pack, "OUT", out)
     run = tmp_path / "run"
     run.mkdir()
-    budget = {**facts["scheduler_sweep"][-1], "max_num_batched_tokens": 512, "output_tok_s": 1.0}
+    budget = {**facts["scheduler_sweep"][-1], "max_num_batched_tokens": 8192, "output_tok_s": 1.0}  # a new setting
     seqs8 = {**facts["scheduler_sweep"][0], "output_tok_s": 2.0}  # the same setting measured again
     (run / "facts-knobs.json").write_text(json.dumps({"scheduler_sweep": [budget, seqs8]}))
     pack.main([run])
     merged = json.loads((out / "facts.json").read_text())
     keys = [(r["max_num_seqs"], r["max_num_batched_tokens"]) for r in merged["scheduler_sweep"]]
-    assert keys == [(8, None), (64, None), (256, None), (256, 512)]
+    assert keys == [(8, None), (64, None), (256, None), (256, 512), (256, 2048), (256, 8192)]
     assert merged["scheduler_sweep"][0]["output_tok_s"] == 2.0  # the newer measurement replaced the older
     assert merged["serve"] == facts["serve"] and merged["sweep"] == facts["sweep"]  # untouched facts kept
     assert (out / "h200.jsonl.gz").read_bytes() == (REFERENCE_DIR / "h200.jsonl.gz").read_bytes()  # no new Results
