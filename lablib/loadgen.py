@@ -183,28 +183,43 @@ def _histograms(base_url: str, api_key: str | None) -> dict[str, float] | None:
 
 
 def client_check(result: Result, max_lag: float = 1.1) -> dict[str, Any]:
-    """Did the load generator keep up with the server? Its mean gap between tokens next to the server's own.
+    """Did the load generator keep up with the server? Its mean request latency next to the server's own.
 
-    The server stamps every token in the engine core; vLLM's `inter_token_latency_seconds`
-    histogram, read before and after the test (`engine_facts["server_latency"]`), gives its
-    mean gap over exactly this test. The client's mean gap over the same tokens is
-    sum(last - first token) / sum(tokens - 1). A client that keeps up sees the server's gaps
-    (lag ~1); one that falls behind reads events late, stretches them (lag > `max_lag`), and
-    its TPOT and throughput then describe the client, not the server. `busy` is the client
-    thread's CPU time over the test's wall time (in a notebook other threads share the GIL,
-    so a client can fall behind well below busy = 1).
+    The server times every request from its arrival to its last token; vLLM's
+    `e2e_request_latency_seconds` histogram, read before and after the test
+    (`engine_facts["server_latency"]`), gives its mean over exactly this test. The client's
+    mean over the same requests runs from sending to reading the last token. A client that
+    keeps up reads the last token as the server sends it (lag ~1, plus a network hop); one
+    that falls behind reads it late (lag > `max_lag`), and its TTFT, TPOT and throughput
+    then describe the client, not the server. The mean gap between tokens, as read and as
+    stamped by the engine (`inter_token_latency_seconds`), is shown beside it; it is no test
+    on its own: a backlogged client reads tokens in clumps, which shortens some gaps. `busy`
+    is the client thread's CPU time over the test's wall time (in a notebook other threads
+    share the GIL, so a client can fall behind well below busy = 1).
     """
-    recs = [r for r in result.requests if r.token_times and len(r.token_times) > 1]
-    n = sum(len(r.token_times) - 1 for r in recs)
-    client_itl = sum(r.last_token - r.first_token for r in recs) / n if n else None
+    recs = [r for r in result.requests if r.start is not None and r.last_token is not None]
+    client_e2e = sum(r.last_token - r.start for r in recs) / len(recs) if recs else None
+    gapped = [r for r in recs if r.token_times and len(r.token_times) > 1]
+    n = sum(len(r.token_times) - 1 for r in gapped)
+    client_itl = sum(r.last_token - r.first_token for r in gapped) / n if n else None
     server = (result.engine_facts or {}).get("server_latency") or {}
-    server_itl = server.get("itl_s")
-    lag = client_itl / server_itl if client_itl and server_itl else None
+    server_e2e, server_itl = server.get("e2e_s"), server.get("itl_s")
+    lag = client_e2e / server_e2e if client_e2e and server_e2e else None
     client = (result.engine_facts or {}).get("client") or {}
-    return {"client_itl_ms": None if client_itl is None else client_itl * 1e3,
-            "server_itl_ms": None if server_itl is None else server_itl * 1e3, "lag": lag,
-            "busy": client.get("busy"), "events": client.get("events"), "library": client.get("library"),
-            "kept_up": None if lag is None else lag <= max_lag}
+    busy = client.get("busy")
+    kept_up = None if lag is None else lag <= max_lag
+    ms = lambda x: None if x is None else x * 1e3  # noqa: E731
+    if lag is None:
+        verdict = ("no server-side latencies to compare with: the server's /metrics was not read during this test "
+                   "(or the run predates this check)")
+    else:
+        verdict = (("the client kept up" if kept_up else
+                    "the client FELL BEHIND (its latencies and throughput describe the client, not the server)")
+                   + f": mean request latency {client_e2e * 1e3:,.1f} ms as read, {server_e2e * 1e3:,.1f} ms as the server "
+                   f"timed it (lag {lag:.2f})" + (f"; the client's thread was busy {busy:.0%} of the test" if busy else ""))
+    return {"client_e2e_ms": ms(client_e2e), "server_e2e_ms": ms(server_e2e), "lag": lag, "client_itl_ms": ms(client_itl),
+            "server_itl_ms": ms(server_itl), "busy": busy, "events": client.get("events"), "library": client.get("library"),
+            "kept_up": kept_up, "verdict": verdict}
 
 
 def run_sync(coro: Coroutine[Any, Any, T]) -> T:

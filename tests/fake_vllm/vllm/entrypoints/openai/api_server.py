@@ -1,8 +1,8 @@
 """A fake `python -m vllm.entrypoints.openai.api_server` (test support only).
 
 Speaks the slice of the OpenAI API that lablib's serving code uses: `GET /health`,
-`GET /metrics` (running / waiting / KV-cache gauges; TTFT and inter-token histograms' `_sum` and
-`_count`, timed where the server writes each token, as vLLM's engine core stamps them), and streaming `POST /v1/completions`
+`GET /metrics` (running / waiting / KV-cache gauges; TTFT, inter-token and end-to-end histograms' `_sum`
+and `_count`, timed where the server writes each token, as vLLM's engine core stamps them), and streaming `POST /v1/completions`
 that checks the bearer key and the body lablib sends (stream, ignore_eos, a usage chunk
 asked for), streams one SSE chunk per token, then a usage chunk and `[DONE]`. It has room
 for `--max-num-seqs` sequences (default 8); later requests wait for a slot, so TTFT grows
@@ -32,8 +32,8 @@ class FakeServer(ThreadingHTTPServer):
         self.slots = threading.Semaphore(max_num_seqs)
         self.lock = threading.Lock()
         self.running = self.waiting = 0
-        self.ttft_sum = self.itl_sum = 0.0
-        self.ttft_count = self.itl_count = 0
+        self.ttft_sum = self.itl_sum = self.e2e_sum = 0.0
+        self.ttft_count = self.itl_count = self.e2e_count = 0
         self.received: list[float] = []
 
     @property
@@ -71,7 +71,9 @@ class _Handler(BaseHTTPRequestHandler):
                 hist = (f"vllm:time_to_first_token_seconds_sum {srv.ttft_sum}\n"
                         f"vllm:time_to_first_token_seconds_count {srv.ttft_count}.0\n"
                         f"vllm:inter_token_latency_seconds_sum {srv.itl_sum}\n"
-                        f"vllm:inter_token_latency_seconds_count {srv.itl_count}.0\n")
+                        f"vllm:inter_token_latency_seconds_count {srv.itl_count}.0\n"
+                        f"vllm:e2e_request_latency_seconds_sum {srv.e2e_sum}\n"
+                        f"vllm:e2e_request_latency_seconds_count {srv.e2e_count}.0\n")
             page = hist + (f'# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{{engine="0"}} {r}.0\n'
                     f'vllm:num_requests_waiting{{engine="0"}} {w}.0\n'
                     f'vllm:kv_cache_usage_perc{{engine="0"}} {r / srv.max_num_seqs}\n')
@@ -120,6 +122,8 @@ class _Handler(BaseHTTPRequestHandler):
                      "completion_tokens": n}
             self._chunk(f"data: {json.dumps({'choices': [], 'usage': usage})}\n\ndata: [DONE]\n\n")
             self.wfile.write(b"0\r\n\r\n")
+            with srv.lock:  # from arrival to the end of the stream, as vLLM's e2e_request_latency_seconds
+                srv.e2e_sum, srv.e2e_count = srv.e2e_sum + time.perf_counter() - arrived, srv.e2e_count + 1
         finally:
             with srv.lock:
                 srv.running -= 1
