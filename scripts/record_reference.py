@@ -18,7 +18,8 @@ Steps:
   knobs    max_num_seqs and max_num_batched_tokens sweeps on the synthetic 8B (knobs-budget: the token budget only)
   serve    the OpenAI server with the synthetic 8B under Poisson load at fractions of its capacity, /metrics
            scraped, and `vllm bench serve` on the same requests (serve-wide: up to 3x the burst's capacity)
-  serve-check  the lab's client against `vllm bench serve`, three rounds on one server
+  serve-check  the lab's client against `vllm bench serve`, three rounds on one server (synthetic 8B;
+           serve-check-embedded: the embedded model, whose small steps stream tokens fastest)
 """
 from __future__ import annotations
 
@@ -192,22 +193,27 @@ def step_serve(out: Path, store: ResultStore, facts: dict, fractions: tuple[floa
     log(out, f"serve: capacity {online['capacity_rps']:.2f} req/s, compare {json.dumps(online.get('compare'))}")
 
 
-def step_serve_check(out: Path, store: ResultStore, facts: dict) -> None:
-    """The lab's burst against `vllm bench serve`'s, three rounds on one 8B server, the first client alternating."""
+def step_serve_check(out: Path, store: ResultStore, facts: dict, model: str = BIG) -> None:
+    """The lab's burst against `vllm bench serve`'s, three rounds on one server, the first client alternating."""
+    from lablib.loadgen import client_check
     from lablib.online import cross_check
     from lablib.synthetic import synthetic_spec
 
-    check = cross_check(synthetic_spec(BIG), repeat=4, times=3, out_dir=out / "serve-check", lab=LAB,
-                        gpu_memory_utilization=0.9, max_model_len=4096)
+    big = model == BIG
+    check = cross_check(synthetic_spec(BIG) if big else model, repeat=4, times=3, lab=LAB,
+                        out_dir=out / ("serve-check" if big else f"serve-check-{model}"),
+                        **(dict(gpu_memory_utilization=0.9, max_model_len=4096) if big else {}))
     for r in check.pop("results"):
-        store.append(recorded(r))
-    facts["serve_check"] = check
-    log(out, f"serve-check: lab / vllm bench serve output tok/s per round {check['output_tok_s_ratios']}")
+        store.append(recorded(dataclasses.replace(r, step=r.step if big else f"{model}-{r.step}")))
+        log(out, f"{r.step} ({model}): {client_check(r)['verdict']}")
+    facts["serve_check" if big else f"serve_check_{model}"] = check
+    log(out, f"serve-check ({model}): lab / vllm bench serve output tok/s per round {check['output_tok_s_ratios']}")
 
 
 STEPS = {"smoke": step_smoke, "startup": step_startup, "big": step_big, "big-lab": lambda o, s, f: step_big(o, s, f, bench_cli=False), "hf-big": step_hf_big, "sweep": step_sweep,
          "knobs": step_knobs, "knobs-budget": lambda o, s, f: step_knobs(o, s, f, KNOBS_BUDGET), "serve": step_serve,
-         "serve-wide": lambda o, s, f: step_serve(o, s, f, WIDE), "serve-check": step_serve_check}
+         "serve-wide": lambda o, s, f: step_serve(o, s, f, WIDE), "serve-check": step_serve_check,
+         "serve-check-embedded": lambda o, s, f: step_serve_check(o, s, f, "embedded")}
 
 
 def main() -> None:

@@ -308,3 +308,12 @@ def test_server_dies_with_the_process_that_started_it(tmp_path):
     if not _ends(pid, 5.0):
         os.kill(pid, signal.SIGKILL)
         pytest.fail("the server outlived the process that started it")
+
+
+def test_client_overhead_script_measures_the_lab_client(load_script, capsys):
+    """scripts/client_overhead.py: the lab's client reads every event a local server streams, and says what each cost."""
+    load_script("client_overhead").main(4, 10)
+    out = capsys.readouterr().out.splitlines()
+    lab = [line for line in out if line.startswith("lablib.loadgen (aiohttp")]
+    assert len(lab) == 2 and all("44 events" in line and "us CPU/event" in line for line in lab), out  # 4 x (10 + usage)
+    assert len([line for line in out if line.startswith("httpx reader:")]) == 2
