@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .loadgen import client_check
+from .loadgen import client_check, clumped_share
 from .results import Result, percentile
 from .workloads import Workload
 
@@ -115,6 +115,9 @@ def summary_of(bench: dict[str, Any]) -> dict[str, Any]:
     starts = bench.get("start_times") or []
     if starts:  # how long vLLM's client took to send everything (a burst is not sent in one instant)
         out["send_spread_s"] = max(starts) - min(starts)
+    itls = bench.get("itls")
+    if itls:  # how often vLLM's client read two token events at once (loadgen.clumped_share)
+        out["clumped"] = clumped_share([g for per_request in itls for g in per_request])
     return out
 
 
@@ -122,7 +125,8 @@ def compare_serve(result: Result, bench: dict[str, Any]) -> dict[str, Any]:
     """The lab's load test next to `vllm bench serve` on the same workload and rate: each figure and lab/vLLM.
 
     `client` is `loadgen.client_check` of the lab's run: whether the lab's client kept up with
-    the server's own token gaps, the first suspect when the two clients disagree.
+    the server, the first suspect when the two clients disagree; `clumped` puts the share of
+    token events each client read in clumps (a backlog) side by side.
     """
     s = result.summary
     sends = [r.first_token - r.start for r in result.requests if r.start is not None and r.first_token is not None]
@@ -137,10 +141,12 @@ def compare_serve(result: Result, bench: dict[str, Any]) -> dict[str, Any]:
     }
     rows = {k: {"lab": lab, "vllm_bench": v, "ratio": (lab / v) if lab and v else None} for k, (lab, v) in pairs.items()}
     lag = [r.start - r.arrival for r in result.requests if r.start is not None]
+    check = client_check(result)
     return {"rate": bench.get("rate"), "workload": bench.get("workload"), "figures": rows,
             "completed": {"lab": len(result.requests), "vllm_bench": bench.get("completed")},
             "send_spread_s": {"lab": max(lag) if lag else None, "vllm_bench": bench.get("send_spread_s")},
-            "client": client_check(result)}
+            "clumped": {"lab": check["clumped"], "vllm_bench": bench.get("clumped")},
+            "client": check}
 
 
 def _ms(x: float | None) -> float | None:

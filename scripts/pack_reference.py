@@ -47,6 +47,35 @@ def existing() -> tuple[list[dict], dict]:
     return results, facts
 
 
+def _bench(path: Path) -> dict:
+    """`vllm bench serve`'s detailed result as lablib keeps it (summary_of), plus the mean gap between its chunks."""
+    from lablib.vllm_bench import summary_of
+
+    detailed = json.loads(path.read_text())
+    gaps = [g for per_request in detailed.get("itls") or [] for g in per_request]
+    return {**summary_of(detailed), "mean_itl_ms": sum(gaps) / len(gaps) * 1e3 if gaps else None}
+
+
+def recompare(d: Path, facts: dict) -> None:
+    """Redo a run's lab / `vllm bench serve` comparisons with today's compare_serve, from the raw files it brought
+    back (the lab's Results and vLLM's detailed results), so every figure derived since the run is there too."""
+    from lablib.results import Result
+    from lablib.vllm_bench import compare_serve
+
+    if not (d / "reference.jsonl").exists():
+        return
+    runs = {r.step: r for r in (Result.from_dict(json.loads(x)) for x in (d / "reference.jsonl").read_text().splitlines())}
+    serve = facts.get("serve") or {}
+    found = sorted((d / "serve").glob("bench-serve-*rate-inf.json"))
+    if found and "serve-rate-inf" in runs and serve.get("compare"):
+        serve["compare"] = compare_serve(runs["serve-rate-inf"], _bench(found[0]))
+    for i, old in enumerate((facts.get("serve_check") or {}).get("rounds", [])):
+        found = sorted((d / "serve-check" / f"round{i}").glob("bench-serve-*rate-inf.json"))
+        if found and f"check{i}-rate-inf" in runs:
+            facts["serve_check"]["rounds"][i] = {**compare_serve(runs[f"check{i}-rate-inf"], _bench(found[0])),
+                                                 "lab_first": old.get("lab_first")}
+
+
 def nbval_summary(log: str) -> dict[str, str]:
     """Notebook → "N of M cells passed" (and which failed) from a `pytest --nbval -v` log."""
     cells: dict[str, dict[int, str]] = {}
@@ -64,7 +93,7 @@ def lab_runs(dirs: list[Path]) -> dict:
     """The labs' own live runs on the GPU: nbval outcome per notebook, every live Result's figures, the journey
     ratio and serving capacity of lab 03, and its cross-check against `vllm bench serve`."""
     from lablib.results import Result
-    from lablib.vllm_bench import compare_serve, summary_of
+    from lablib.vllm_bench import compare_serve
 
     nbval: dict[str, str] = {}
     runs: dict[tuple[str, str], Result] = {}
@@ -78,10 +107,7 @@ def lab_runs(dirs: list[Path]) -> dict:
                 if r.provenance == "live":
                     runs[(r.lab, r.step)] = r  # the later directory's run of a step replaces the earlier
         for f in sorted((d / "results" / "serve").glob("bench-serve-*rate-inf.json")):
-            detailed = json.loads(f.read_text())
-            bench = summary_of(detailed)
-            gaps = [g for per_request in detailed.get("itls") or [] for g in per_request]
-            bench["mean_itl_ms"] = sum(gaps) / len(gaps) * 1e3 if gaps else None
+            bench = _bench(f)
     by_step = {step: r for (_, step), r in runs.items()}
     date = min((r.recorded_at for r in runs.values()), default="")[:10]
     out = {"what": f"the labs executed under nbval on the {next(iter(runs.values())).hardware.get('gpu') if runs else 'GPU'} "
@@ -126,6 +152,7 @@ def main(dirs: list[Path], labs: list[Path] | None = None) -> None:
             facts.update(new)
         if (d / "bench_throughput.json").exists():
             facts["vllm_bench_throughput"] = json.loads((d / "bench_throughput.json").read_text())
+        recompare(d, facts)
     if any(r["step"].startswith("serve-rate-") for r in results[n_old:]):  # a new rate sweep replaces the old whole
         results = [r for i, r in enumerate(results) if i >= n_old or not r["step"].startswith("serve-rate-")]
     by_step = {r["step"]: r for r in results}  # a later recording of a step replaces an earlier one
@@ -157,6 +184,10 @@ def main(dirs: list[Path], labs: list[Path] | None = None) -> None:
     (OUT / "facts.json").write_text(json.dumps(facts, indent=1))
     write_readme(by_step, facts)
     print(json.dumps(head, indent=1))
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.1%}"
 
 
 def write_readme(by_step: dict, facts: dict) -> None:
@@ -196,7 +227,8 @@ def write_readme(by_step: dict, facts: dict) -> None:
     check_rows = "\n".join(
         f"| {i} | {'lab' if r.get('lab_first') else 'vllm bench serve'} | {r['figures']['output_tok_s']['lab']:,.0f} | "
         f"{r['figures']['output_tok_s']['vllm_bench']:,.0f} | {r['figures']['output_tok_s']['ratio']:.3f} | "
-        f"{r['figures']['ttft_p50_ms']['lab']:,.0f} | {r['figures']['ttft_p50_ms']['vllm_bench']:,.0f} |"
+        f"{r['figures']['ttft_p50_ms']['lab']:,.0f} | {r['figures']['ttft_p50_ms']['vllm_bench']:,.0f} | "
+        f"{_pct((r.get('clumped') or {}).get('lab'))} | {_pct((r.get('clumped') or {}).get('vllm_bench'))} |"
         for i, r in enumerate(rounds))
     vllm_tok = [r["figures"]["output_tok_s"]["vllm_bench"] for r in rounds]
     lab_tok = [r["figures"]["output_tok_s"]["lab"] for r in rounds]
@@ -205,8 +237,8 @@ def write_readme(by_step: dict, facts: dict) -> None:
     check_text = "" if not rounds else f"""
 ### Repeated cross-check: {len(rounds)} rounds on one server, the first client alternating
 
-| round | first | lab output tok/s | vLLM output tok/s | lab / vLLM | lab TTFT p50 ms | vLLM TTFT p50 ms |
-| --- | --- | --- | --- | --- | --- | --- |
+| round | first | lab output tok/s | vLLM output tok/s | lab / vLLM | lab TTFT p50 ms | vLLM TTFT p50 ms | token events read in clumps, lab | same, vLLM |
+| --- | --- | --- | --- | --- | --- | --- | --- | --- |
 {check_rows}
 
 Between its own rounds, vLLM's client moved by {(max(vllm_tok) / min(vllm_tok) - 1) * 100:.1f}% and the lab's by
@@ -214,11 +246,13 @@ Between its own rounds, vLLM's client moved by {(max(vllm_tok) / min(vllm_tok) -
 median TTFT, whichever it was. A single burst settles no gap of a few percent.
 """
     client = (serve.get("compare") or {}).get("client") or {}
-    client_text = (f"The lab's client ({client['library']}) read tokens at {client['lag']:.2f}x the server's own mean gap."
-                   if client.get("lag") else
-                   "These runs used the lab's first client, httpx, which costs 4-10x the CPU per token of aiohttp "
-                   "(`scripts/client_overhead.py`); the lab now uses aiohttp, as `vllm bench serve` does, and compares its "
-                   "token gaps with the server's own (`lablib.loadgen.client_check`), which these runs predate.")
+    clumped = (serve.get("compare") or {}).get("clumped") or {}
+    client_text = (f"The lab's client ({client['library']}): {client['verdict']}." if client.get("lag") else
+                   f"The lab's client then was httpx, which costs 4-10x the CPU per token of aiohttp "
+                   f"(`scripts/client_overhead.py`). It read {_pct(clumped.get('lab'))} of its token events in clumps, "
+                   f"two or more in one read, which a client does only when events waited for it; vLLM's client "
+                   f"{_pct(clumped.get('vllm_bench'))}. The lab now uses aiohttp, as `vllm bench serve` does, and compares "
+                   f"its request latency with the server's own (`lablib.loadgen.client_check`); these runs predate both.")
     served = sorted((v for k, v in by_step.items() if k.startswith("serve-rate-")), key=lambda v: v["config"]["rate"])
     finite = [v for v in served if v["config"]["rate"] != float("inf")]
     burst_tok = next((v["summary"]["output_tok_s"] for v in served if v["config"]["rate"] == float("inf")), None)
@@ -230,14 +264,17 @@ median TTFT, whichever it was. A single burst settles no gap of a few percent.
     lab_fig = (lab.get("serve_compare") or {}).get("figures", {}).get("output_tok_s") or {}
     itl = (lab.get("serve_compare") or {}).get("mean_itl_ms") or {}
     dur = (lab.get("serve_compare") or {}).get("duration_s") or {}
+    lab_clumped = (lab.get("serve_compare") or {}).get("clumped") or {}
     lab_text = "" if not lab_fig.get("ratio") or 0.9 < lab_fig["ratio"] < 1.1 else (
-        f"At {lab_fig['ratio']:.2f} this is outside lab 03's own check (0.9-1.1), the run's one failed cell. The lab's "
-        f"burst lasted {dur.get('lab') or 0:.2f} s, vLLM's {dur.get('vllm_bench') or 0:.2f} s. Between chunks the two clients "
-        f"saw about the same mean gap ({itl.get('lab') or 0:.1f} ms in the lab, {itl.get('vllm_bench') or 0:.1f} ms in "
-        f"vLLM's), so on average the lab did not read tokens late. The cause is not settled. The lab's burst was the "
-        f"server's first full batch, after a single warm-up request; vLLM's came after the whole rate sweep. The "
-        f"experiment now warms the server with the whole workload (8 tokens each) before it measures, and checks its "
-        f"client against the server's own token gaps; neither has run on the GPU yet.")
+        f"At {lab_fig['ratio']:.2f} this is outside lab 03's own check (0.9-1.1), the run's one failed cell. The evidence "
+        f"points at the lab's client of then (httpx): it read {_pct(lab_clumped.get('lab'))} of its token events in "
+        f"clumps, vLLM's client {_pct(lab_clumped.get('vllm_bench'))}, so it was reading a backlog, and its last tokens, "
+        f"which end the burst, came late: the lab's burst lasted {dur.get('lab') or 0:.2f} s, vLLM's "
+        f"{dur.get('vllm_bench') or 0:.2f} s. The mean gap between chunks still looked the same "
+        f"({itl.get('lab') or 0:.1f} ms in the lab, {itl.get('vllm_bench') or 0:.1f} ms in vLLM's): a backlogged client "
+        f"reads some tokens late and the next ones at once. Since then the lab's client is aiohttp, the server is warmed "
+        f"with the whole workload before the first measurement (the lab's burst here was the server's first full batch), "
+        f"and the lab checks its client against the server's own latencies; none of that has run on the GPU yet.")
     cold, warm = facts.get("cold_start", {}), facts.get("warm_start", {})
     big = facts.get("big_start", {})
     g = facts.get("greedy_agreement", {})
@@ -289,6 +326,8 @@ column is: it grows linearly with the budget.
 | --- | --- | --- | --- | --- | --- | --- |
 {knobs}
 
+{facts.get('scheduler_sweep_note', '').capitalize()}.
+
 ## Online serving (synthetic 8B, vLLM's OpenAI server, the journey 4 times over = 256 requests, prefix caching off)
 
 Rates are fractions of the capacity measured by the first test (every request at once, rate=inf):
@@ -313,7 +352,6 @@ same way as vLLM's. {client_text}
 {sweep_text}
 
 {check_text}
-{facts.get('scheduler_sweep_note', '').capitalize()}.
 
 ## The labs themselves on the H200 (nbval, live vLLM, embedded model)
 

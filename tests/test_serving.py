@@ -135,7 +135,7 @@ def test_client_check_sees_the_server_own_latencies(fake):
     assert 0 < client["busy"] < 0.5  # 6 slow streams: the client mostly waits
     check = client_check(r)
     assert check["kept_up"] is True and 1.0 <= check["lag"] < 1.06, check  # 2 requests at a time, 0.2 s each
-    assert check["verdict"].startswith("the client kept up")
+    assert check["verdict"].startswith("the client kept up") and check["clumped"] < 0.2
     r.engine_facts["server_latency"] = None  # a run without the server's view cannot be judged
     assert client_check(r)["kept_up"] is None and client_check(r)["verdict"].startswith("no server-side")
 
@@ -154,6 +154,12 @@ def test_client_check_catches_a_client_that_falls_behind(fake, monkeypatch):
     check = client_check(r)
     assert check["kept_up"] is False and check["lag"] > 1.5, check
     assert "FELL BEHIND" in check["verdict"] and check["client_e2e_ms"] > check["server_e2e_ms"]
+    assert check["clumped"] > 0.3  # events waited in the socket and came in together
+
+
+def test_clumped_share_counts_events_read_together():
+    assert loadgen.clumped_share([0.01, 0.0, 0.00005, 0.02]) == 0.5
+    assert loadgen.clumped_share([]) is None
 
 
 def test_window_means_of_histograms():
