@@ -132,9 +132,10 @@ async def load_test(base_url: str, api_key: str | None, model: str, prompts: Seq
 
     The client is aiohttp, as in `vllm bench serve`: one event loop on one thread reads every
     stream, at 11-14 us of CPU per event on a CI core (httpx, the first client here, took
-    50-170 us, more with more streams open: scripts/client_overhead.py). A `stats` dict gets the client's own load: `events` read, `cpu_s` the loop
-    thread's CPU time, `busy` = cpu_s / wall. Near 1 the client, not the server, sets the pace:
-    events wait in socket buffers and are stamped late, so TPOT rises and throughput falls.
+    50-170 us, more with more streams open: scripts/client_overhead.py). A `stats` dict gets
+    the client's own load: `events` read, `cpu_s` the loop thread's CPU time, `busy` =
+    cpu_s / wall. Near 1 the client, not the server, sets the pace: events wait in socket
+    buffers and are stamped late, so TPOT rises and throughput falls.
     """
     import aiohttp
 
@@ -207,8 +208,8 @@ def client_check(result: Result, max_lag: float = 1.1) -> dict[str, Any]:
     that falls behind reads it late (lag > `max_lag`), and its TTFT, TPOT and throughput
     then describe the client, not the server. The mean gap between tokens, as read and as
     stamped by the engine (`inter_token_latency_seconds`), is shown beside it; it is no test
-    on its own: a backlogged client reads tokens in clumps, which shortens some gaps;
-    `clumped` is the share of such gaps (see `clumped_share`), a sign that needs no server. `busy`
+    on its own: a backlogged client reads tokens in clumps, which shortens some gaps.
+    `clumped` is the share of such gaps (`clumped_share`), a sign that needs no server. `busy`
     is the client thread's CPU time over the test's wall time (in a notebook other threads
     share the GIL, so a client can fall behind well below busy = 1).
     """
@@ -225,20 +226,22 @@ def client_check(result: Result, max_lag: float = 1.1) -> dict[str, Any]:
     busy = client.get("busy")
     kept_up = None if lag is None else lag <= max_lag
     ms = lambda x: None if x is None else x * 1e3  # noqa: E731
+    parts = []
     if lag is None:
-        verdict = ("no server-side latencies to compare with: the server's /metrics was not read during this test "
-                   "(or the run predates this check)")
-        if clumped is not None:
-            verdict += f"; {clumped:.0%} of the gaps between tokens were read in clumps (a backlog in the client)"
+        parts.append("no server-side latencies to compare with: the server's /metrics was not read during this "
+                     "test (or the run predates this check)")
     else:
-        verdict = (("the client kept up" if kept_up else
-                    "the client FELL BEHIND (its latencies and throughput describe the client, not the server)")
-                   + f": mean request latency {client_e2e * 1e3:,.1f} ms as read, {server_e2e * 1e3:,.1f} ms as the server "
-                   f"timed it (lag {lag:.2f})" + (f"; the client's thread was busy {busy:.0%} of the test" if busy else "")
-                   + (f"; {clumped:.0%} of the gaps between tokens were read in clumps" if clumped is not None else ""))
-    return {"client_e2e_ms": ms(client_e2e), "server_e2e_ms": ms(server_e2e), "lag": lag, "client_itl_ms": ms(client_itl),
-            "server_itl_ms": ms(server_itl), "clumped": clumped, "busy": busy, "events": client.get("events"), "library": client.get("library"),
-            "kept_up": kept_up, "verdict": verdict}
+        parts.append(("the client kept up" if kept_up else "the client FELL BEHIND (its latencies and throughput "
+                      "describe the client, not the server)") + f": mean request latency {client_e2e * 1e3:,.1f} ms "
+                     f"as read, {server_e2e * 1e3:,.1f} ms as the server timed it (lag {lag:.2f})")
+        if busy:
+            parts.append(f"the client's thread was busy {busy:.0%} of the test")
+    if clumped is not None:
+        parts.append(f"{clumped:.0%} of the gaps between tokens were read in clumps (events that waited for the client)")
+    verdict = "; ".join(parts)
+    return {"client_e2e_ms": ms(client_e2e), "server_e2e_ms": ms(server_e2e), "lag": lag,
+            "client_itl_ms": ms(client_itl), "server_itl_ms": ms(server_itl), "clumped": clumped, "busy": busy,
+            "events": client.get("events"), "library": client.get("library"), "kept_up": kept_up, "verdict": verdict}
 
 
 def run_sync(coro: Coroutine[Any, Any, T]) -> T:
