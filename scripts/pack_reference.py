@@ -89,14 +89,20 @@ def nbval_summary(log: str) -> dict[str, str]:
     return out
 
 
-def lab_runs(dirs: list[Path]) -> dict:
+def lab_runs(dirs: list[Path], old: dict | None = None) -> dict:
     """The labs' own live runs on the GPU: nbval outcome per notebook, every live Result's figures, the journey
-    ratio and serving capacity of lab 03, and its cross-check against `vllm bench serve`."""
+    ratio and serving capacity of lab 03, and its cross-check against `vllm bench serve`.
+
+    Merged onto `old` (what data/reference/ holds) notebook by notebook: a notebook run again replaces its nbval
+    line and its rows (rows belong to the notebook whose results/NOTEBOOK.jsonl held them); the others stay, and so
+    do the derived figures a new run does not provide.
+    """
     from lablib.results import Result
     from lablib.vllm_bench import compare_serve
 
+    out = {k: v for k, v in (old or {}).items()}
     nbval: dict[str, str] = {}
-    runs: dict[tuple[str, str], Result] = {}
+    runs: dict[tuple[str, str], tuple[str, Result]] = {}
     bench = None
     for d in dirs:
         if (d / "nbval.log").exists():
@@ -105,36 +111,43 @@ def lab_runs(dirs: list[Path]) -> dict:
             for line in f.read_text().splitlines():
                 r = Result.from_dict(json.loads(line))
                 if r.provenance == "live":
-                    runs[(r.lab, r.step)] = r  # the later directory's run of a step replaces the earlier
+                    runs[(f.stem, r.step)] = (f.stem, r)  # the later directory's run of a step replaces the earlier
         for f in sorted((d / "results" / "serve").glob("bench-serve-*rate-inf.json")):
             bench = _bench(f)
-    by_step = {step: r for (_, step), r in runs.items()}
-    date = min((r.recorded_at for r in runs.values()), default="")[:10]
-    out = {"what": f"the labs executed under nbval on the {next(iter(runs.values())).hardware.get('gpu') if runs else 'GPU'} "
-                   f"with live vLLM (embedded model), {date}",
-           "nbval": nbval,
-           "rows": [{"lab": lab, "step": step, "requests": r.summary["requests"], "output_tok_s": r.summary["output_tok_s"],
-                     "ttft_p50_s": r.summary["ttft_s"]["p50"], "ttft_p99_s": r.summary["ttft_s"]["p99"],
-                     "tpot_p50_s": r.summary["tpot_s"]["p50"]} for (lab, step), r in runs.items()]}
+    notebooks = {nb for nb, _ in runs} | set(nbval)
+    rows = [r for r in out.get("rows", []) if r.get("notebook") not in notebooks]
+    rows += [{"notebook": nb, "lab": r.lab, "step": r.step, "requests": r.summary["requests"],
+              "output_tok_s": r.summary["output_tok_s"], "ttft_p50_s": r.summary["ttft_s"]["p50"],
+              "ttft_p99_s": r.summary["ttft_s"]["p99"], "tpot_p50_s": r.summary["tpot_s"]["p50"]}
+             for nb, r in runs.values()]
+    out["rows"] = rows
+    out["nbval"] = {**out.get("nbval", {}), **nbval}
+    if runs:
+        first = min((r for _, r in runs.values()), key=lambda r: r.recorded_at)
+        out["what"] = (f"the labs executed under nbval on the {first.hardware.get('gpu') or 'GPU'} with live vLLM "
+                       f"(embedded model), {first.recorded_at[:10]}")
+    by_step = {r.step: r for _, r in runs.values()}
     if "vllm-embedded-journey" in by_step and "hf-static-b64-embedded-journey" in by_step:
         out["embedded_journey_ratio_vllm_over_hf_static_b64"] = (
-            by_step["vllm-embedded-journey"].summary["output_tok_s"] / by_step["hf-static-b64-embedded-journey"].summary["output_tok_s"])
+            by_step["vllm-embedded-journey"].summary["output_tok_s"]
+            / by_step["hf-static-b64-embedded-journey"].summary["output_tok_s"])
     if "serve-rate-inf" in by_step:
-        out["serve_capacity_rps"] = by_step["serve-rate-inf"].summary["requests_s"]
+        burst = by_step["serve-rate-inf"]
+        out["serve_capacity_rps"] = burst.summary["requests_s"]
         if bench is not None:
-            out["serve_compare"] = compare_serve(by_step["serve-rate-inf"], bench)
-            recs = [q for q in by_step["serve-rate-inf"].requests if len(q.token_times or []) > 1]
+            out["serve_compare"] = compare_serve(burst, bench)
+            recs = [q for q in burst.requests if len(q.token_times or []) > 1]
             n = sum(len(q.token_times) - 1 for q in recs)  # the same mean as vLLM's: over every gap between chunks
             out["serve_compare"]["mean_itl_ms"] = {"lab": sum(q.last_token - q.first_token for q in recs) / n * 1e3,
                                                    "vllm_bench": bench["mean_itl_ms"]}
-            out["serve_compare"]["duration_s"] = {"lab": by_step["serve-rate-inf"].wall_s, "vllm_bench": bench.get("duration")}
+            out["serve_compare"]["duration_s"] = {"lab": burst.wall_s, "vllm_bench": bench.get("duration")}
     return out
 
 
 def main(dirs: list[Path], labs: list[Path] | None = None) -> None:
     results, facts = existing()
     if labs:
-        facts["lab_runs"] = lab_runs(labs)
+        facts["lab_runs"] = lab_runs(labs, facts.get("lab_runs"))
     n_old = len(results)
     for d in dirs:
         if (d / "reference.jsonl").exists():

@@ -160,7 +160,7 @@ def test_lab_runs_on_the_gpu_summarised(pack, facts):
     assert pack.nbval_summary(log) == {"03_x": "1 of 2 cells passed (failed: cell 1)", "02_y": "1 of 1 cells passed"}
 
 
-def test_lab_runs_packed_from_a_gpu_labs_folder(pack, runs, tmp_path):
+def test_lab_runs_packed_from_a_gpu_labs_folder(pack, facts, runs, tmp_path):
     import dataclasses
 
     (tmp_path / "results").mkdir(parents=True)
@@ -169,12 +169,17 @@ def test_lab_runs_packed_from_a_gpu_labs_folder(pack, runs, tmp_path):
             for s in ("vllm-8b-journey", "hf-static-b64-8b-journey")]
     recorded = dataclasses.replace(runs["vllm-8b-single"], lab="03_z")  # only live runs are the labs' own
     (tmp_path / "results" / "03_z.jsonl").write_text("".join(r.to_json() + "\n" for r in [*live, recorded]))
-    lab = pack.lab_runs([tmp_path])
-    assert lab["nbval"] == {"03_z": "2 of 2 cells passed"}
-    assert [r["step"] for r in lab["rows"]] == ["vllm-embedded-journey", "hf-static-b64-embedded-journey"]
+    old = facts["lab_runs"]
+    lab = pack.lab_runs([tmp_path], old)
+    assert lab["nbval"] == {**old["nbval"], "03_z": "2 of 2 cells passed"}  # a new notebook joins the others
+    new_rows = [r for r in lab["rows"] if r["notebook"] == "03_z"]
+    assert [r["step"] for r in new_rows] == ["vllm-embedded-journey", "hf-static-b64-embedded-journey"]
+    assert lab["rows"][:len(old["rows"])] == old["rows"]  # the other notebooks' rows are kept
     assert lab["embedded_journey_ratio_vllm_over_hf_static_b64"] == pytest.approx(
         live[0].summary["output_tok_s"] / live[1].summary["output_tok_s"])
-    assert "serve_compare" not in lab  # no load test in this folder
+    assert lab["serve_compare"] == old["serve_compare"]  # no load test in this folder: the old comparison stays
+    again = pack.lab_runs([tmp_path], lab)  # the same notebook packed again replaces its rows, never duplicates
+    assert again["rows"] == lab["rows"] and again["nbval"] == lab["nbval"]
 
 
 def test_scheduler_sweep_recorded_one_engine_per_setting(facts, runs):
