@@ -9,6 +9,10 @@ queue) while TPOT stays nearly flat: the queue, not the GPU, is what users feel.
 usage, running and waiting requests) against the load test's own clock, one line per rate.
 `LiveServerMetrics` draws the same gauges while the test runs (a FigureWidget fed by the
 scraper's thread); without anywidget it collects the samples and draws them at the end.
+
+`token_gaps` checks the instrument itself: the gaps between a stream's token events as the
+client read them. A client that keeps up reads them an engine step apart; a backlogged one
+reads several at once, and the gaps under 0.2 ms pile up at the left edge.
 """
 from __future__ import annotations
 
@@ -19,6 +23,7 @@ from typing import Any
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from .loadgen import CLUMP_S, clumped_share
 from .plots import synthetic_note
 from .prom import DEFAULT_GAUGES
 from .results import Result
@@ -159,3 +164,25 @@ class LiveServerMetrics:
     def display(self) -> Any:
         """The live widget (or, without anywidget, a note that the figure comes at the end)."""
         return self.widget if self.widget is not None else "live figure needs anywidget: the gauges are drawn after the run"
+
+
+def token_gaps(results: list[Result]) -> go.Figure:
+    """Histogram of the gaps between consecutive token events of each stream, as the client read them, one trace
+    per load test, log-scaled, with the 0.2 ms line under which events were read in clumps (a backlogged client)."""
+    if not results:
+        raise ValueError("token_gaps: no Results. Fix: pass load-test Results from lablib.loadgen.run_online.")
+    fig = go.Figure()
+    floor = CLUMP_S / 10  # gaps of 0 (events of one read) are drawn here, at the left edge of a log axis
+    for r in results:
+        gaps = [b - a for q in r.requests for a, b in zip(q.token_times or [], (q.token_times or [])[1:])]
+        if not gaps:
+            raise ValueError(f"token_gaps: {r.step!r} has no per-token times: pass streamed load-test Results.")
+        share = clumped_share(gaps)
+        fig.add_trace(go.Histogram(x=[math.log10(max(g, floor) * 1e3) for g in gaps], nbinsx=60, opacity=0.6,
+                                   name=f"{r.step}: {share:.0%} read in clumps"))
+    fig.add_vline(x=math.log10(CLUMP_S * 1e3), line_dash="dash", annotation_text="0.2 ms: read together")
+    fig.update_layout(barmode="overlay", title=f"Gaps between token events as the client read them ({_provenance(results)})"
+                      + synthetic_note(results), xaxis_title="gap between token events (ms, log scale; 0 drawn at 0.02)",
+                      yaxis_title="gaps", xaxis={"tickvals": list(range(-2, 4)),
+                                                 "ticktext": ["0.01", "0.1", "1", "10", "100", "1000"]})
+    return fig

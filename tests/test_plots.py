@@ -1,4 +1,6 @@
 """The figure builders, from Results made here (live and recorded) and from the simulators."""
+import math
+
 import pytest
 
 from lablib import plots
@@ -184,3 +186,20 @@ def test_figures_render_without_a_kernel_from_stored_results(tmp_path, live, rec
         page = fig.to_html(include_plotlyjs=False)
         assert "<div" in page
     assert "recorded on NVIDIA H200" in figs[0].to_html(include_plotlyjs=False)
+
+
+def test_token_gaps_shows_the_share_read_in_clumps():
+    from lablib.plots_serving import token_gaps
+
+    times = [0.1, 0.11, 0.11, 0.11, 0.12]  # two events of one read among four gaps
+    rec = RequestRecord(request_id="a", prompt_tokens=3, output_tokens=5, arrival=0.0, start=0.0, first_token=0.1,
+                        last_token=0.12, finished=0.12, token_times=times)
+    def result(step, requests):
+        return Result(lab="t", step=step, engine="vllm-server", config={"rate": float("inf")}, model={"name": "m"},
+                      workload={"name": "w"}, requests=requests, wall_s=0.2)
+
+    fig = token_gaps([result("serve-rate-inf", [rec])])
+    assert fig.data[0].name == "serve-rate-inf: 50% read in clumps" and len(fig.data[0].x) == 4
+    assert min(fig.data[0].x) == pytest.approx(math.log10(0.02))  # the zero gaps sit at the 0.02 ms floor, left of the line
+    with pytest.raises(ValueError, match="per-token times"):
+        token_gaps([result("x", [])])
