@@ -175,6 +175,34 @@ async def load_test(base_url: str, api_key: str | None, model: str, prompts: Seq
     return records, errors
 
 
+def client_ceiling(streams: int = 256, tokens: int = 120) -> dict[str, Any]:
+    """How many token events per second this machine's client can read at most: the load generator's own limit.
+
+    Starts `lablib.sse_stub` (a server that streams as fast as it can write) in its own process,
+    runs the lab's load test against it twice (the second, warm, counts) with `streams`
+    requests at once of `tokens` events each, and returns {"library", "streams", "events",
+    "cpu_us_per_event", "ceiling_events_s"}: one core's worth of events at that cost. A server
+    that streams faster than `ceiling_events_s` (vLLM with a small model, a burst of hundreds
+    of requests) is measured by a client that cannot keep up.
+    """
+    from . import sse_stub
+
+    for name, v in (("streams", streams), ("tokens", tokens)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"client_ceiling: {name}={v!r}: allowed integers >= 1.")
+    stats: dict[str, Any] = {}
+    with sse_stub.running() as base:
+        for _ in range(2):
+            stats.clear()
+            _, errors = run_sync(load_test(base, None, "stub", [[1, 2, 3]] * streams, [tokens] * streams, math.inf, 0,
+                                           stats=stats))
+            if errors:
+                raise RuntimeError(f"client_ceiling: {len(errors)} requests to the stub failed: {errors[0]}")
+    per_event = stats["cpu_s"] / stats["events"]
+    return {"library": stats["library"], "streams": streams, "events": stats["events"],
+            "cpu_us_per_event": per_event * 1e6, "ceiling_events_s": 1 / per_event}
+
+
 def _histograms(base_url: str, api_key: str | None) -> dict[str, float] | None:
     """The server's /metrics now (for the latency histograms' window means); None if it does not answer."""
     try:

@@ -316,10 +316,17 @@ def test_server_dies_with_the_process_that_started_it(tmp_path):
         pytest.fail("the server outlived the process that started it")
 
 
-def test_client_overhead_script_measures_the_lab_client(load_script, capsys):
-    """scripts/client_overhead.py: the lab's client reads every event a local server streams, and says what each cost."""
+def test_client_ceiling_reads_every_event_of_the_stub():
+    """The lab's client against lablib.sse_stub: every event read, what each cost, and the events/s that allows."""
+    c = loadgen.client_ceiling(16, 50)
+    assert c["events"] == 16 * (50 + 1) and c["library"].startswith("aiohttp")  # tokens and a usage chunk per stream
+    assert c["cpu_us_per_event"] > 0 and c["ceiling_events_s"] == pytest.approx(1e6 / c["cpu_us_per_event"])
+    with pytest.raises(ValueError, match="streams"):
+        loadgen.client_ceiling(0)
+
+
+def test_client_overhead_script_compares_the_two_clients(load_script, capsys):
     load_script("client_overhead").main(4, 10)
     out = capsys.readouterr().out.splitlines()
-    lab = [line for line in out if line.startswith("lablib.loadgen (aiohttp")]
-    assert len(lab) == 2 and all("44 events" in line and "us CPU/event" in line for line in lab), out  # 4 x (10 + usage)
-    assert len([line for line in out if line.startswith("httpx reader:")]) == 2
+    assert out[0].startswith("lablib.loadgen (aiohttp") and "44 events" in out[0], out  # 4 x (10 + usage)
+    assert out[1].startswith("httpx reader:")
