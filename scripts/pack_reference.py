@@ -203,6 +203,36 @@ def _pct(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.1%}"
 
 
+def _check_text(check: dict, what: str) -> str:
+    """The README section of one repeated cross-check (lablib.online.cross_check): a row per round, the spread."""
+    rounds = check.get("rounds", [])
+    if not rounds:
+        return ""
+    rows = "\n".join(
+        f"| {i} | {'lab' if r.get('lab_first') else 'vllm bench serve'} | {r['figures']['output_tok_s']['lab']:,.0f} | "
+        f"{r['figures']['output_tok_s']['vllm_bench']:,.0f} | {r['figures']['output_tok_s']['ratio']:.3f} | "
+        f"{r['figures']['ttft_p50_ms']['lab']:,.0f} | {r['figures']['ttft_p50_ms']['vllm_bench']:,.0f} | "
+        f"{_pct((r.get('clumped') or {}).get('lab'))} | {_pct((r.get('clumped') or {}).get('vllm_bench'))} | "
+        f"{(r.get('client') or {}).get('lag') or float('nan'):.2f} |"
+        for i, r in enumerate(rounds))
+    vllm_tok = [r["figures"]["output_tok_s"]["vllm_bench"] for r in rounds]
+    lab_tok = [r["figures"]["output_tok_s"]["lab"] for r in rounds]
+    first_slower = sum(1 for r in rounds if (r["figures"]["ttft_p50_ms"]["lab"] > r["figures"]["ttft_p50_ms"]["vllm_bench"])
+                       == bool(r.get("lab_first")))
+    return f"""
+### Repeated cross-check, {what}: {len(rounds)} rounds on one server, the first client alternating
+
+| round | first | lab output tok/s | vLLM output tok/s | lab / vLLM | lab TTFT p50 ms | vLLM TTFT p50 ms | token events read in clumps, lab | same, vLLM | lab client lag |
+| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |
+{rows}
+
+Between its own rounds, vLLM's client moved by {(max(vllm_tok) / min(vllm_tok) - 1) * 100:.1f}% and the lab's by
+{(max(lab_tok) / min(lab_tok) - 1) * 100:.1f}%; in {first_slower} of {len(rounds)} rounds the client that went first saw the higher
+median TTFT, whichever it was. A single burst settles no gap of a few percent. (Lab client lag: its mean request
+latency over the server's own, `lablib.loadgen.client_check`; nan where the run predates the check.)
+"""
+
+
 def write_readme(by_step: dict, facts: dict) -> None:
     h = facts["headline"]
     rows = "\n".join(
@@ -235,29 +265,8 @@ def write_readme(by_step: dict, facts: dict) -> None:
     lab_cmp = "\n".join(
         f"| {k} | {v['lab']:,.3f} | {v['vllm_bench']:,.3f} | {v['ratio']:.3f} |"
         for k, v in (lab.get("serve_compare") or {}).get("figures", {}).items() if v.get("ratio") is not None)
-    check = facts.get("serve_check") or {}
-    rounds = check.get("rounds", [])
-    check_rows = "\n".join(
-        f"| {i} | {'lab' if r.get('lab_first') else 'vllm bench serve'} | {r['figures']['output_tok_s']['lab']:,.0f} | "
-        f"{r['figures']['output_tok_s']['vllm_bench']:,.0f} | {r['figures']['output_tok_s']['ratio']:.3f} | "
-        f"{r['figures']['ttft_p50_ms']['lab']:,.0f} | {r['figures']['ttft_p50_ms']['vllm_bench']:,.0f} | "
-        f"{_pct((r.get('clumped') or {}).get('lab'))} | {_pct((r.get('clumped') or {}).get('vllm_bench'))} |"
-        for i, r in enumerate(rounds))
-    vllm_tok = [r["figures"]["output_tok_s"]["vllm_bench"] for r in rounds]
-    lab_tok = [r["figures"]["output_tok_s"]["lab"] for r in rounds]
-    first_slower = sum(1 for r in rounds if (r["figures"]["ttft_p50_ms"]["lab"] > r["figures"]["ttft_p50_ms"]["vllm_bench"])
-                       == bool(r.get("lab_first")))
-    check_text = "" if not rounds else f"""
-### Repeated cross-check: {len(rounds)} rounds on one server, the first client alternating
-
-| round | first | lab output tok/s | vLLM output tok/s | lab / vLLM | lab TTFT p50 ms | vLLM TTFT p50 ms | token events read in clumps, lab | same, vLLM |
-| --- | --- | --- | --- | --- | --- | --- | --- | --- |
-{check_rows}
-
-Between its own rounds, vLLM's client moved by {(max(vllm_tok) / min(vllm_tok) - 1) * 100:.1f}% and the lab's by
-{(max(lab_tok) / min(lab_tok) - 1) * 100:.1f}%; in {first_slower} of {len(rounds)} rounds the client that went first saw the higher
-median TTFT, whichever it was. A single burst settles no gap of a few percent.
-"""
+    check_text = "".join(_check_text(facts[key], what) for key, what in (
+        ("serve_check", "the synthetic 8B"), ("serve_check_embedded", "the embedded model")) if facts.get(key))
     client = (serve.get("compare") or {}).get("client") or {}
     clumped = (serve.get("compare") or {}).get("clumped") or {}
     client_text = (f"The lab's client ({client['library']}): {client['verdict']}." if client.get("lag") else

@@ -147,6 +147,13 @@ def test_serve_check_rounds_recorded(facts, runs):
     assert all(r["clumped"]["vllm_bench"] < 0.01 < 0.2 < r["clumped"]["lab"] for r in rounds)
 
 
+def test_cross_check_section_per_model(pack, facts):
+    text = pack._check_text(facts["serve_check"], "the embedded model")
+    assert "### Repeated cross-check, the embedded model: 3 rounds" in text
+    ratios = [f"| {r['figures']['output_tok_s']['ratio']:.3f} |" for r in facts["serve_check"]["rounds"]]
+    assert all(x in text for x in ratios) and pack._check_text({"rounds": []}, "x") == ""
+
+
 def test_lab_runs_on_the_gpu_summarised(pack, facts):
     lab = facts["lab_runs"]
     assert lab["nbval"]["02_kv_cache"] == "13 of 13 cells passed"
