@@ -214,6 +214,11 @@ def _histograms(base_url: str, api_key: str | None) -> dict[str, float] | None:
 CLUMP_S = 2e-4  # two token events read closer than this arrived in one read: the client was reading a backlog
 
 
+def read_gaps(result: Result) -> list[float]:
+    """Every gap between consecutive token events of each stream of a load test, as the client read them (s)."""
+    return [b - a for r in result.requests for a, b in zip(r.token_times or [], (r.token_times or [])[1:])]
+
+
 def clumped_share(gaps: Sequence[float]) -> float | None:
     """The share of gaps between a stream's token events under CLUMP_S (0.2 ms).
 
@@ -246,7 +251,7 @@ def client_check(result: Result, max_lag: float = 1.1) -> dict[str, Any]:
     gapped = [r for r in recs if r.token_times and len(r.token_times) > 1]
     n = sum(len(r.token_times) - 1 for r in gapped)
     client_itl = sum(r.last_token - r.first_token for r in gapped) / n if n else None
-    clumped = clumped_share([b - a for r in gapped for a, b in zip(r.token_times, r.token_times[1:])])
+    clumped = clumped_share(read_gaps(result))
     server = (result.engine_facts or {}).get("server_latency") or {}
     server_e2e, server_itl = server.get("e2e_s"), server.get("itl_s")
     lag = client_e2e / server_e2e if client_e2e and server_e2e else None

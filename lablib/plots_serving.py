@@ -23,7 +23,7 @@ from typing import Any
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from .loadgen import CLUMP_S, clumped_share
+from .loadgen import CLUMP_S, clumped_share, read_gaps
 from .plots import synthetic_note
 from .prom import DEFAULT_GAUGES
 from .results import Result
@@ -174,7 +174,7 @@ def token_gaps(results: list[Result]) -> go.Figure:
     fig = go.Figure()
     floor = CLUMP_S / 10  # gaps of 0 (events of one read) are drawn here, at the left edge of a log axis
     for r in results:
-        gaps = [b - a for q in r.requests for a, b in zip(q.token_times or [], (q.token_times or [])[1:])]
+        gaps = read_gaps(r)
         if not gaps:
             raise ValueError(f"token_gaps: {r.step!r} has no per-token times: pass streamed load-test Results.")
         share = clumped_share(gaps)

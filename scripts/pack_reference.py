@@ -136,9 +136,8 @@ def lab_runs(dirs: list[Path], old: dict | None = None) -> dict:
         out["serve_capacity_rps"] = burst.summary["requests_s"]
         if bench is not None:
             out["serve_compare"] = compare_serve(burst, bench)
-            recs = [q for q in burst.requests if len(q.token_times or []) > 1]
-            n = sum(len(q.token_times) - 1 for q in recs)  # the same mean as vLLM's: over every gap between chunks
-            out["serve_compare"]["mean_itl_ms"] = {"lab": sum(q.last_token - q.first_token for q in recs) / n * 1e3,
+            # the same mean as vLLM's: over every gap between chunks
+            out["serve_compare"]["mean_itl_ms"] = {"lab": out["serve_compare"]["client"]["client_itl_ms"],
                                                    "vllm_bench": bench["mean_itl_ms"]}
             out["serve_compare"]["duration_s"] = {"lab": burst.wall_s, "vllm_bench": bench.get("duration")}
     return out
