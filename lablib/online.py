@@ -155,9 +155,10 @@ def cross_check(model: str | ModelSpec = "embedded", workload: str = "journey", 
     """The lab's burst and `vllm bench serve`'s on one server, `times` rounds, the first client alternating.
 
     Returns {"rounds": [compare_serve dicts, with "lab_first"], "results", "output_tok_s_ratios",
-    "server"}: the ratios' spread is the run-to-run noise any single comparison carries.
+    "agreement", "server"}: the ratios' spread is the run-to-run noise any single comparison
+    carries, and `agreement` (`vllm_bench.agreement`) weighs the mean gap against it.
     """
-    from .vllm_bench import bench_serve, compare_serve
+    from .vllm_bench import agreement, bench_serve, compare_serve
 
     if isinstance(times, bool) or not isinstance(times, int) or times < 1:
         raise ValueError(f"times={times!r}: allowed integers >= 1 (rounds of lab + vllm bench serve).")
@@ -182,4 +183,5 @@ def cross_check(model: str | ModelSpec = "embedded", workload: str = "journey", 
             out["results"].append(result)
             out["rounds"].append({**compare_serve(result, bench), "lab_first": i % 2 == 0})
     out["output_tok_s_ratios"] = [r["figures"]["output_tok_s"]["ratio"] for r in out["rounds"]]
+    out["agreement"] = agreement(out["rounds"])
     return out

@@ -26,9 +26,12 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 DEFAULT_GAUGES = ("vllm:kv_cache_usage_perc", "vllm:num_requests_running", "vllm:num_requests_waiting")
-# The server's own latency histograms (engine-core time stamps): what a client's figures should match.
+# The server's own latency histograms: what a client's figures should match. The first three are the engine's
+# (from a request's arrival at the engine); http_s is the API server's whole request, from the HTTP request reaching
+# the app to its last chunk handed to the socket (prometheus-fastapi-instrumentator, summed over handlers; /metrics is
+# not counted), so it also holds the API server's own work: tokenizing, queueing for the engine, streaming out.
 SERVER_LATENCIES = {"ttft_s": "vllm:time_to_first_token_seconds", "itl_s": "vllm:inter_token_latency_seconds",
-                    "e2e_s": "vllm:e2e_request_latency_seconds"}
+                    "e2e_s": "vllm:e2e_request_latency_seconds", "http_s": "http_request_duration_seconds"}
 
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})?\s+(\S+)(\s+-?\d+)?\s*$")
 _LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"')

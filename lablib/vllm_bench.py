@@ -28,6 +28,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
 from .loadgen import client_check, clumped_share
@@ -147,6 +148,32 @@ def compare_serve(result: Result, bench: dict[str, Any]) -> dict[str, Any]:
             "send_spread_s": {"lab": max(lag) if lag else None, "vllm_bench": bench.get("send_spread_s")},
             "clumped": {"lab": check["clumped"], "vllm_bench": bench.get("clumped")},
             "client": check}
+
+
+def agreement(rounds: Sequence[dict[str, Any]], floor: float = 0.03, figure: str = "output_tok_s") -> dict[str, Any]:
+    """Do the lab's client and `vllm bench serve` agree, given how far each scatters on its own?
+
+    `rounds` are `compare_serve` dicts from one server (`online.cross_check`). A burst's
+    throughput is set by when its last requests end, so one burst against another carries the
+    run-to-run noise of both: on the H200, vLLM's own client moved 2% between rounds on the
+    synthetic 8B and 24% on the embedded model, whose bursts last 2 s. The two agree when the
+    ratio of their mean figures is within the larger of `floor` and either client's own spread
+    ((max - min) / mean over its rounds) of 1.
+    """
+    lab = [r["figures"][figure]["lab"] for r in rounds]
+    ref = [r["figures"][figure]["vllm_bench"] for r in rounds]
+    if not rounds or not all(lab) or not all(ref):
+        raise ValueError(f"agreement: every round needs figures[{figure!r}] from both clients; "
+                         "pass online.cross_check(...)['rounds'].")
+    mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
+    spread = lambda xs: (max(xs) - min(xs)) / mean(xs)  # noqa: E731
+    ratio, tolerance = mean(lab) / mean(ref), max(floor, spread(lab), spread(ref))
+    agree = abs(ratio - 1) <= tolerance
+    verdict = (f"lab / vllm bench serve {figure} over {len(rounds)} round(s): {ratio:.3f} (lab mean {mean(lab):,.0f}, "
+               f"vLLM {mean(ref):,.0f}); each client's own spread: lab {spread(lab):.1%}, vLLM {spread(ref):.1%}; "
+               + ("they agree within the noise" if agree else f"a gap beyond the noise (tolerance {tolerance:.1%})"))
+    return {"ratio": ratio, "lab_mean": mean(lab), "vllm_mean": mean(ref), "lab_spread": spread(lab),
+            "vllm_spread": spread(ref), "tolerance": tolerance, "agree": agree, "verdict": verdict}
 
 
 def _ms(x: float | None) -> float | None:

@@ -60,7 +60,7 @@ def recompare(d: Path, facts: dict) -> None:
     """Redo a run's lab / `vllm bench serve` comparisons with today's compare_serve, from the raw files it brought
     back (the lab's Results and vLLM's detailed results), so every figure derived since the run is there too."""
     from lablib.results import Result
-    from lablib.vllm_bench import compare_serve
+    from lablib.vllm_bench import agreement, compare_serve
 
     if not (d / "reference.jsonl").exists():
         return
@@ -69,11 +69,16 @@ def recompare(d: Path, facts: dict) -> None:
     found = sorted((d / "serve").glob("bench-serve-*rate-inf.json"))
     if found and "serve-rate-inf" in runs and serve.get("compare"):
         serve["compare"] = compare_serve(runs["serve-rate-inf"], _bench(found[0]))
-    for i, old in enumerate((facts.get("serve_check") or {}).get("rounds", [])):
-        found = sorted((d / "serve-check" / f"round{i}").glob("bench-serve-*rate-inf.json"))
-        if found and f"check{i}-rate-inf" in runs:
-            facts["serve_check"]["rounds"][i] = {**compare_serve(runs[f"check{i}-rate-inf"], _bench(found[0])),
-                                                 "lab_first": old.get("lab_first")}
+    for key, sub, prefix in (("serve_check", "serve-check", ""), ("serve_check_embedded", "serve-check-embedded",
+                                                                  "embedded-")):
+        check = facts.get(key) or {}
+        for i, old in enumerate(check.get("rounds", [])):
+            found = sorted((d / sub / f"round{i}").glob("bench-serve-*rate-inf.json"))
+            if found and f"{prefix}check{i}-rate-inf" in runs:
+                check["rounds"][i] = {**compare_serve(runs[f"{prefix}check{i}-rate-inf"], _bench(found[0])),
+                                      "lab_first": old.get("lab_first")}
+        if check.get("rounds"):
+            check["agreement"] = agreement(check["rounds"])
 
 
 def nbval_summary(log: str) -> dict[str, str]:
@@ -225,6 +230,7 @@ def _check_text(check: dict, what: str) -> str:
 | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |
 {rows}
 
+{(check.get("agreement") or {}).get("verdict", "")}.
 Between its own rounds, vLLM's client moved by {(max(vllm_tok) / min(vllm_tok) - 1) * 100:.1f}% and the lab's by
 {(max(lab_tok) / min(lab_tok) - 1) * 100:.1f}%; in {first_slower} of {len(rounds)} rounds the client that went first saw the higher
 median TTFT, whichever it was. A single burst settles no gap of a few percent. (Lab client lag: its mean request

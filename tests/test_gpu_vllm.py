@@ -52,14 +52,29 @@ def test_greedy_tokens_agree_with_hf_in_the_same_dtype(vllm_run):
 
 
 def test_lab_client_keeps_up_with_the_real_server(tmp_path):
-    """The lab's load generator and `vllm bench serve` on vLLM's OpenAI server, the embedded model (the fastest
-    token stream, where the lab's former httpx client read 73% of its token events in clumps and came out 0.80)."""
+    """The lab's load generator and `vllm bench serve` on vLLM's OpenAI server, the embedded model: the fastest
+    token stream (where the lab's former httpx client read 73% of its token events in clumps), and the noisiest
+    bursts (2 s each; vLLM's own client moved 24% between three rounds on the H200), so the clients are compared
+    through their means against that scatter (`vllm_bench.agreement`)."""
     from lablib.loadgen import client_check
     from lablib.online import cross_check
 
-    check = cross_check("embedded", repeat=4, times=2, out_dir=tmp_path)
+    check = cross_check("embedded", repeat=4, times=3, out_dir=tmp_path)
     for result, rnd in zip(check["results"], check["rounds"]):
         verdict = client_check(result)
+        assert verdict["server_http_ms"] is not None, result.engine_facts["server_latency"]  # vLLM's HTTP histogram
         assert verdict["kept_up"] is True, verdict["verdict"]
-        assert rnd["clumped"]["lab"] < 0.1, rnd["clumped"]  # events rarely waited for the lab's client
-        assert 0.9 < rnd["figures"]["output_tok_s"]["ratio"] < 1.1, rnd["figures"]
+        assert rnd["clumped"]["lab"] < 0.05, rnd["clumped"]  # events rarely waited for the lab's client
+    assert check["agreement"]["agree"], check["agreement"]["verdict"]
+
+
+def test_lab_and_vllm_bench_serve_agree_on_the_8b(tmp_path):
+    """On the synthetic 8B (bursts of about 5 s, each client steady within 2-5%), round by round within 5%."""
+    from lablib.online import cross_check
+    from lablib.synthetic import synthetic_spec
+
+    check = cross_check(synthetic_spec("llama-3.1-8b"), repeat=4, times=2, out_dir=tmp_path,
+                        gpu_memory_utilization=0.9, max_model_len=4096)
+    assert all(r["client"]["kept_up"] for r in check["rounds"]), [r["client"]["verdict"] for r in check["rounds"]]
+    assert all(0.95 < x < 1.05 for x in check["output_tok_s_ratios"]), check["output_tok_s_ratios"]
+    assert check["agreement"]["agree"], check["agreement"]["verdict"]

@@ -12,7 +12,8 @@ from lablib import load_workload, plots_serving
 from lablib.models import ModelSpec, embedded_path
 from lablib.online import check_fractions, rate_sweep, server_config
 from lablib.results import RequestRecord, Result, ResultStore
-from lablib.vllm_bench import bench_serve, bench_serve_command, compare_serve, summary_of, write_custom_dataset
+from lablib.vllm_bench import (agreement, bench_serve, bench_serve_command, compare_serve, summary_of,
+                               write_custom_dataset)
 
 FAKE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fake_vllm")
 
@@ -140,6 +141,21 @@ def test_compare_serve_divides_lab_by_vllm():
     assert summary_of({"a": 1, "itls": [[1, 0.0001]], "errors": ["", "boom"]}) == {"a": 1, "errors": ["boom"], "clumped": 0.5}
 
 
+def test_agreement_weighs_the_gap_against_each_client_own_scatter():
+    def rounds(lab, ref):
+        return [{"figures": {"output_tok_s": {"lab": a, "vllm_bench": b}}} for a, b in zip(lab, ref)]
+
+    # the embedded model on the H200: single rounds from 0.82 to 1.12, vLLM's own client moving 24%
+    noisy = agreement(rounds([14702, 17321, 16973], [13847, 17616, 15121]))
+    assert noisy["agree"] and noisy["ratio"] == pytest.approx(1.052, abs=1e-3) and noisy["vllm_spread"] > 0.2
+    steady = agreement(rounds([6505, 6630], [6514, 6495]))  # the 8B: within the 3% floor
+    assert steady["agree"] and steady["tolerance"] == 0.03 and "agree within the noise" in steady["verdict"]
+    off = agreement(rounds([5000, 5100], [6514, 6495]))  # 22% apart, each client steady: a real gap
+    assert not off["agree"] and "beyond the noise" in off["verdict"]
+    with pytest.raises(ValueError, match="cross_check"):
+        agreement([])
+
+
 def test_server_config_and_fractions():
     cfg = server_config("embedded")
     assert cfg.tokenizer is None and cfg.enable_prefix_caching is False and cfg.port == 0 and cfg.name == "embedded"
@@ -205,6 +221,8 @@ def test_cross_check_alternates_the_clients_on_one_server(fake_vllm_cli, tmp_pat
     assert [r.step for r in out["results"]] == ["check0-rate-inf", "check1-rate-inf"]
     assert [r["lab_first"] for r in out["rounds"]] == [True, False]
     assert len(out["output_tok_s_ratios"]) == 2 and all(0.5 < x < 2.0 for x in out["output_tok_s_ratios"])
+    assert out["agreement"]["ratio"] == pytest.approx(sum(r["figures"]["output_tok_s"]["lab"] for r in out["rounds"]) /
+                                                      sum(r["figures"]["output_tok_s"]["vllm_bench"] for r in out["rounds"]))
     assert all((tmp_path / f"round{i}" / "bench-serve-journey-rate-inf.json").exists() for i in range(2))
     assert (tmp_path / "server.log").read_text().count("fake api_server") == 1
     with pytest.raises(ValueError, match="times"):

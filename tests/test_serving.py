@@ -130,6 +130,7 @@ def test_client_check_sees_the_server_own_latencies(fake):
     server = r.engine_facts["server_latency"]
     assert server["itl_s_count"] == 6 * 19  # tokens after the first, of this test's requests only
     assert server["ttft_s_count"] == 6 and server["e2e_s_count"] == 6 and server["itl_s"] == pytest.approx(TOKEN_DELAY, rel=0.5)
+    assert server["http_s_count"] == 6 and server["http_s"] >= server["e2e_s"]  # the API server's time holds the engine's
     client = r.engine_facts["client"]
     assert client["library"].startswith("aiohttp") and client["events"] == 6 * (20 + 1)  # tokens and a usage chunk
     assert 0 < client["busy"] < 0.5  # 6 slow streams: the client mostly waits
@@ -138,6 +139,24 @@ def test_client_check_sees_the_server_own_latencies(fake):
     assert check["verdict"].startswith("the client kept up") and check["clumped"] < 0.2
     r.engine_facts["server_latency"] = None  # a run without the server's view cannot be judged
     assert client_check(r)["kept_up"] is None and client_check(r)["verdict"].startswith("no server-side")
+
+
+def test_client_check_weighs_the_client_against_the_api_server_not_the_engine():
+    """Time the API server spends before the engine (tokenizing, in vLLM) is in every client's latency: not lag."""
+    srv = _fake_api_server().make_server(HOST, 0, KEY, max_num_seqs=8, delay=TOKEN_DELAY, frontend_delay=0.1)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        (r,) = run_online(srv.url, KEY, "fake", _workload(), [math.inf], seed=1, warmup_requests=0, max_tokens=5)
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    check = client_check(r)
+    assert check["kept_up"] is True and 1.0 <= check["lag"] < 1.1, check  # against the API server's 0.15 s
+    assert check["server_e2e_ms"] < 100 and check["api_share"] > 0.5  # 0.1 s of each 0.15 s was the API server's
+    assert "the API server's own" in check["verdict"]
+    del r.engine_facts["server_latency"]["http_s"]  # a server without the HTTP histogram: the engine's time only
+    engine_only = client_check(r)
+    assert engine_only["lag"] > 2 and engine_only["kept_up"] is False and "no HTTP histogram in this run" in engine_only["verdict"]
 
 
 def test_client_check_catches_a_client_that_falls_behind(fake, monkeypatch):

@@ -2,12 +2,15 @@
 
 Speaks the slice of the OpenAI API that lablib's serving code uses: `GET /health`,
 `GET /metrics` (running / waiting / KV-cache gauges; TTFT, inter-token and end-to-end histograms' `_sum`
-and `_count`, timed where the server writes each token, as vLLM's engine core stamps them), and streaming `POST /v1/completions`
+and `_count`, timed where the server writes each token, as vLLM's engine core stamps them, and the HTTP
+request duration, from the request's start to its last chunk, as prometheus-fastapi-instrumentator times it in
+vLLM's API server), and streaming `POST /v1/completions`
 that checks the bearer key and the body lablib sends (stream, ignore_eos, a usage chunk
 asked for), streams one SSE chunk per token, then a usage chunk and `[DONE]`. It has room
 for `--max-num-seqs` sequences (default 8); later requests wait for a slot, so TTFT grows
 with the offered load as on a real server. Each token takes FAKE_VLLM_TOKEN_DELAY seconds
-(default 0.001).
+(default 0.001). FAKE_VLLM_FRONTEND_DELAY seconds (default 0) pass before a request reaches the "engine"
+(as tokenizing does in vLLM's API server): in the HTTP duration, not in the engine's histograms.
 
 `make_server(...)` builds the same server for a test to run in a thread (stdlib only, so
 it loads without the fake `vllm` package); its `received` list holds the
@@ -26,14 +29,15 @@ class FakeServer(ThreadingHTTPServer):
     daemon_threads = True
     request_queue_size = 1024  # a burst of hundreds of connections, as uvicorn's backlog takes them
 
-    def __init__(self, host: str, port: int, api_key: str | None, max_num_seqs: int, delay: float):
+    def __init__(self, host: str, port: int, api_key: str | None, max_num_seqs: int, delay: float,
+                 frontend_delay: float = 0.0):
         super().__init__((host, port), _Handler)
-        self.api_key, self.max_num_seqs, self.delay = api_key, max_num_seqs, delay
+        self.api_key, self.max_num_seqs, self.delay, self.frontend_delay = api_key, max_num_seqs, delay, frontend_delay
         self.slots = threading.Semaphore(max_num_seqs)
         self.lock = threading.Lock()
         self.running = self.waiting = 0
-        self.ttft_sum = self.itl_sum = self.e2e_sum = 0.0
-        self.ttft_count = self.itl_count = self.e2e_count = 0
+        self.ttft_sum = self.itl_sum = self.e2e_sum = self.http_sum = 0.0
+        self.ttft_count = self.itl_count = self.e2e_count = self.http_count = 0
         self.received: list[float] = []
 
     @property
@@ -73,7 +77,10 @@ class _Handler(BaseHTTPRequestHandler):
                         f"vllm:inter_token_latency_seconds_sum {srv.itl_sum}\n"
                         f"vllm:inter_token_latency_seconds_count {srv.itl_count}.0\n"
                         f"vllm:e2e_request_latency_seconds_sum {srv.e2e_sum}\n"
-                        f"vllm:e2e_request_latency_seconds_count {srv.e2e_count}.0\n")
+                        f"vllm:e2e_request_latency_seconds_count {srv.e2e_count}.0\n"
+                        f'http_request_duration_seconds_sum{{handler="/v1/completions",method="POST"}} {srv.http_sum}\n'
+                        f'http_request_duration_seconds_count{{handler="/v1/completions",method="POST"}} '
+                        f"{srv.http_count}.0\n")
             page = hist + (f'# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{{engine="0"}} {r}.0\n'
                     f'vllm:num_requests_waiting{{engine="0"}} {w}.0\n'
                     f'vllm:kv_cache_usage_perc{{engine="0"}} {r / srv.max_num_seqs}\n')
@@ -87,11 +94,13 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_POST(self):
         srv = self.server
+        began = time.perf_counter()
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         if srv.api_key and self.headers.get("Authorization") != f"Bearer {srv.api_key}":
             return self._send(401, json.dumps({"error": "Unauthorized"}))
         if not (body.get("stream") and body.get("ignore_eos") and body.get("stream_options") == {"include_usage": True}):
             return self._send(400, json.dumps({"error": f"expected a streaming, ignore_eos request with usage: {body}"}))
+        time.sleep(srv.frontend_delay)
         arrived = time.perf_counter()
         with srv.lock:
             srv.received.append(arrived)
@@ -122,8 +131,10 @@ class _Handler(BaseHTTPRequestHandler):
                      "completion_tokens": n}
             self._chunk(f"data: {json.dumps({'choices': [], 'usage': usage})}\n\ndata: [DONE]\n\n")
             self.wfile.write(b"0\r\n\r\n")
+            end = time.perf_counter()
             with srv.lock:  # from arrival to the end of the stream, as vLLM's e2e_request_latency_seconds
-                srv.e2e_sum, srv.e2e_count = srv.e2e_sum + time.perf_counter() - arrived, srv.e2e_count + 1
+                srv.e2e_sum, srv.e2e_count = srv.e2e_sum + end - arrived, srv.e2e_count + 1
+                srv.http_sum, srv.http_count = srv.http_sum + end - began, srv.http_count + 1
         finally:
             with srv.lock:
                 srv.running -= 1
@@ -131,11 +142,13 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 def make_server(host: str = "127.0.0.1", port: int = 0, api_key: str | None = None, max_num_seqs: int = 8,
-                delay: float | None = None) -> FakeServer:
+                delay: float | None = None, frontend_delay: float | None = None) -> FakeServer:
     """The fake server, bound and not yet serving (call `serve_forever`, e.g. in a thread)."""
     if delay is None:
         delay = float(os.environ.get("FAKE_VLLM_TOKEN_DELAY", "0.001"))
-    return FakeServer(host, port, api_key, max_num_seqs, delay)
+    if frontend_delay is None:
+        frontend_delay = float(os.environ.get("FAKE_VLLM_FRONTEND_DELAY", "0"))
+    return FakeServer(host, port, api_key, max_num_seqs, delay, frontend_delay)
 
 
 def main() -> None:
