@@ -12,7 +12,8 @@ prints the client thread's CPU per event and the events/s one core could read at
 Measured on this project's 2-core CI machine (2026-11-29), 120 tokens per stream: lablib
 (aiohttp) 11-16 us/event at 64 or 256 streams; the httpx reader 47-52 us at 64 streams and
 98-170 us at 256 (its cost grows with the streams open), i.e. one core reads at most ~6-10k
-events/s through it, less than vLLM streams to 256 clients of a small model.
+events/s through it, less than vLLM streams to 256 clients of a small model. On the H200 machine's host CPU
+(2026-11-29, 256 streams): lablib 8.1 us/event (123k events/s a core), the httpx reader 51.7 us (19k events/s).
 """
 from __future__ import annotations
 

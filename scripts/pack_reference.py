@@ -231,8 +231,8 @@ def _check_text(check: dict, what: str) -> str:
 {rows}
 
 {(check.get("agreement") or {}).get("verdict", "")}.
-Between its own rounds, vLLM's client moved by {(max(vllm_tok) / min(vllm_tok) - 1) * 100:.1f}% and the lab's by
-{(max(lab_tok) / min(lab_tok) - 1) * 100:.1f}%; in {first_slower} of {len(rounds)} rounds the client that went first saw the higher
+Between its own rounds, vLLM's client moved by {(max(vllm_tok) - min(vllm_tok)) / (sum(vllm_tok) / len(vllm_tok)) * 100:.1f}%
+and the lab's by {(max(lab_tok) - min(lab_tok)) / (sum(lab_tok) / len(lab_tok)) * 100:.1f}% ((max - min) / mean); in {first_slower} of {len(rounds)} rounds the client that went first saw the higher
 median TTFT, whichever it was. A single burst settles no gap of a few percent. (Lab client lag: its mean request
 latency over the server's own, `lablib.loadgen.client_check`; nan where the run predates the check.)
 """
