@@ -27,8 +27,8 @@ import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from .loadgen import client_check, clumped_share

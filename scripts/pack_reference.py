@@ -219,8 +219,6 @@ def _check_text(check: dict, what: str) -> str:
         f"{_pct((r.get('clumped') or {}).get('lab'))} | {_pct((r.get('clumped') or {}).get('vllm_bench'))} | "
         f"{(r.get('client') or {}).get('lag') or float('nan'):.2f} |"
         for i, r in enumerate(rounds))
-    vllm_tok = [r["figures"]["output_tok_s"]["vllm_bench"] for r in rounds]
-    lab_tok = [r["figures"]["output_tok_s"]["lab"] for r in rounds]
     first_slower = sum(1 for r in rounds if (r["figures"]["ttft_p50_ms"]["lab"] > r["figures"]["ttft_p50_ms"]["vllm_bench"])
                        == bool(r.get("lab_first")))
     return f"""
@@ -230,11 +228,11 @@ def _check_text(check: dict, what: str) -> str:
 | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |
 {rows}
 
-{(check.get("agreement") or {}).get("verdict", "")}.
-Between its own rounds, vLLM's client moved by {(max(vllm_tok) - min(vllm_tok)) / (sum(vllm_tok) / len(vllm_tok)) * 100:.1f}%
-and the lab's by {(max(lab_tok) - min(lab_tok)) / (sum(lab_tok) / len(lab_tok)) * 100:.1f}% ((max - min) / mean); in {first_slower} of {len(rounds)} rounds the client that went first saw the higher
+{(check.get("agreement") or {}).get("verdict", "")} (spread: (max - min) / mean over its rounds,
+`lablib.vllm_bench.agreement`). In {first_slower} of {len(rounds)} rounds the client that went first saw the higher
 median TTFT, whichever it was. A single burst settles no gap of a few percent. (Lab client lag: its mean request
-latency over the server's own, `lablib.loadgen.client_check`; nan where the run predates the check.)
+latency over the API server's, or the engine's in runs that predate reading the HTTP histogram,
+`lablib.loadgen.client_check`; nan where the run predates the check.)
 """
 
 
