@@ -40,14 +40,19 @@ T = TypeVar("T")
 Prompt = str | list[int]
 
 
+def check_rate(rate: float, where: str) -> float:
+    """An offered request rate, checked: requests per second > 0, or float('inf') for every request at once."""
+    if isinstance(rate, bool) or not isinstance(rate, (int, float)) or math.isnan(rate) or rate <= 0:
+        raise ValueError(f"{where}: rate={rate!r}: allowed requests per second > 0, or float('inf') "
+                         "to send every request at once.")
+    return rate
+
+
 def arrival_times(n: int, rate: float, seed: int) -> list[float]:
     """Scheduled send offsets (seconds) of n requests: the first at 0, then exponential gaps of mean 1/rate."""
     if isinstance(n, bool) or not isinstance(n, int) or n < 0:
         raise ValueError(f"arrival_times: n={n!r}: allowed integers >= 0 (a request count).")
-    if not isinstance(rate, (int, float)) or math.isnan(rate) or rate <= 0:
-        raise ValueError(f"arrival_times: rate={rate!r}: allowed requests per second > 0, or float('inf') "
-                         "to send every request at once.")
-    if math.isinf(rate):
+    if math.isinf(check_rate(rate, "arrival_times")):
         return [0.0] * n
     rng, t, out = random.Random(seed), 0.0, []
     for i in range(n):

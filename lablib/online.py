@@ -66,14 +66,15 @@ def check_fractions(fractions: Sequence[float]) -> list[float]:
 
 
 def _prepare(model: str | ModelSpec, workload: str, repeat: int, out_dir: str | Path, knobs: dict[str, Any]
-             ) -> tuple[Any, ModelSpec, ServerConfig, Path]:
-    """The repeated workload, the model, the server's config and the output folder (all checked, none started)."""
+             ) -> tuple[Any, ServerConfig, Path, dict[str, Any]]:
+    """The repeated workload, the server's config, the output folder (all checked, none started), and what every
+    load test on that server records about it (run_online's `server` and `model_info`)."""
     wl = load_workload(workload).repeated(repeat)
     spec = model if isinstance(model, ModelSpec) else resolve_model(model)
     cfg = server_config(spec, **knobs)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    return wl, spec, cfg, out
+    return wl, cfg, out, {"server": cfg.to_dict(), "model_info": {**spec.describe(), "name": cfg.name}}
 
 
 @contextmanager
@@ -98,9 +99,9 @@ def rate_sweep(model: str | ModelSpec = "embedded", workload: str = "journey", r
     from .vllm_bench import bench_serve, compare_serve
 
     fractions = check_fractions(fractions)
-    wl, spec, cfg, out_dir = _prepare(model, workload, repeat, out_dir, knobs)
-    common = dict(seed=seed, lab=lab, server=cfg.to_dict(), store=store, on_metrics=on_metrics, on_result=on_result,
-                  metrics_interval_s=metrics_interval_s, model_info={**spec.describe(), "name": cfg.name})
+    wl, cfg, out_dir, recorded = _prepare(model, workload, repeat, out_dir, knobs)
+    common = dict(seed=seed, lab=lab, store=store, on_metrics=on_metrics, on_result=on_result,
+                  metrics_interval_s=metrics_interval_s, **recorded)
     out: dict[str, Any] = {"results": [], "server": cfg.to_dict()}
     with _started(cfg, out_dir, out) as server:
         burst = run_online(server.base_url, server.api_key, server.model, wl, [math.inf],
@@ -138,14 +139,13 @@ def concurrency_sweep(model: str | ModelSpec = "embedded", workload: str = "jour
     `start` is when it was sent, so `first_token - start` is the server's own share.
     """
     levels = check_levels(levels)
-    wl, spec, cfg, out_dir = _prepare(model, workload, repeat, out_dir, knobs)
+    wl, cfg, out_dir, recorded = _prepare(model, workload, repeat, out_dir, knobs)
     out: dict[str, Any] = {"results": [], "server": cfg.to_dict()}
     with _started(cfg, out_dir, out) as server:
         for i, n in enumerate(levels):
             out["results"] += run_online(server.base_url, server.api_key, server.model, wl, [math.inf], seed=seed,
                                          max_concurrency=n, warmup_requests=len(wl.requests) if i == 0 else 0, lab=lab,
-                                         server=cfg.to_dict(), store=store, on_result=on_result,
-                                         model_info={**spec.describe(), "name": cfg.name})
+                                         store=store, on_result=on_result, **recorded)
     return out
 
 
@@ -162,14 +162,13 @@ def cross_check(model: str | ModelSpec = "embedded", workload: str = "journey", 
 
     if isinstance(times, bool) or not isinstance(times, int) or times < 1:
         raise ValueError(f"times={times!r}: allowed integers >= 1 (rounds of lab + vllm bench serve).")
-    wl, spec, cfg, out_dir = _prepare(model, workload, repeat, out_dir, knobs)
+    wl, cfg, out_dir, recorded = _prepare(model, workload, repeat, out_dir, knobs)
     out: dict[str, Any] = {"rounds": [], "results": [], "server": cfg.to_dict()}
     with _started(cfg, out_dir, out) as server:
         def lab_burst(i: int) -> Result:
             return run_online(server.base_url, server.api_key, server.model, wl, [math.inf], seed=seed,
-                              warmup_requests=len(wl.requests) if i == 0 else 0, lab=lab, server=cfg.to_dict(),
-                              store=store,
-                              model_info={**spec.describe(), "name": cfg.name}, step_prefix=f"check{i}")[0]
+                              warmup_requests=len(wl.requests) if i == 0 else 0, lab=lab, store=store,
+                              step_prefix=f"check{i}", **recorded)[0]
 
         def vllm_burst(i: int) -> dict[str, Any]:
             return bench_serve(server.base_url, server.api_key, server.model, cfg.tokenizer or cfg.model, wl,

@@ -88,23 +88,31 @@ def throughput_vs_rate(results: list[Result]) -> go.Figure:
     return fig
 
 
+def _gauge_grid(names: tuple[str, ...], title: str, height: int, xtitle: str) -> go.Figure:
+    """One row per gauge on a shared time axis: the frame of the static and the live /metrics figures."""
+    fig = make_subplots(rows=len(names), cols=1, shared_xaxes=True, subplot_titles=[GAUGE_TITLES.get(n, n) for n in names])
+    fig.update_xaxes(title_text=xtitle, row=len(names), col=1)
+    fig.update_layout(title=title, height=height, showlegend=True)
+    return fig
+
+
+def _gauge_line(rate: float, samples: list[dict[str, Any]], name: str, row: int) -> go.Scatter:
+    """One load test's line in one gauge's row (its legend entry on the first row only)."""
+    return go.Scatter(x=[s["t"] for s in samples], y=[s.get(name) for s in samples], mode="lines",
+                      name=f"{rate:g} req/s", legendgroup=str(rate), showlegend=row == 1)
+
+
 def server_metrics_figure(results: list[Result], names: tuple[str, ...] = DEFAULT_GAUGES) -> go.Figure:
     """The scraped gauges against each load test's clock, one line per rate."""
     with_metrics = [r for r in results if (r.engine_facts.get("server_metrics") or {}).get("samples")]
     if not with_metrics:
         raise ValueError("server_metrics_figure: none of these Results carries scraped /metrics samples. Fix: run "
                          "run_online with metrics on (the default).")
-    prov = _provenance(with_metrics)
-    fig = make_subplots(rows=len(names), cols=1, shared_xaxes=True,
-                        subplot_titles=[GAUGE_TITLES.get(n, n) for n in names])
+    fig = _gauge_grid(names, f"The server's view (/metrics): {_provenance(with_metrics)}" + synthetic_note(with_metrics),
+                      220 * len(names) + 120, "seconds since the load test started")
     for r in sorted(with_metrics, key=_rate):
-        samples = r.engine_facts["server_metrics"]["samples"]
         for row, name in enumerate(names, start=1):
-            fig.add_trace(go.Scatter(x=[s["t"] for s in samples], y=[s.get(name) for s in samples], mode="lines",
-                                     name=f"{_rate(r):g} req/s", legendgroup=str(_rate(r)), showlegend=row == 1), row, 1)
-    fig.update_xaxes(title_text="seconds since the load test started", row=len(names), col=1)
-    fig.update_layout(title=f"The server's view (/metrics): {prov}" + synthetic_note(with_metrics),
-                      height=220 * len(names) + 120, showlegend=True)
+            fig.add_trace(_gauge_line(_rate(r), r.engine_facts["server_metrics"]["samples"], name, row), row, 1)
     return fig
 
 
@@ -126,12 +134,8 @@ class LiveServerMetrics:
             self.widget = None
 
     def _base(self) -> go.Figure:
-        fig = make_subplots(rows=len(self.names), cols=1, shared_xaxes=True,
-                            subplot_titles=[GAUGE_TITLES.get(n, n) for n in self.names])
-        fig.update_layout(title="The server's gauges, live (/metrics every scrape)", height=200 * len(self.names) + 100,
-                          showlegend=True)
-        fig.update_xaxes(title_text="seconds since this load test started", row=len(self.names), col=1)
-        return fig
+        return _gauge_grid(self.names, "The server's gauges, live (/metrics every scrape)", 200 * len(self.names) + 100,
+                           "seconds since this load test started")
 
     def update(self, rate: float, sample: dict[str, Any]) -> None:
         with self._lock:
@@ -142,8 +146,7 @@ class LiveServerMetrics:
                 for row, name in enumerate(self.names, start=1):
                     key = (rate, name)
                     if key not in self._traces:
-                        self.widget.add_trace(go.Scatter(x=[], y=[], mode="lines", name=f"{rate:g} req/s",
-                                                         legendgroup=str(rate), showlegend=row == 1), row, 1)
+                        self.widget.add_trace(_gauge_line(rate, [], name, row), row, 1)
                         self._traces[key] = len(self.widget.data) - 1
                     trace = self.widget.data[self._traces[key]]
                     trace.x = tuple(trace.x or ()) + (sample["t"],)
@@ -156,9 +159,7 @@ class LiveServerMetrics:
         with self._lock:
             for rate, samples in self.samples.items():
                 for row, name in enumerate(self.names, start=1):
-                    fig.add_trace(go.Scatter(x=[s["t"] for s in samples], y=[s.get(name) for s in samples],
-                                             mode="lines", name=f"{rate:g} req/s", legendgroup=str(rate),
-                                             showlegend=row == 1), row, 1)
+                    fig.add_trace(_gauge_line(rate, samples, name, row), row, 1)
         return fig
 
     def display(self) -> Any:

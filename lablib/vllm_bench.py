@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .loadgen import client_check, clumped_share
+from .loadgen import check_rate, client_check, clumped_share
 from .results import Result, percentile
 from .workloads import Workload
 
@@ -47,9 +47,7 @@ def write_custom_dataset(workload: Workload, path: str | Path) -> Path:
 
 
 def _rate_arg(rate: float) -> str:
-    if isinstance(rate, bool) or not isinstance(rate, (int, float)) or math.isnan(rate) or rate <= 0:
-        raise ValueError(f"rate={rate!r}: allowed requests per second > 0, or float('inf') (every request at once).")
-    return "inf" if math.isinf(rate) else f"{float(rate):g}"
+    return "inf" if math.isinf(check_rate(rate, "vllm bench serve")) else f"{float(rate):g}"
 
 
 def bench_serve_command(base_url: str, model: str, tokenizer: str, dataset: str | Path, num_prompts: int,

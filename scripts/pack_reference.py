@@ -59,12 +59,12 @@ def _bench(path: Path) -> dict:
 def recompare(d: Path, facts: dict) -> None:
     """Redo a run's lab / `vllm bench serve` comparisons with today's compare_serve, from the raw files it brought
     back (the lab's Results and vLLM's detailed results), so every figure derived since the run is there too."""
-    from lablib.results import Result
+    from lablib.results import ResultStore
     from lablib.vllm_bench import agreement, compare_serve
 
     if not (d / "reference.jsonl").exists():
         return
-    runs = {r.step: r for r in (Result.from_dict(json.loads(x)) for x in (d / "reference.jsonl").read_text().splitlines())}
+    runs = {r.step: r for r in ResultStore(d / "reference.jsonl").load()}
     serve = facts.get("serve") or {}
     found = sorted((d / "serve").glob("bench-serve-*rate-inf.json"))
     if found and "serve-rate-inf" in runs and serve.get("compare"):
@@ -102,7 +102,7 @@ def lab_runs(dirs: list[Path], old: dict | None = None) -> dict:
     line and its rows (rows belong to the notebook whose results/NOTEBOOK.jsonl held them); the others stay, and so
     do the derived figures a new run does not provide.
     """
-    from lablib.results import Result
+    from lablib.results import Result, ResultStore
     from lablib.vllm_bench import compare_serve
 
     out = {k: v for k, v in (old or {}).items()}
@@ -113,8 +113,7 @@ def lab_runs(dirs: list[Path], old: dict | None = None) -> dict:
         if (d / "nbval.log").exists():
             nbval.update(nbval_summary((d / "nbval.log").read_text(errors="replace")))
         for f in sorted((d / "results").glob("*.jsonl")):
-            for line in f.read_text().splitlines():
-                r = Result.from_dict(json.loads(line))
+            for r in ResultStore(f).load():
                 if r.provenance == "live":
                     runs[(f.stem, r.step)] = (f.stem, r)  # the later directory's run of a step replaces the earlier
         for f in sorted((d / "results" / "serve").glob("bench-serve-*rate-inf.json")):
