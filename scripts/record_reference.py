@@ -38,6 +38,7 @@ from lablib.bench import run  # noqa: E402
 from lablib.config import BenchConfig, HFConfig, VLLMConfig  # noqa: E402
 from lablib.engines.hf import HFEngine  # noqa: E402
 from lablib.engines.vllm import VLLMEngine  # noqa: E402
+from lablib.online import FRACTIONS  # noqa: E402 (what the lab runs live)
 from lablib.results import Result, ResultStore  # noqa: E402
 from lablib.workloads import Request, Workload, load_workload  # noqa: E402
 
@@ -160,7 +161,6 @@ def step_sweep(out: Path, store: ResultStore, facts: dict) -> None:
 
 
 KNOBS = ((8, None), (64, None), (256, None), (256, 512))
-FRACTIONS = (0.25, 0.5, 0.75, 1.0, 1.25)  # lablib.online.FRACTIONS: what the lab runs live
 WIDE = (0.25, 0.5, 1.0, 1.5, 2.0, 3.0)  # past a burst's capacity, where the 8B server saturates (it had not by 1.25)
 KNOBS_BUDGET = ((256, 512), (256, 2048))  # the step-token budget alone (the first GPU session ran out of time here)
 
@@ -176,6 +176,9 @@ def step_knobs(out: Path, store: ResultStore, facts: dict, configs=KNOBS) -> Non
                    *scheduler_sweep([seqs], [toks], model=spec, lab=LAB, max_model_len=4096))
 
 
+BIG_SERVER = dict(gpu_memory_utilization=0.9, max_model_len=4096)  # the synthetic 8B's server: most of the GPU for KV
+
+
 def step_serve(out: Path, store: ResultStore, facts: dict, fractions: tuple[float, ...] = FRACTIONS) -> None:
     """vLLM's OpenAI server with the synthetic 8B (127.0.0.1, API key): the journey x4 at fractions of its measured
     capacity, /metrics scraped, then `vllm bench serve` on the same requests (lablib.online.rate_sweep)."""
@@ -183,7 +186,7 @@ def step_serve(out: Path, store: ResultStore, facts: dict, fractions: tuple[floa
     from lablib.synthetic import synthetic_spec
 
     online = rate_sweep(synthetic_spec(BIG), repeat=4, fractions=fractions, out_dir=out / "serve", lab=LAB,
-                        gpu_memory_utilization=0.9, max_model_len=4096)
+                        **BIG_SERVER)
     online["fractions"] = list(fractions)
     for r in online.pop("results"):
         store.append(recorded(r))
@@ -202,7 +205,7 @@ def step_serve_check(out: Path, store: ResultStore, facts: dict, model: str = BI
     big = model == BIG
     check = cross_check(synthetic_spec(BIG) if big else model, repeat=4, times=3, lab=LAB,
                         out_dir=out / ("serve-check" if big else f"serve-check-{model}"),
-                        **(dict(gpu_memory_utilization=0.9, max_model_len=4096) if big else {}))
+                        **(BIG_SERVER if big else {}))
     for r in check.pop("results"):
         store.append(recorded(dataclasses.replace(r, step=r.step if big else f"{model}-{r.step}")))
         log(out, f"{r.step} ({model}): {client_check(r)['verdict']}")
