@@ -1,27 +1,52 @@
 """lablib: the helper library behind the LLM-inference optimisation labs.
 
-Layers, each importing only the ones before it:
-mechanisms (pure-Python simulators) → models, workloads → engines → bench, results,
-gpu, memory, roofline, fit (measurement) → plots, widgets, report (presentation) → labs/ notebooks.
-"""
-from . import (config, engines, machine, mechanisms, online, plots, plots_serving, reference, results, sweeps,
-               vllm_bench, widgets)
-from .bench import prepare, run
-from .config import BenchConfig, HFConfig, VLLMConfig
-from .engines import HFEngine, PreparedRequest, VLLMEngine
-from .gpu import device_facts, library_versions
-from .journey import run_journey
-from .memory import MemoryMonitor
-from .models import PRESETS, ModelSpec, resolve_model
-from .results import RequestRecord, Result, ResultStore, load_results, table
-from .roofline import GPU_PEAKS, Roofline, lookup_gpu
-from .workloads import Request, Workload, list_workloads, load_workload
+Folders are layers; each imports only from the ones before it (tests/test_layout.py walks
+the imports to keep it so):
 
-__all__ = [
-    "config", "engines", "machine", "mechanisms", "online", "plots", "plots_serving", "reference", "results", "sweeps",
-    "vllm_bench", "widgets",
-    "prepare", "run", "BenchConfig", "HFConfig", "VLLMConfig", "HFEngine", "PreparedRequest", "VLLMEngine",
-    "MemoryMonitor", "device_facts", "library_versions", "run_journey", "PRESETS", "ModelSpec", "resolve_model",
-    "RequestRecord", "Result", "ResultStore", "load_results", "table", "GPU_PEAKS", "Roofline",
-    "lookup_gpu", "Request", "Workload", "list_workloads", "load_workload",
-]
+    validate, stats, config, results.record     the field checks, percentiles, frozen configs, the one Result
+    models/, workloads                          what runs, and on what
+    mechanisms/                                 pure-Python teaching models (no torch)
+    hardware/                                   device facts, memory monitor, roofline, the fit estimator
+    engines/                                    HF, vLLM in a worker, the OpenAI server: one call shape
+    bench/                                      how a number is measured (offline, online, the referee)
+    results/ (store, compare, reference)        what was measured, and the H200 recordings
+    session                                     the one live-or-recorded switch and its labels
+    experiments/                                one module per lab's multi-run experiment
+    plots/, widgets/                            presentation, from Results only
+    report, cli                                 the main job (`lablab`) and its HTML report
+
+Names are re-exported lazily (PEP 562): `import lablib` loads nothing heavy, and
+`import lablib.mechanisms` or the vLLM worker never load plotly or ipywidgets.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "BenchConfig": "config", "HFConfig": "config", "VLLMConfig": "config", "ServerConfig": "config",
+    "ModelSpec": "models", "PRESETS": "models", "resolve_model": "models",
+    "Request": "workloads", "Workload": "workloads", "list_workloads": "workloads", "load_workload": "workloads",
+    "HFEngine": "engines", "VLLMEngine": "engines", "ServerEngine": "engines", "PreparedRequest": "engines",
+    "device_facts": "hardware", "library_versions": "hardware", "MemoryMonitor": "hardware",
+    "GPU_PEAKS": "hardware", "Roofline": "hardware", "lookup_gpu": "hardware",
+    "prepare": "bench.offline", "run": "bench.offline",
+    "RequestRecord": "results", "Result": "results", "ResultStore": "results", "load_results": "results",
+    "table": "results", "token_agreement": "results",
+    "run_journey": "experiments.journey", "live_or_recorded": "session", "Checks": "session",
+}
+_MODULES = ("validate", "stats", "config", "models", "workloads", "mechanisms", "hardware", "engines", "bench",
+            "results", "session", "experiments", "plots", "widgets", "report", "cli")
+__all__ = sorted([*_EXPORTS, *_MODULES])
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+    if name in _MODULES:
+        return importlib.import_module(f".{name}", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return __all__

@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     from .config import BenchConfig
-    from .journey import default_store, run_journey
+    from .experiments.journey import default_store, run_journey
     from .report import write_report
 
     t0 = time.time()

@@ -6,8 +6,15 @@ any model loads or any GPU memory is touched.
 """
 from __future__ import annotations
 
+import os
+import secrets
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
+
+
+# Where the project's data lives: data/ beside the package, or $LABLIB_DATA (a copy elsewhere, a test's folder).
+DATA_DIR = Path(os.environ.get("LABLIB_DATA", Path(__file__).resolve().parent.parent / "data"))
 
 HF_MODES = ("naive", "static")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
@@ -121,3 +128,54 @@ class VLLMConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """How to start the server. None leaves vLLM's own default."""
+
+    model: str  # local model folder (or hub id) passed as --model
+    port: int = 8000  # TCP port on 127.0.0.1; 0 picks a free one when the server starts
+    api_key: str | None = field(default=None, repr=False)  # bearer token clients must send; None: a random one
+    tokenizer: str | None = None  # --tokenizer, when it is not in the model folder
+    served_model_name: str | None = None  # the name clients put in "model"; None: the --model string
+    max_num_seqs: int | None = None  # most sequences in one running batch
+    gpu_memory_utilization: float | None = None  # fraction (0, 1] of GPU memory vLLM may take (weights + KV)
+    max_model_len: int | None = None  # context length; shorter frees KV cache for more sequences
+    enable_prefix_caching: bool | None = None  # True/False force it on/off
+    dtype: str | None = None  # "auto", "float16", "bfloat16", ...
+    extra_args: tuple[str, ...] = ()  # any other api_server flags, verbatim
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.model, str) or not self.model:
+            raise ValueError(f"ServerConfig.model={self.model!r}: give a model folder or hub id.")
+        if isinstance(self.port, bool) or not isinstance(self.port, int) or not 0 <= self.port <= 65535:
+            raise ValueError(f"ServerConfig.port={self.port!r}: allowed integers 0-65535 (0: a free port).")
+        if self.api_key is None:
+            object.__setattr__(self, "api_key", secrets.token_urlsafe(24))
+        elif not isinstance(self.api_key, str) or not self.api_key or any(c.isspace() for c in self.api_key):
+            raise ValueError("ServerConfig.api_key: allowed a non-empty string without spaces, or None for a random key.")
+        for name in ("max_num_seqs", "max_model_len"):
+            if getattr(self, name) is not None:
+                _positive_int("ServerConfig", name, getattr(self, name), "or None for vLLM's default.")
+        g = self.gpu_memory_utilization
+        if g is not None and (isinstance(g, bool) or not isinstance(g, (int, float)) or not 0 < g <= 1):
+            raise ValueError(f"ServerConfig.gpu_memory_utilization={g!r}: allowed a fraction in (0, 1], e.g. 0.9.")
+        if self.enable_prefix_caching not in (None, True, False):
+            raise ValueError(f"ServerConfig.enable_prefix_caching={self.enable_prefix_caching!r}: allowed None, "
+                             "True or False.")
+        object.__setattr__(self, "extra_args", tuple(self.extra_args))
+        if not all(isinstance(a, str) for a in self.extra_args):
+            raise ValueError(f"ServerConfig.extra_args={self.extra_args!r}: allowed a sequence of strings.")
+
+    @property
+    def name(self) -> str:
+        """The model name clients send."""
+        return self.served_model_name or self.model
+
+    def to_dict(self) -> dict[str, Any]:
+        """The knobs a Result records (the API key left out)."""
+        d = asdict(self)
+        d.pop("api_key")
+        d["extra_args"] = list(self.extra_args)
+        return d

@@ -11,7 +11,8 @@ import json
 from pathlib import Path
 
 from . import plots
-from .results import Result, table
+from .results.compare import table
+from .results.record import Result
 
 
 def _fmt(v: object) -> str:

@@ -35,7 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .mechanisms.batching import percentile
+from .config import DATA_DIR
+from .stats import percentile
 
 DATA_ENV = "LABLIB_DATA"
 REBUILD = "python scripts/build_workloads.py"
@@ -48,7 +49,7 @@ def data_root(data_dir: str | Path | None = None) -> Path:
         return Path(data_dir)
     if os.environ.get(DATA_ENV):
         return Path(os.environ[DATA_ENV])
-    return Path(__file__).resolve().parent.parent / "data"
+    return DATA_DIR
 
 
 def workloads_dir(data_dir: str | Path | None = None) -> Path:

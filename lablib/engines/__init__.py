@@ -1,6 +1,20 @@
-"""Engines: a workload in, one record per request out (see base.py)."""
-from .base import Engine, PreparedRequest
-from .hf import HFEngine
-from .vllm import VLLMEngine
+"""Engines: a workload in, one record per request out (see base.py). Every engine answers the same call.
 
-__all__ = ["Engine", "PreparedRequest", "HFEngine", "VLLMEngine"]
+Imported lazily, so `from lablib.engines import base` (the vLLM worker, the tests' fakes)
+loads neither torch nor an HTTP client.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+_EXPORTS = {"Engine": "base", "PreparedRequest": "base", "HFEngine": "hf", "VLLMEngine": "vllm",
+            "ServerEngine": "server", "VLLMServer": "server"}
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        import importlib
+
+        return getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

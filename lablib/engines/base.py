@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
-from ..results import RequestRecord
+from ..results.record import RequestRecord
 
 OnRecord = Callable[[RequestRecord], None]
 

@@ -23,7 +23,7 @@ from typing import Any
 
 from ..config import HFConfig
 from ..models import ModelSpec, load_hf_model, prompt_tokenizer, resolve_model
-from ..results import RequestRecord
+from ..results.record import RequestRecord
 from .base import OnRecord, PreparedRequest
 
 

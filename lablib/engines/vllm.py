@@ -10,7 +10,7 @@ the worker's own message; records that finished before it are already with the c
 
 Before the worker starts, every check that needs no GPU time runs: vLLM installed, a GPU
 present, the dtype supported by its compute capability, and the memory budget
-(`lablib.fit`): a configuration that cannot fit is refused with the knob to change.
+(`lablib.hardware.fit`): a configuration that cannot fit is refused with the knob to change.
 """
 from __future__ import annotations
 
@@ -23,12 +23,13 @@ from pathlib import Path
 from typing import Any
 
 from ..config import VLLMConfig
-from ..fit import check_fit
-from ..gpu import nvml_memory
+from ..hardware.fit import check_fit
+from ..hardware.device import nvml_memory
 from ..models import ModelSpec, embedded_path, prompt_tokenizer, resolve_model
-from ..results import RequestRecord
+from ..results.record import RequestRecord
 from .base import OnRecord, PreparedRequest
 from .hf import _progress_bar
+from .process import children, kill_tree
 
 SETTLE_S = 60.0  # how long close() waits for the GPU to return to its baseline
 SETTLE_SLACK = 256 * 2**20  # bytes above baseline still counted as "back"
@@ -95,7 +96,7 @@ class VLLMEngine:
         self._proc.start()
         atexit.register(self._at_exit)  # the worker is not a daemon (it has children): end it when Python exits
         kind, payload = self._receive(start_timeout_s, expect=("ready",))
-        self._descendants = _children(self._proc.pid)
+        self._descendants = children(self._proc.pid)
         self.facts = {**payload, "startup_wall_s": time.perf_counter() - t0, "fit_estimate": fit,
                       "kv_bytes_per_token": self.spec.kv_bytes_per_token(1 if config.kv_cache_dtype.startswith("fp8") else 2),
                       "weight_bytes": fit.get("weight_bytes"), "context": payload.get("max_model_len"),
@@ -183,7 +184,7 @@ class VLLMEngine:
             except (BrokenPipeError, OSError):
                 pass
         if self._proc.is_alive():
-            _kill_tree(self._proc.pid)
+            kill_tree(self._proc.pid)
             self._proc.join(10)
         for p in self._descendants:  # vLLM's engine core outliving a crashed worker would keep the GPU
             try:
@@ -208,26 +209,3 @@ class VLLMEngine:
         self.close()
 
 
-def _children(pid: int) -> list:
-    import psutil
-
-    try:
-        return psutil.Process(pid).children(recursive=True)
-    except psutil.NoSuchProcess:
-        return []
-
-
-def _kill_tree(pid: int) -> None:
-    import psutil
-
-    try:
-        parent = psutil.Process(pid)
-    except psutil.NoSuchProcess:
-        return
-    procs = parent.children(recursive=True) + [parent]
-    for p in procs:
-        try:
-            p.kill()
-        except psutil.NoSuchProcess:
-            pass
-    psutil.wait_procs(procs[:-1], timeout=10)  # not the worker: reaped by psutil, its is_alive() stays True

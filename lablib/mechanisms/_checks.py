@@ -1,28 +1,31 @@
 """Argument checks the mechanisms share: integers in range, and (prompt_len, output_len) pairs.
 
-Every simulator takes its workload as (prompt_len, output_len) pairs and a few
-integer knobs; a bad one is reported the same way everywhere, naming the value,
-the allowed range and a fix, before any simulation starts.
+Every simulator takes its workload as (prompt_len, output_len) pairs and a few integer
+knobs; a bad one is refused in the project's one message shape (`lablib.validate`), naming
+the function, the value, the allowed range and a fix, before any simulation starts.
 """
 
 from collections.abc import Sequence
 
+from lablib.validate import integer, refuse
 
-def require_int(name: str, value: object, minimum: int, fix: str) -> None:
+
+def require_int(owner: str, name: str, value: object, minimum: int, fix: str) -> None:
     """Raise ValueError unless value is an int (not a bool) >= minimum; `fix` says what to pass instead."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name}={value!r} is out of range: it must be an integer >= {minimum}. Fix: {fix}")
+    integer(owner, name, value, fix, minimum)
 
 
 def check_requests(requests: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
     """Validate (prompt_len, output_len) pairs; both must be integers >= 1."""
     if len(requests) == 0:
-        raise ValueError("requests is empty: pass at least one (prompt_len, output_len) pair.")
+        raise refuse("workload", "requests", [], "at least one (prompt_len, output_len) pair",
+                     "pass the workload's lengths, e.g. load_workload('journey').lengths.")
     checked = []
     for i, pair in enumerate(requests):
         if len(pair) != 2:
-            raise ValueError(f"requests[{i}]={pair!r} is not a (prompt_len, output_len) pair.")
+            raise refuse("workload", f"requests[{i}]", pair, "a (prompt_len, output_len) pair",
+                         "give each request as two token counts.")
         for name, value in zip(("prompt_len", "output_len"), pair):
-            require_int(f"requests[{i}].{name}", value, 1, "lengths count tokens; correct or drop that request.")
+            require_int("workload", f"requests[{i}].{name}", value, 1, "lengths count tokens; correct or drop that request.")
         checked.append((pair[0], pair[1]))
     return checked

@@ -31,6 +31,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 from lablib.mechanisms._checks import check_requests, require_int
+from lablib.stats import percentile
 
 
 @dataclass(frozen=True)
@@ -112,15 +113,6 @@ class ScheduleResult:
         return [{"policy": self.policy, **asdict(r), "ttft": r.ttft, "latency": r.latency} for r in self.records]
 
 
-def percentile(values: Sequence[float], q: float) -> float:
-    """The q-th percentile (0-100) with linear interpolation, as numpy's default."""
-    xs = sorted(values)
-    pos = (len(xs) - 1) * q / 100
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
-
-
 def summarise(records: Sequence[RequestRecord], steps: Sequence[StepRecord], slots: int) -> ScheduleSummary:
     ttft = [r.ttft for r in records]
     lat = [r.latency for r in records]
@@ -164,7 +156,7 @@ def static_batching(
 ) -> ScheduleResult:
     """Batches of batch_size in arrival order; each waits for its last member and runs to its longest one."""
     reqs, times, order = _check_workload(requests, arrivals)
-    require_int("batch_size", batch_size, 1, "use the number of sequences the GPU runs at once, e.g. 8.")
+    require_int("static_batching", "batch_size", batch_size, 1, "use the number of sequences the GPU runs at once, e.g. 8.")
     cost = cost or CostModel()
     records: dict[int, RequestRecord] = {}
     steps: list[StepRecord] = []
@@ -209,8 +201,8 @@ def continuous_batching(
     batch's prompts, continuous was never slower in a 600-workload sweep.
     """
     reqs, times, order = _check_workload(requests, arrivals)
-    require_int("max_num_seqs", max_num_seqs, 1, "allow at least one running sequence, e.g. 8.")
-    require_int("max_num_batched_tokens", max_num_batched_tokens, 1, "use vLLM's default, 2048 or more.")
+    require_int("continuous_batching", "max_num_seqs", max_num_seqs, 1, "allow at least one running sequence, e.g. 8.")
+    require_int("continuous_batching", "max_num_batched_tokens", max_num_batched_tokens, 1, "use vLLM's default, 2048 or more.")
     if not chunked_prefill:
         for i, (p, _) in enumerate(reqs):
             if p > max_num_batched_tokens:

@@ -32,35 +32,18 @@ from dataclasses import dataclass
 from typing import Literal
 
 from lablib.mechanisms._checks import check_requests, require_int
+from lablib.models.architecture import DTYPE_BYTES, bytes_per_element, kv_bytes_per_token  # noqa: F401 (the formula, taught here)
 
-DTYPE_BYTES: dict[str, int] = {"float32": 4, "bfloat16": 2, "float16": 2, "fp8": 1, "int8": 1}
 
 Reserve = Literal["max_model_len", "max_possible"]
-
-
-def bytes_per_element(dtype: str) -> int:
-    """Bytes per K/V element for a dtype name in DTYPE_BYTES."""
-    if dtype not in DTYPE_BYTES:
-        raise ValueError(f"dtype={dtype!r} is not a known KV cache dtype: use one of {sorted(DTYPE_BYTES)}.")
-    return DTYPE_BYTES[dtype]
-
-
-def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype_bytes: int | str) -> int:
-    """K and V bytes one token adds to the cache; dtype_bytes may be a byte count or a DTYPE_BYTES name."""
-    if isinstance(dtype_bytes, str):
-        dtype_bytes = bytes_per_element(dtype_bytes)
-    for name, value in (("num_layers", num_layers), ("num_kv_heads", num_kv_heads), ("head_dim", head_dim)):
-        require_int(name, value, 1, "read it from the model's config.json.")
-    require_int("dtype_bytes", dtype_bytes, 1, f"pass a byte count or a name from {sorted(DTYPE_BYTES)}.")
-    return 2 * num_layers * num_kv_heads * head_dim * dtype_bytes
 
 
 def kv_cache_bytes(
     num_layers: int, num_kv_heads: int, head_dim: int, dtype_bytes: int | str, context_len: int, batch: int
 ) -> int:
     """Bytes of K/V for `batch` sequences of `context_len` tokens each."""
-    require_int("context_len", context_len, 0, "pass the number of tokens per sequence.")
-    require_int("batch", batch, 0, "pass the number of sequences.")
+    require_int("kv_cache_bytes", "context_len", context_len, 0, "pass the number of tokens per sequence.")
+    require_int("kv_cache_bytes", "batch", batch, 0, "pass the number of sequences.")
     return kv_bytes_per_token(num_layers, num_kv_heads, head_dim, dtype_bytes) * context_len * batch
 
 
@@ -131,9 +114,9 @@ def simulate_fragmentation(
     output in the workload, the smallest cap that serves every request).
     """
     reqs = check_requests(requests)
-    require_int("block_size", block_size, 1, "use 16, vLLM's default.")
-    require_int("max_model_len", max_model_len, 1, "use the model's context length, e.g. 2048.")
-    require_int("budget_tokens", budget_tokens, 1, "pass the KV slots left after the weights.")
+    require_int("simulate_fragmentation", "block_size", block_size, 1, "use 16, vLLM's default.")
+    require_int("simulate_fragmentation", "max_model_len", max_model_len, 1, "use the model's context length, e.g. 2048.")
+    require_int("simulate_fragmentation", "budget_tokens", budget_tokens, 1, "pass the KV slots left after the weights.")
     if reserve not in ("max_model_len", "max_possible"):
         raise ValueError(f"reserve={reserve!r} is not a policy: use 'max_model_len' or 'max_possible'.")
     if not isinstance(progress, (int, float)) or not 0.0 <= progress <= 1.0:
@@ -141,7 +124,7 @@ def simulate_fragmentation(
     longest_out = max(o for _, o in reqs)
     if max_new_tokens is None:
         max_new_tokens = longest_out
-    require_int("max_new_tokens", max_new_tokens, longest_out, "a smaller cap would truncate some requests.")
+    require_int("simulate_fragmentation", "max_new_tokens", max_new_tokens, longest_out, "a smaller cap would truncate some requests.")
     for i, (p, o) in enumerate(reqs):
         if p + o > max_model_len:
             raise ValueError(

@@ -1,0 +1,12 @@
+"""How a number is measured, in one place.
+
+- `offline`: the timing protocol (warm-up, memory monitor, one Result) for any engine.
+- `loadgen`: the online load generator (seeded Poisson arrivals, streamed requests).
+- `client`: the load generator's own instrument checks (did it keep up; its ceiling).
+- `prom`: the server's `/metrics`, parsed by prometheus_client and sampled over a test.
+- `vllm_bench`: `vllm bench serve` as the referee of the lab's own client.
+- `sse_stub`: a stdlib-only stub server for the client's ceiling.
+
+Modules are imported by name (`from lablib.bench import loadgen`): importing this package
+loads none of them, so `python -m lablib.bench.sse_stub` needs nothing beyond the stdlib.
+"""

@@ -1,0 +1,212 @@
+"""Online serving under load: requests arrive on their own clock, not when the server is ready.
+
+Offline benchmarks hand the engine every request at time 0 and measure throughput. A real
+server sees users arrive independently of each other, which makes the gaps between
+arrivals exponential (a Poisson process at `rate` requests per second): mostly short gaps
+with occasional bursts. `arrival_times` draws that schedule from a seeded `random.Random`,
+so every run of a sweep sends the same requests at the same offsets; `rate=inf` sends them
+all at once (the offline limit, i.e. peak throughput).
+
+Each request is one streaming `POST /v1/completions` (`stream: true`, `ignore_eos`, greedy,
+a fixed `max_tokens`, with a final usage chunk); the client stamps every server-sent-event
+chunk on arrival, as vLLM's own `benchmark_serving` does. TTFT under load is then measured
+from the *scheduled* arrival: it includes the time the request queued in the server
+because the running batch or the KV cache was full (and any lag of the client itself in sending it:
+`start` is when it was actually sent), so as the rate approaches the server's
+capacity TTFT climbs steeply while TPOT (one decode step per token) barely moves, and past
+it the queue and TTFT grow for as long as the test runs.
+
+A request that fails (HTTP error, refused connection, a broken stream) becomes a line in
+the returned errors, never an exception mid-run: one bad request must not throw away a
+sweep point's other measurements.
+"""
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import math
+import random
+import time
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any, TypeVar
+
+from ..hardware.device import device_facts, library_versions
+from .prom import DEFAULT_GAUGES, MetricsScraper, fetch_metrics, parse_prometheus, window_means
+from ..engines.openai import Prompt, stream_completion
+from ..results.record import RequestRecord, Result
+from ..results.store import ResultStore
+from ..workloads import Workload
+
+T = TypeVar("T")
+
+
+def check_rate(rate: float, where: str) -> float:
+    """An offered request rate, checked: requests per second > 0, or float('inf') for every request at once."""
+    if isinstance(rate, bool) or not isinstance(rate, (int, float)) or math.isnan(rate) or rate <= 0:
+        raise ValueError(f"{where}: rate={rate!r}: allowed requests per second > 0, or float('inf') "
+                         "to send every request at once.")
+    return rate
+
+
+def arrival_times(n: int, rate: float, seed: int) -> list[float]:
+    """Scheduled send offsets (seconds) of n requests: the first at 0, then exponential gaps of mean 1/rate."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        raise ValueError(f"arrival_times: n={n!r}: allowed integers >= 0 (a request count).")
+    if math.isinf(check_rate(rate, "arrival_times")):
+        return [0.0] * n
+    rng, t, out = random.Random(seed), 0.0, []
+    for i in range(n):
+        out.append(t)
+        t += rng.expovariate(rate)
+    return out
+
+
+async def load_test(base_url: str, api_key: str | None, model: str, prompts: Sequence[Prompt],
+                    max_tokens: Sequence[int], rate: float, seed: int, *, request_ids: Sequence[str] | None = None,
+                    max_concurrency: int | None = None, timeout_s: float = 600.0,
+                    on_start: Callable[[float], None] | None = None, stats: dict[str, Any] | None = None
+                    ) -> tuple[list[RequestRecord], list[str]]:
+    """Send every prompt on a seeded Poisson schedule, streaming; return (records, errors).
+
+    Records are the requests that finished, in request order, with times in seconds since
+    the test started: after the HTTP client exists (creating one takes ~0.2 s, which must not
+    count as TTFT), when `on_start(t0)` is called with that `time.perf_counter()` origin
+    (run_online starts the metrics scraper there, on the same clock). `max_concurrency`
+    caps requests in flight on the client (the arrival still counts from the schedule, so
+    a capped client's waiting shows up as TTFT). Each error line names the request.
+
+    The client is aiohttp, as in `vllm bench serve`: one event loop on one thread reads every
+    stream, at 11-14 us of CPU per event on a CI core (httpx, the first client here, took
+    50-170 us, more with more streams open: scripts/client_overhead.py). A `stats` dict gets
+    the client's own load: `events` read, `cpu_s` the loop thread's CPU time, `busy` =
+    cpu_s / wall. Near 1 the client, not the server, sets the pace: events wait in socket
+    buffers and are stamped late, so TPOT rises and throughput falls.
+    """
+    import aiohttp
+
+    if len(prompts) != len(max_tokens):
+        raise ValueError(f"load_test: {len(prompts)} prompts but {len(max_tokens)} max_tokens: give one each.")
+    if any(isinstance(m, bool) or not isinstance(m, int) or m < 1 for m in max_tokens):
+        raise ValueError("load_test: every max_tokens must be an integer >= 1.")
+    if max_concurrency is not None and (not isinstance(max_concurrency, int) or max_concurrency < 1):
+        raise ValueError(f"load_test: max_concurrency={max_concurrency!r}: allowed None or an integer >= 1.")
+    ids = list(request_ids) if request_ids is not None else [f"req-{i:04d}" for i in range(len(prompts))]
+    schedule = arrival_times(len(prompts), rate, seed)
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    url = base_url.rstrip("/") + "/v1/completions"
+    sem = asyncio.Semaphore(max_concurrency) if max_concurrency else None
+    count = [0]
+    # No connection cap and no proxies: a client-side queue would be measured as server TTFT.
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
+                                     timeout=aiohttp.ClientTimeout(total=timeout_s), trust_env=False) as session:
+        start, cpu0 = time.perf_counter(), time.thread_time()
+        if on_start is not None:
+            on_start(start)
+        tasks = [stream_completion(session, url, headers, model, rid, p, n, a, start, sem, count)
+                 for rid, p, n, a in zip(ids, prompts, max_tokens, schedule)]
+        outcomes = await asyncio.gather(*tasks, return_exceptions=True)
+        cpu, wall = time.thread_time() - cpu0, time.perf_counter() - start
+    if stats is not None:
+        stats.update(library=f"aiohttp {aiohttp.__version__}", events=count[0], cpu_s=cpu, wall_s=wall,
+                     busy=cpu / wall if wall > 0 else None)
+    records, errors = [], []
+    for rid, a, out in zip(ids, schedule, outcomes):
+        if isinstance(out, RequestRecord):
+            records.append(out)
+        elif isinstance(out, Exception):
+            errors.append(f"{rid} (arrival {a:.3f}s): {type(out).__name__}: {out}")
+        else:
+            raise out  # KeyboardInterrupt, CancelledError: not a request failure
+    return records, errors
+
+
+def _histograms(base_url: str, api_key: str | None) -> dict[str, float] | None:
+    """The server's /metrics now (for the latency histograms' window means); None if it does not answer."""
+    try:
+        return parse_prometheus(fetch_metrics(base_url.rstrip("/") + "/metrics", api_key))
+    except Exception:  # noqa: BLE001 - the server's own view is extra: its absence must not lose the load test
+        return None
+
+
+def run_sync(coro: Coroutine[Any, Any, T]) -> T:
+    """asyncio.run, also from inside Jupyter (whose loop is already running: then in a fresh thread)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coro).result()
+
+
+def run_online(base_url: str, api_key: str | None, model: str, workload: Workload, rates: Sequence[float], *,
+               seed: int = 0, prompts: Sequence[Prompt] | None = None, max_tokens: int | Sequence[int] | None = None,
+               max_concurrency: int | None = None, warmup_requests: int = 1, metrics: Sequence[str] | None =
+               DEFAULT_GAUGES, metrics_interval_s: float = 0.5, lab: str = "03_serving",
+               server: dict[str, Any] | None = None, store: ResultStore | None = None,
+               on_metrics: Callable[[float, dict[str, float | None]], None] | None = None,
+               on_result: Callable[[Result], None] | None = None,
+               model_info: dict[str, Any] | None = None, step_prefix: str = "serve") -> list[Result]:
+    """One load test per rate against a running server; one Result each (engine "vllm-server").
+
+    `prompts` overrides the workload's completion-form text (e.g. chat-templated token ids
+    for an instruct model); `max_tokens` overrides its output lengths (one int for all).
+    `metrics=None` skips the `/metrics` scraper; otherwise its timeline is kept in
+    `engine_facts["server_metrics"]`. `server` (e.g. `ServerConfig.to_dict()`) joins the config;
+    `model_info` (e.g. `ModelSpec.describe()`) joins the Result's model record. Steps are
+    named `{step_prefix}-rate-{rate}` (plus `-conc-{N}` with a concurrency cap).
+    Live figures: `on_metrics(rate, sample)` gets every scrape as it happens (from the
+    scraper's thread), `on_result(result)` each rate's Result as soon as it is stored.
+    """
+    texts = list(prompts) if prompts is not None else [r.prompt for r in workload.requests]
+    if isinstance(max_tokens, int):
+        lengths = [max_tokens] * len(texts)
+    else:
+        lengths = list(max_tokens) if max_tokens is not None else [r.max_new_tokens for r in workload.requests]
+    ids = [r.id for r in workload.requests]
+    if warmup_requests:
+        n = min(warmup_requests, len(texts))
+        _, errors = run_sync(load_test(base_url, api_key, model, texts[:n], [min(8, x) for x in lengths[:n]],
+                                       float("inf"), seed, request_ids=[f"warmup-{i}" for i in ids[:n]]))
+        if errors:
+            raise RuntimeError(f"the warm-up request failed, so the server is not ready to measure: {errors[0]}")
+    hardware, versions, results = device_facts(), library_versions(), []
+    for rate in rates:
+        hook = (lambda sample, rate=rate: on_metrics(rate, sample)) if on_metrics is not None else None
+        scraper = MetricsScraper(base_url, metrics, metrics_interval_s, api_key, on_sample=hook) if metrics else None
+        t0: list[float] = []
+
+        def on_start(t: float) -> None:
+            t0.append(t)
+            if scraper is not None:
+                scraper.t0 = t
+                scraper.start()
+
+        stats: dict[str, Any] = {}
+        before = _histograms(base_url, api_key) if metrics else None
+        try:
+            records, errors = run_sync(load_test(base_url, api_key, model, texts, lengths, rate, seed,
+                                                 request_ids=ids, max_concurrency=max_concurrency,
+                                                 on_start=on_start, stats=stats))
+        finally:
+            wall = time.perf_counter() - (t0[0] if t0 else time.perf_counter())
+            if scraper is not None:
+                scraper.stop()
+        after = _histograms(base_url, api_key) if before is not None else None
+        notes = [f"{len(errors)} of {len(texts)} requests failed"] + errors if errors else []
+        result = Result(
+            lab=lab, step=f"{step_prefix}-rate-{rate:g}" + (f"-conc-{max_concurrency}" if max_concurrency else ""),
+            engine="vllm-server",
+            config={"rate": rate, "seed": seed, "ignore_eos": True, "max_concurrency": max_concurrency,
+                    "warmup_requests": warmup_requests, **(server or {})},
+            model={"name": model, **(model_info or {})}, workload={"name": workload.name, "version": workload.version,
+                                              "requests": len(texts)},
+            requests=records, wall_s=wall, engine_facts={
+                "base_url": base_url, "server_metrics": scraper.timeline() if scraper else None, "client": stats,
+                "server_latency": window_means(before, after) if before is not None and after is not None else None},
+            hardware=hardware, versions=versions, notes=notes)
+        if store is not None:
+            store.append(result)
+        results.append(result)
+        if on_result is not None:
+            on_result(result)
+    return results

@@ -1,0 +1,125 @@
+"""The timing protocol: run a workload on an engine, return a Result.
+
+Measured the way gpt-fast and nanochat measure: seeded; a warm-up request first (kernel
+selection, allocator growth and lazy initialisation are not the engine's steady state);
+the device synchronised around the timer (each engine's records come from tokens already
+on the host); fixed output lengths (`ignore_eos`), so two engines do the same work; memory
+sampled in a background thread for the whole run.
+
+The roofline numbers follow the usual model-bandwidth-utilisation definition: during
+decode, every step reads all weights once plus the KV cache of each running sequence, so
+bytes per step / time per step (TPOT) is the bandwidth the run achieved; divided by the
+GPU's peak from the table it is MBU. The mean number of sequences decoding together is
+derived from the records (total decode time of all requests / wall time), so the same
+formula serves naive, static and continuous batching. On a GPU not in the table, and on
+the CPU, the peak is "unknown", never guessed.
+
+Nothing measured is lost: the Result is appended to the store as soon as it exists, and
+an interrupted run (Kernel → Interrupt) stores what finished before re-raising.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+from ..config import BenchConfig
+from ..engines.base import Engine, PreparedRequest
+from ..hardware.device import device_facts, library_versions
+from ..hardware.memory import MemoryMonitor
+from ..results.record import RequestRecord, Result
+from ..results.store import ResultStore
+from ..hardware.roofline import Roofline
+from ..workloads import Workload
+
+
+def prepare(workload: Workload, engine: Engine, bench: BenchConfig = BenchConfig()) -> list[PreparedRequest]:
+    """Token ids for every request, checked against the model's context before any work starts.
+
+    The embedded models take the completion-form prompt; a chat model (any other model whose
+    tokenizer has a chat template) takes the chat form through its template.
+    """
+    tok = engine.tokenizer
+    chat = getattr(engine.spec, "source", "") != "embedded" and getattr(tok, "chat_template", None)
+    texts = workload.chat_prompts(tok) if chat else [r.prompt for r in workload.requests]
+    context = engine.facts.get("context") or engine.facts.get("max_model_len")
+    out = []
+    for r, text in zip(workload.requests, texts):
+        ids = tok(text, add_special_tokens=not chat)["input_ids"]
+        n = bench.max_new_tokens or r.max_new_tokens
+        if n < 1:
+            raise ValueError(f"request {r.id} of workload {workload.name!r}: max_new_tokens={n}; allowed >= 1. "
+                             "Fix: BenchConfig(max_new_tokens=...) to set an output length.")
+        if context and len(ids) + n > context:
+            raise ValueError(
+                f"request {r.id} of workload {workload.name!r}: prompt {len(ids)} + max_new_tokens {n} = "
+                f"{len(ids) + n} tokens, longer than the model's context of {context}. Fix: a shorter "
+                "max_new_tokens (BenchConfig), workload.head(n) to drop long requests, or a longer-context model.")
+        out.append(PreparedRequest(r.id, tuple(ids), n))
+    return out
+
+
+def roofline_for(records: list[RequestRecord], wall_s: float, facts: dict[str, Any], gpu: str | None) -> dict:
+    """Achieved decode bandwidth and MBU from per-request records (see the module docstring)."""
+    tpots = sorted(r.tpot for r in records if r.tpot)
+    weight_bytes, kv = facts.get("weight_bytes"), facts.get("kv_bytes_per_token")
+    if not tpots or not weight_bytes or kv is None:
+        return {"mbu": "unknown", "why": "no decode timing or no model size"}
+    tpot = tpots[len(tpots) // 2]
+    batch = max(1, round(sum(r.decode_s or 0.0 for r in records) / max(wall_s, 1e-9)))
+    context = sum(r.prompt_tokens + r.output_tokens / 2 for r in records) / len(records)
+    return Roofline(gpu, weight_bytes, kv, batch, context, decode_tok_s=batch / tpot).to_dict()
+
+
+def run(engine: Engine, workload: Workload, bench: BenchConfig = BenchConfig(), *, lab: str = "",
+        step: str | None = None, store: ResultStore | None = None,
+        on_record: Callable[[RequestRecord], None] | None = None) -> Result:
+    """Warm up, run the whole workload once under the memory monitor, return (and store) its Result."""
+    import torch
+
+    requests = prepare(workload, engine, bench)
+    torch.manual_seed(bench.seed)
+    if bench.warmup_requests:
+        warm = [PreparedRequest(f"warmup-{r.request_id}", r.prompt_ids, min(8, r.max_new_tokens))
+                for r in requests[:bench.warmup_requests]]
+        engine.generate(warm, progress=False)
+    hardware = device_facts(import_torch=True)
+    done: list[RequestRecord] = []
+
+    def collect(rec: RequestRecord) -> None:
+        done.append(rec)
+        if on_record:
+            on_record(rec)
+
+    notes: list[str] = []
+    mon = MemoryMonitor(bench.monitor_interval_s)
+    for pid in getattr(engine, "worker_pids", lambda: [])():
+        mon.watch_pid(pid)
+    t0 = time.perf_counter()
+    interrupted: BaseException | None = None
+    with mon:
+        try:
+            records = engine.generate(requests, on_record=collect, progress=bench.progress)
+        except (KeyboardInterrupt, Exception) as e:  # keep what finished, then re-raise
+            records, interrupted = list(done), e
+            notes.append(f"interrupted after {len(done)} of {len(requests)} requests: {type(e).__name__}: {e}")
+    wall = time.perf_counter() - t0
+    if mon.source == "rss":
+        notes.append("memory is this process's resident set size (no NVIDIA GPU/NVML here)")
+    result = Result(
+        lab=lab, step=step or engine.name, engine=engine.name,
+        config={**_config_dict(engine.config), "ignore_eos": bench.ignore_eos, "seed": bench.seed,
+                "warmup_requests": bench.warmup_requests, **bench.tags},
+        model=engine.spec.describe() | {k: engine.facts.get(k) for k in ("parameters", "weight_bytes", "dtype")},
+        workload={"name": workload.name, "version": workload.version, "requests": len(requests)},
+        requests=records, wall_s=wall, memory=mon.timeline(),
+        roofline=roofline_for(records, wall, engine.facts, hardware.get("gpu")),
+        engine_facts=dict(engine.facts), hardware=hardware, versions=library_versions(), notes=notes)
+    if store is not None:
+        store.append(result)
+    if interrupted is not None:
+        raise interrupted
+    return result
+
+
+def _config_dict(config: Any) -> dict[str, Any]:
+    return config.to_dict() if hasattr(config, "to_dict") else dict(vars(config))

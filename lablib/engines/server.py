@@ -1,0 +1,154 @@
+"""vLLM's OpenAI-compatible server, started and ended from a notebook.
+
+Offline `LLM.generate` (lablib.engines.vllm) is the throughput limit; a deployment is a
+server that users reach over HTTP, one request at a time, whenever they like. Lab 03 runs
+the real thing: `python -m vllm.entrypoints.openai.api_server` as a child process bound to
+127.0.0.1 (never a public interface) behind a random API key, and drives it with the
+Poisson load generator in `lablib.bench.loadgen`.
+
+`VLLMServer` is a context manager because a forgotten server holds the whole GPU: it starts
+the process in its own process group (vLLM spawns engine-core and worker processes), sends
+its output to a log file, waits until `GET /health` answers, and on exit ends the whole group
+(SIGTERM, then SIGKILL after a grace period). A server that dies during start-up (bad
+option, out of memory, a model that does not load) or never gets healthy raises a
+RuntimeError carrying the tail of its log, which names the cause.
+
+Request logging is not switched off by a flag: it is off by default since vLLM 0.10, and
+`--disable-log-requests` was removed in 0.12, where passing it stops the server at start-up.
+"""
+from __future__ import annotations
+
+import atexit
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from ..config import ServerConfig
+from .process import die_with_parent, end_group
+
+HOST = "127.0.0.1"  # loopback only: the lab's server is never reachable from the network
+
+
+def server_command(config: ServerConfig, port: int | None = None, python: str = sys.executable) -> list[str]:
+    """The api_server command line for a config (pure: no process, no port check)."""
+    cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", config.model, "--host", HOST,
+           "--port", str(config.port if port is None else port), "--api-key", str(config.api_key),
+           "--served-model-name", config.name]
+    if config.tokenizer:
+        cmd += ["--tokenizer", config.tokenizer]
+    for flag, value in (("--max-num-seqs", config.max_num_seqs), ("--max-model-len", config.max_model_len),
+                        ("--gpu-memory-utilization", config.gpu_memory_utilization), ("--dtype", config.dtype)):
+        if value is not None:
+            cmd += [flag, str(value)]
+    if config.enable_prefix_caching is not None:
+        cmd.append("--enable-prefix-caching" if config.enable_prefix_caching else "--no-enable-prefix-caching")
+    return cmd + list(config.extra_args)
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        return s.getsockname()[1]
+
+
+def port_in_use(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex((HOST, port)) == 0
+
+
+def log_tail(path: str | Path, lines: int = 40) -> str:
+    """The last lines of a log file ('' when there is none)."""
+    try:
+        return "\n".join(Path(path).read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+class VLLMServer:
+    """The api_server as a child process group: `with VLLMServer(cfg) as srv: run_online(srv.base_url, ...)`.
+
+    `command` replaces the command line (tests start a fake server with it); `log_path`
+    defaults to a temporary file, kept after exit so a failure can be read in full.
+    """
+
+    def __init__(self, config: ServerConfig, *, log_path: str | Path | None = None, startup_timeout_s: float = 900.0,
+                 stop_timeout_s: float = 30.0, command: list[str] | None = None, env: dict[str, str] | None = None):
+        self.config = config
+        self.port = config.port or free_port()
+        self.command = list(command) if command is not None else server_command(config, self.port)
+        self.log_path = Path(log_path) if log_path else Path(tempfile.mkstemp(prefix="vllm-server-", suffix=".log")[1])
+        self.startup_timeout_s = startup_timeout_s
+        self.stop_timeout_s = stop_timeout_s
+        self.env = env
+        self.proc: subprocess.Popen | None = None
+        self.startup_s: float | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{HOST}:{self.port}"
+
+    @property
+    def api_key(self) -> str:
+        return str(self.config.api_key)
+
+    @property
+    def model(self) -> str:
+        return self.config.name
+
+    def healthy(self) -> bool:
+        """True once `GET /health` answers 200."""
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        try:
+            with opener.open(self.base_url + "/health", timeout=2) as resp:
+                return resp.status == 200
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def start(self) -> VLLMServer:
+        if port_in_use(self.port):
+            raise RuntimeError(f"port {self.port} on {HOST} is already in use (another server, or one left over "
+                               "from an earlier run). Fix: ServerConfig(port=0) for a free port, or stop the other one.")
+        log = open(self.log_path, "ab")
+        t0 = time.perf_counter()
+        try:
+            self.proc = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         start_new_session=True, env={**os.environ, **(self.env or {})},
+                                         preexec_fn=die_with_parent)
+        finally:
+            log.close()  # the child holds its own descriptor
+        atexit.register(self.stop)
+        while True:
+            code = self.proc.poll()
+            if code is not None:
+                self.stop()
+                raise RuntimeError(f"the server exited with code {code} during start-up. Last lines of "
+                                   f"{self.log_path}:\n{log_tail(self.log_path)}")
+            if self.healthy():
+                self.startup_s = time.perf_counter() - t0
+                return self
+            if time.perf_counter() - t0 > self.startup_timeout_s:
+                self.stop()
+                raise RuntimeError(f"the server did not answer GET /health within {self.startup_timeout_s:.0f}s "
+                                   f"(stopped). Last lines of {self.log_path}:\n{log_tail(self.log_path)}")
+            time.sleep(0.5)
+
+    def stop(self) -> None:
+        """End the whole process group: SIGTERM, then SIGKILL after `stop_timeout_s`; wait for it."""
+        proc, self.proc = self.proc, None
+        atexit.unregister(self.stop)
+        if proc is None:
+            return
+        end_group(proc, self.stop_timeout_s)
+
+    def __enter__(self) -> VLLMServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

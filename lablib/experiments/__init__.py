@@ -1,0 +1,10 @@
+"""One module per lab's multi-run experiment; a notebook cell is one call into here.
+
+- `journey`: the ladder of steps on one workload (lab 01, the main job, lab 10).
+- `sweeps`: engine-restart sweeps shared by the labs (one engine per configuration).
+- `kv`: lab 03, KV capacity against gpu_memory_utilization, the cold-start cross-check.
+- `scheduling`: lab 04, continuous batching: vLLM against HF, the scheduler knobs.
+- `serving`: lab 05, the OpenAI server under Poisson load, and the referee.
+
+Modules are imported by name (`from lablib.experiments import serving`).
+"""

@@ -1,0 +1,92 @@
+"""The journey: one workload, every step of the optimisation ladder this machine can run.
+
+The ladder starts at naive Hugging Face `generate` (one request at a time) and climbs
+through static batching to vLLM's paged attention, continuous batching, quantization,
+prefix caching and speculative decoding. Each step runs the same journey workload and
+appends its Result to one store, so the last lab (and the HTML report) can show the
+whole road. A step this machine cannot run (vLLM without a GPU) is listed as skipped
+with the reason, never silently dropped.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from ..bench.offline import run
+from ..config import BenchConfig, HFConfig
+from ..engines.hf import HFEngine
+from ..results.record import Result
+from ..results.store import ResultStore
+from ..workloads import load_workload
+
+
+@dataclass(frozen=True)
+class Step:
+    """One rung of the ladder."""
+
+    name: str  # "hf-naive", "hf-static-b8", ...
+    make_engine: Callable[[str], Any]  # model name → engine
+    needs: str = "cpu"  # "cpu" (runs anywhere) or "gpu+vllm"
+    why: str = ""  # one line: what this step changes
+
+
+def hf_steps(batch_sizes: list[int]) -> list[Step]:
+    steps = [Step("hf-naive", lambda m: HFEngine(m, HFConfig()), why="HF generate, one request at a time")]
+    for b in batch_sizes:
+        if b > 1:
+            steps.append(Step(f"hf-static-b{b}", lambda m, b=b: HFEngine(m, HFConfig("static", b)),
+                              why=f"left-padded batches of {b}; each batch waits for its longest member"))
+    return steps
+
+
+def ladder(batch_sizes: list[int]) -> list[Step]:
+    """Every step, in order; `available` says which this machine can run."""
+    from ..config import VLLMConfig
+    from ..engines.vllm import VLLMEngine
+
+    return hf_steps(batch_sizes) + [
+        Step("vllm", lambda m: VLLMEngine(m, VLLMConfig()), needs="gpu+vllm",
+             why="vLLM: paged KV cache, continuous batching, CUDA graphs (its own worker process)")]
+
+
+def available(step: Step) -> tuple[bool, str]:
+    if step.needs == "cpu":
+        return True, ""
+    from ..session import mode
+
+    m = mode()
+    return m["live"], "" if m["live"] else f"{m['why']}; data/reference/ has it recorded on an H200"
+
+
+def run_journey(model: str = "embedded", workload: str = "journey", requests: int | None = None,
+                batch_sizes: list[int] = (1, 4, 16), store: ResultStore | None = None,
+                bench: BenchConfig = BenchConfig(), lab: str = "journey",
+                log: Callable[[str], None] = print) -> tuple[list[Result], list[dict[str, str]]]:
+    """Run every available step on the workload; return the Results and the skipped steps."""
+    for b in batch_sizes:
+        if isinstance(b, bool) or not isinstance(b, int) or b < 1:
+            raise ValueError(f"batch_sizes contains {b!r}: allowed integers >= 1. Fix: e.g. --batch-sizes 1,4,16.")
+    wl = load_workload(workload, limit=requests)
+    results, skipped = [], []
+    for step in ladder(list(batch_sizes)):
+        ok, why = available(step)
+        if not ok:
+            skipped.append({"step": step.name, "why": why})
+            log(f"skip {step.name}: {why}")
+            continue
+        log(f"run  {step.name}: {step.why}")
+        engine = step.make_engine(model)
+        try:
+            r = run(engine, wl, bench, lab=lab, step=step.name, store=store)
+        finally:
+            engine.close()
+        s = r.summary
+        log(f"     {s['output_tok_s']:.1f} output tok/s, TTFT p50 {s['ttft_s']['p50'] * 1e3:.0f} ms, "
+            f"wall {r.wall_s:.1f} s")
+        results.append(r)
+    return results, skipped
+
+
+def default_store(folder: str | Path = "results", lab: str = "journey") -> ResultStore:
+    return ResultStore(Path(folder) / f"{lab}.jsonl")

@@ -1,0 +1,107 @@
+"""Will it fit? The memory budget of a vLLM engine, checked before the engine starts.
+
+vLLM takes `gpu_memory_utilization` × the GPU's memory and splits it into the weights,
+the activations of the largest step it will run (plus CUDA-graph buffers unless
+`enforce_eager`), and the KV cache, which gets everything left. It refuses to start when
+the KV cache cannot hold even one sequence of `max_model_len` tokens. Starting an engine
+costs a minute or more, so the lab does the arithmetic first and names the knob to turn.
+
+The overhead figures are deliberately rough (a fixed allowance for the CUDA context,
+activations and graphs); lab 02 puts the estimate next to the KV capacity vLLM reports.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from ..config import VLLMConfig
+from ..models.architecture import architectures, kv_bytes_per_token, parameter_count
+from ..models.spec import ModelSpec
+from .device import device_facts
+
+GiB = 2**30
+CONTEXT_OVERHEAD = 0.75 * GiB  # CUDA context, cuBLAS workspaces, allocator slack (not inside vLLM's budget)
+ACTIVATION_OVERHEAD = 1.0 * GiB  # peak activations of one scheduler step (profiled by vLLM at start)
+GRAPH_OVERHEAD = 0.5 * GiB  # CUDA-graph memory pools (0 with enforce_eager)
+
+
+@dataclass(frozen=True)
+class FitReport:
+    budget_bytes: int  # gpu_memory_utilization × total
+    weight_bytes: int
+    overhead_bytes: int
+    kv_bytes: int  # what is left for the KV cache
+    kv_bytes_per_token: int
+    kv_tokens: int  # KV capacity in tokens (the estimate vLLM's own figure is compared with)
+    max_model_len: int
+    max_concurrency: float  # full-length sequences that fit at once
+    fits: bool
+    advice: str
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def weight_bytes(spec: ModelSpec, config: VLLMConfig) -> int:
+    """Bytes of weights on the GPU: the checkpoint's size on disk, or from the shape for a hub preset."""
+    files = list(Path(spec.path).glob("*.safetensors"))
+    if files:
+        size = sum(f.stat().st_size for f in files)
+    else:
+        size = parameter_count(spec.config) * 2
+    if config.quantization == "fp8" and spec.architecture()["dtype"] in ("bfloat16", "float16"):
+        size //= 2  # fp8 weights for the linear layers (embeddings stay 16-bit: a slight under-estimate)
+    return size
+
+
+def check_fit(spec: ModelSpec, config: VLLMConfig, total_bytes: int, free_bytes: int | None = None) -> FitReport:
+    """The memory budget of `config` on a GPU of `total_bytes`; `fits` False with `advice` naming the knob.
+
+    Needs a local checkpoint (embedded, synthetic or a folder): a hub preset's shape is only known after download.
+    """
+    kv_per_tok = spec.kv_bytes_per_token(1 if config.kv_cache_dtype.startswith("fp8") else 2) or 0
+    max_len = config.max_model_len or spec.architecture()["context"] or 2048
+    budget = int(config.gpu_memory_utilization * total_bytes)
+    weights = weight_bytes(spec, config) // config.tensor_parallel_size
+    overhead = int(ACTIVATION_OVERHEAD + (0 if config.enforce_eager else GRAPH_OVERHEAD))
+    kv = max(0, budget - weights - overhead - int(CONTEXT_OVERHEAD))
+    tokens = kv // kv_per_tok if kv_per_tok else 0
+    fits = tokens >= max_len
+    advice = ""
+    if free_bytes is not None and config.gpu_memory_utilization * total_bytes > free_bytes + CONTEXT_OVERHEAD:
+        advice = (f"gpu_memory_utilization={config.gpu_memory_utilization} asks for "
+                  f"{config.gpu_memory_utilization * total_bytes / GiB:.1f} GiB but only {free_bytes / GiB:.1f} GiB "
+                  "is free (another process holds the rest). Fix: lower gpu_memory_utilization, or free the GPU.")
+        fits = False
+    elif not fits:
+        advice = (f"{spec.name}: weights {weights / GiB:.2f} GiB + overhead {overhead / GiB:.2f} GiB leave room for "
+                  f"{tokens:,} KV tokens, fewer than one sequence of max_model_len={max_len:,}. Fix: lower "
+                  "max_model_len, raise gpu_memory_utilization, use kv_cache_dtype='fp8' or quantization='fp8', "
+                  "or a smaller model.")
+    return FitReport(budget, weights, overhead, kv, kv_per_tok, tokens, max_len,
+                     tokens / max_len if max_len else 0.0, fits, advice)
+
+
+def fit_table(gpu_memory_bytes: int | None = None, contexts: tuple[int, ...] = (2048, 8192)) -> list[dict[str, Any]]:
+    """Per real architecture: bf16 weights, KV per token, and whether weights + one sequence of each context fit.
+
+    `gpu_memory_bytes` defaults to this machine's first GPU; None without one (the columns say so).
+    """
+    if gpu_memory_bytes is None:
+        mem = device_facts().get("gpu_memory_bytes") or []
+        gpu_memory_bytes = mem[0] if mem else None
+    rows = []
+    for name, cfg in architectures().items():
+        heads = cfg["num_attention_heads"]
+        kv = kv_bytes_per_token(cfg["num_hidden_layers"], cfg.get("num_key_value_heads", heads),
+                                cfg.get("head_dim") or cfg["hidden_size"] // heads, "bfloat16")
+        weights = parameter_count(cfg) * 2
+        row = {"architecture": name, "parameters_B": parameter_count(cfg) / 1e9, "weights_GiB": weights / GiB,
+               "kv_KiB_per_token": kv / 1024}
+        for c in contexts:
+            # vLLM's default budget (90% of the GPU) less the same overheads check_fit allows for
+            need = weights + kv * c + CONTEXT_OVERHEAD + ACTIVATION_OVERHEAD + GRAPH_OVERHEAD
+            row[f"fits_{c}"] = None if gpu_memory_bytes is None else need <= 0.9 * gpu_memory_bytes
+        rows.append(row)
+    return rows

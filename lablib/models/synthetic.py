@@ -1,0 +1,55 @@
+"""Synthetic checkpoints: real architectures with random weights, made locally, no download.
+
+Speed and memory depend on a model's shape (layers, hidden size, heads, KV heads, vocab,
+dtype), not on what its weights say. A random-init checkpoint of Llama-3.1-8B's exact
+config therefore loads, pages its KV cache and decodes at the same speed as the real one,
+on a machine that cannot reach a model hub. What it cannot do is make sense: prompts go
+in as token ids (detokenisation off) and the text it returns is noise. Every figure built
+from one says "synthetic weights: speed and memory are real, the text is not".
+
+The shapes come from the published `config.json` files, kept in
+`data/synthetic/architectures.json` (source named per entry).
+"""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from .architecture import ARCH_FILE, LABEL, architectures
+from .spec import ModelSpec, check_model_dir
+
+
+def synthetic_spec(name: str, root: str | Path = "/tmp/lablib-synthetic") -> ModelSpec:
+    """The ModelSpec of a synthetic checkpoint (made by `make_synthetic` first if absent)."""
+    archs = architectures()
+    if name not in archs:
+        raise ValueError(f"synthetic model {name!r} is not known: choose one of {sorted(archs)} "
+                         f"(shapes in {ARCH_FILE}).")
+    folder = Path(root) / name
+    if not (folder / "config.json").exists():
+        make_synthetic(name, folder)
+    return ModelSpec(f"synthetic:{name}", str(folder), "synthetic", check_model_dir(folder))
+
+
+def make_synthetic(name: str, folder: str | Path, seed: int = 0, dtype: str = "bfloat16") -> Path:
+    """Write a random-init checkpoint of architecture `name` (on the GPU when there is one: ~25 s for 8B)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    cfg = {k: v for k, v in architectures()[name].items() if not k.startswith("_")}
+    config = AutoConfig.for_model(**cfg)
+    torch.manual_seed(seed)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    t0 = time.perf_counter()
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
+    folder = Path(folder)
+    model.save_pretrained(folder)
+    (folder / "synthetic.json").write_text(json.dumps(
+        {"architecture": name, "seed": seed, "dtype": dtype, "label": LABEL,
+         "parameters": sum(p.numel() for p in model.parameters()), "made_s": round(time.perf_counter() - t0, 1)}))
+    del model
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    return folder

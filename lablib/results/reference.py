@@ -1,0 +1,60 @@
+"""Runs recorded on the H200, for machines that cannot run vLLM themselves.
+
+Without a GPU (Colab CPU, a laptop, CI) the vLLM cells of labs 02 and 03 show these
+instead of measuring: Results made by `scripts/record_reference.py` through the same
+`bench.run` a notebook uses, with provenance "recorded", the GPU, versions and date. Every
+figure built from them says "recorded on NVIDIA H200, <date>", so nobody mistakes them for
+a measurement of the machine in front of them. `mode()` tells a lab which it is looking at.
+"""
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from typing import Any
+
+from ..config import DATA_DIR
+from .record import Result
+from .store import ResultStore
+
+REFERENCE_DIR = DATA_DIR / "reference"
+
+
+@lru_cache(maxsize=1)
+def _all() -> tuple[Result, ...]:
+    path = REFERENCE_DIR / "h200.jsonl.gz"
+    if not path.exists():
+        raise FileNotFoundError(f"{path} is missing: the recorded runs ship with the repository. "
+                                "Fix: git checkout data/reference (or re-record: scripts/record_reference.py on a GPU).")
+    return tuple(ResultStore(path).load())
+
+
+def reference_steps() -> list[str]:
+    return [r.step for r in _all()]
+
+
+def load_reference(*steps: str, prefix: str | None = None) -> list[Result]:
+    """Recorded Results by step name (or every step starting with `prefix`; all when neither is given)."""
+    runs = {r.step: r for r in _all()}
+    unknown = [s for s in steps if s not in runs]
+    if unknown:
+        raise ValueError(f"no recorded run named {unknown}: recorded steps are {sorted(runs)}.")
+    if steps:
+        return [runs[s] for s in steps]
+    return [r for r in runs.values() if prefix is None or r.step.startswith(prefix)]
+
+
+def reference_facts() -> dict[str, Any]:
+    """Engine start-up, VRAM after close, greedy agreement, the gpu_memory_utilization sweep, headline figures."""
+    return json.loads((REFERENCE_DIR / "facts.json").read_text())
+
+
+
+
+def recorded_rows(key: str, step: str) -> list[dict[str, Any]]:
+    """The sweep rows recorded on the H200 under facts[key], each labelled with where and when."""
+    facts = reference_facts()
+    if key not in facts:
+        raise ValueError(f"data/reference/facts.json has no {key!r}: it ships with the repository. Fix: git checkout "
+                         f"data/reference, or record it on a GPU (scripts/record_reference.py --steps {step}).")
+    head = facts["headline"]
+    return [{**row, "provenance": f"recorded on {head['gpu']}, {head['date']}"} for row in facts[key]]

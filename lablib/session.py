@@ -1,0 +1,159 @@
+"""The one switch between live and recorded: what this machine can measure, and the label on what it shows.
+
+Every lab runs two ways from the same notebook. On a GPU with vLLM the vLLM cells measure
+live; without one (Colab CPU, a laptop, CI) they show runs recorded on the H200 by the
+project's own scripts (`data/reference/`). This module alone decides which (`mode()`), and
+`live_or_recorded` hands a lab one `Shown` value: the data, whether it is live, and the
+label that goes next to it ("live on NVIDIA H200" or "recorded on NVIDIA H200, 2026-11-29").
+A notebook never branches on the mode itself.
+
+`Checks` is how a lab's Checks cell asserts on the run the user just made: a claim about
+live data is asserted when the data is live, and reported as "not measured here" when it
+was recorded (the recordings are tested in `tests/`, not in the notebook).
+"""
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any, Callable, Generic, TypeVar
+
+from .results.reference import reference_facts
+
+T = TypeVar("T")
+
+
+
+@lru_cache(maxsize=1)
+def mode() -> dict[str, Any]:
+    """Which way this machine runs the vLLM cells: live (an NVIDIA GPU and vLLM) or recorded, and why.
+
+    Decided once per process (NVML and an import check, no CUDA context): a lab asks many times.
+    `LABLIB_MODE=recorded` forces the recorded path on a GPU machine (an instructor previewing
+    what a CPU attendee sees).
+    """
+    import os
+
+    from .hardware.device import device_facts
+
+    gpu = device_facts().get("gpu")
+    has_vllm = importlib.util.find_spec("vllm") is not None
+    forced = os.environ.get("LABLIB_MODE") == "recorded"
+    live = bool(gpu) and has_vllm and not forced
+    why = ("GPU and vLLM present: measuring live" if live else "LABLIB_MODE=recorded" if forced else
+           "no NVIDIA GPU visible" if not gpu else "vLLM is not installed (pip install 'lablib[gpu]')")
+    head = reference_facts()["headline"]
+    recorded = f"recorded on {head['gpu']}, {head['date']}"
+    banner = ("LIVE: vLLM runs on this machine's " + gpu) if live else (
+        f"RECORDED: {why}, so vLLM cells show runs {recorded}; simulators, calculators and HF runs are live.")
+    return {"live": live, "gpu": gpu, "vllm": has_vllm, "why": why, "banner": banner, "recorded": recorded}
+
+
+def live_label() -> str:
+    """How a live measurement on this machine is labelled: "live on <GPU>" (or "live on this CPU")."""
+    gpu = mode()["gpu"]
+    return f"live on {gpu}" if gpu else "live on this CPU"
+
+
+@dataclass
+class Shown(Generic[T]):
+    """What a lab shows from one experiment: the data, whether this machine measured it, and the label to print."""
+
+    value: T  # the rows, the Result(s), the facts
+    live: bool  # measured in this session on this machine
+    label: str  # "live on NVIDIA H200" or "recorded on NVIDIA H200, 2026-11-29"
+    why: str = ""  # why recorded (no GPU, no vLLM), empty when live
+
+    def line(self, template: str) -> str:
+        """`template.format(**value)` (or `.format(value)` for a non-dict) followed by the label."""
+        text = template.format(**self.value) if isinstance(self.value, dict) else template.format(self.value)
+        return f"{text}  [{self.label}]"
+
+    def table(self, columns: list[str] | None = None) -> Any:
+        """A pandas DataFrame of list-of-dict or Result values, with a `provenance` column always present."""
+        import pandas as pd
+
+        from .results.compare import table
+        from .results.record import Result
+
+        rows = self.value if isinstance(self.value, list) else [self.value]
+        if rows and isinstance(rows[0], Result):
+            rows = [{**row, "provenance": r.label if r.provenance == "recorded" else self.label}
+                    for r, row in zip(rows, table(rows))]
+        else:
+            rows = [{**row, "provenance": row.get("provenance") or self.label} for row in rows]
+        frame = pd.DataFrame(rows)
+        if columns is not None:
+            frame = frame[[c for c in columns if c != "provenance"] + ["provenance"]]
+        return frame
+
+    def __repr__(self) -> str:
+        return f"Shown({'live' if self.live else 'recorded'}: {self.label})"
+
+
+def live_or_recorded(live: Callable[[], T], recorded: Callable[[], T], *, force: bool | None = None) -> Shown[T]:
+    """Run `live()` on a machine that can (see `mode`), else load `recorded()`; either way labelled.
+
+    `force=True/False` overrides the machine's mode (tests; a GPU user who wants the recording).
+    """
+    m = mode()
+    use_live = m["live"] if force is None else force
+    if use_live:
+        return Shown(live(), True, live_label())
+    return Shown(recorded(), False, m["recorded"], m["why"])
+
+
+class Checks:
+    """A lab's Checks cell: assertions on the run the user just made, and an honest count of what was checked.
+
+        c = Checks("03_kv_cache")
+        c.that("paging wastes under 4%", report.paged.waste_fraction < 0.04)
+        c.live(gmu, "VRAM back to baseline after every engine", lambda rows: all(r["back_to_baseline"] for r in rows))
+        c.done()
+
+    `that` asserts now. `live` asserts only when the data was measured here; for a recording it
+    notes the claim as not measured on this machine (the recordings are tested by
+    tests/test_reference.py, not re-asserted in a notebook). `done` prints what ran and what did not.
+    """
+
+    def __init__(self, lab: str):
+        self.lab = lab
+        self.passed: list[str] = []
+        self.not_here: list[str] = []
+
+    def that(self, claim: str, ok: bool, detail: Any = None) -> None:
+        assert ok, f"{self.lab}: check failed: {claim}" + (f" ({detail})" if detail is not None else "")
+        self.passed.append(claim)
+
+    def live(self, shown: Shown, claim: str, test: Callable[[Any], bool], detail: Callable[[Any], Any] | None = None
+             ) -> None:
+        if not shown.live:
+            self.not_here.append(f"{claim} ({shown.label})")
+            return
+        self.that(claim, test(shown.value), detail(shown.value) if detail else None)
+
+    def done(self) -> str:
+        text = f"{self.lab}: {len(self.passed)} checks on this run passed"
+        if self.not_here:
+            text += (f"; {len(self.not_here)} need a live GPU run and were not checked here (the recordings are "
+                     "tested in tests/): " + "; ".join(self.not_here))
+        print(text)
+        return text
+
+
+LABS = [
+    ("00_setup", "this page: hardware, NVML, what fits", "cpu"),
+    ("01_batching", "naive HF generate vs static batching; the memory wall; prefill vs decode", "cpu"),
+    ("03_kv_cache", "KV-cache sizes, fragmentation and paging, the gpu_memory_utilization sweep", "vllm"),
+    ("04_continuous_batching", "static vs continuous batching (Gantt), HF vs vLLM on the journey, scheduler knobs",
+     "vllm"),
+    ("05_serving", "the OpenAI server under Poisson load, /metrics, vllm bench serve as referee", "vllm"),
+]
+
+
+def lab_plan() -> list[dict[str, str]]:
+    """For each lab: what it does and whether it measures live here or shows recorded runs."""
+    m = mode()
+    return [{"lab": lab, "does": does,
+             "here": "live" if need == "cpu" or m["live"] else f"simulators and HF live, vLLM recorded ({m['why']})"}
+            for lab, does, need in LABS]
