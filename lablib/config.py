@@ -12,22 +12,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from . import validate
+
 
 # Where the project's data lives: data/ beside the package, or $LABLIB_DATA (a copy elsewhere, a test's folder).
 DATA_DIR = Path(os.environ.get("LABLIB_DATA", Path(__file__).resolve().parent.parent / "data"))
 
 HF_MODES = ("naive", "static")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
-
-
-def _positive_int(owner: str, name: str, value: Any, fix: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{owner}.{name}={value!r}: allowed integers >= 1. Fix: {fix}")
-
-
-def _choice(owner: str, name: str, value: Any, allowed: tuple) -> None:
-    if value not in allowed:
-        raise ValueError(f"{owner}.{name}={value!r}: allowed {', '.join(map(repr, allowed))}.")
 
 
 @dataclass(frozen=True)
@@ -40,13 +32,13 @@ class HFConfig:
     device: str = "auto"  # "auto" = "cuda" when a GPU is visible, else "cpu"
 
     def __post_init__(self) -> None:
-        _choice("HFConfig", "mode", self.mode, HF_MODES)
-        _positive_int("HFConfig", "batch_size", self.batch_size, "use 1 for naive generate, 2-64 for static batching.")
+        validate.choice("HFConfig", "mode", self.mode, HF_MODES, "'naive' for one request at a time, 'static' to batch.")
+        validate.integer("HFConfig", "batch_size", self.batch_size, "use 1 for naive generate, 2-64 for static batching.")
         if self.mode == "naive" and self.batch_size != 1:
-            raise ValueError(f"HFConfig.batch_size={self.batch_size} with mode='naive': naive generate runs one "
-                             "request at a time. Fix: mode='static' to batch, or batch_size=1.")
-        _choice("HFConfig", "dtype", self.dtype, DTYPES)
-        _choice("HFConfig", "device", self.device, ("auto", "cpu", "cuda"))
+            raise validate.refuse("HFConfig", "batch_size", self.batch_size, "1 with mode='naive' (naive generate runs "
+                                  "one request at a time)", "mode='static' to batch, or batch_size=1.")
+        validate.choice("HFConfig", "dtype", self.dtype, DTYPES)
+        validate.choice("HFConfig", "device", self.device, ("auto", "cpu", "cuda"))
 
     @property
     def engine(self) -> str:
@@ -62,20 +54,18 @@ class BenchConfig:
 
     warmup_requests: int = 1  # requests run (and discarded) before the timer starts: loads kernels, caches
     max_new_tokens: int | None = None  # override every request's output length (None: the workload's own)
-    ignore_eos: bool = True  # generate exactly the requested length, so runs are comparable
-    seed: int = 0  # torch seed; decoding is greedy, so the seed only matters for tie-breaks
+    seed: int = 0  # torch seed set before the run (recorded as bench_seed); decoding is greedy: tie-breaks only
     monitor_interval_s: float = 0.05  # memory sampling period
     progress: bool = True  # a progress bar while the run goes
     tags: dict[str, Any] = field(default_factory=dict)  # free-form labels stored in the Result's config
 
     def __post_init__(self) -> None:
-        if isinstance(self.warmup_requests, bool) or not isinstance(self.warmup_requests, int) or self.warmup_requests < 0:
-            raise ValueError(f"BenchConfig.warmup_requests={self.warmup_requests!r}: allowed integers >= 0.")
-        if self.max_new_tokens is not None:
-            _positive_int("BenchConfig", "max_new_tokens", self.max_new_tokens,
-                          "ask for at least one new token, or None to keep the workload's lengths.")
-        if not 0.001 <= self.monitor_interval_s <= 10:
-            raise ValueError(f"BenchConfig.monitor_interval_s={self.monitor_interval_s!r}: allowed 0.001 to 10 seconds.")
+        validate.integer("BenchConfig", "warmup_requests", self.warmup_requests, "0 to skip the warm-up, 1 usually.", 0)
+        validate.optional_integer("BenchConfig", "max_new_tokens", self.max_new_tokens,
+                                  "ask for at least one new token, or None to keep the workload's lengths.")
+        validate.integer("BenchConfig", "seed", self.seed, "any integer >= 0, e.g. 0.", 0)
+        validate.number("BenchConfig", "monitor_interval_s", self.monitor_interval_s, "e.g. 0.05 (20 samples a second).",
+                        0.001, 10)
 
 
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
@@ -100,22 +90,21 @@ class VLLMConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        g = self.gpu_memory_utilization
-        if isinstance(g, bool) or not isinstance(g, (int, float)) or not 0 < g <= 1:
-            raise ValueError(f"VLLMConfig.gpu_memory_utilization={g!r}: allowed (0, 1], a fraction of GPU memory. "
-                             "Fix: e.g. 0.9 (vLLM's default), lower it if other processes share the GPU.")
-        _positive_int("VLLMConfig", "max_num_seqs", self.max_num_seqs, "e.g. 256 (vLLM's default), 1 for one at a time.")
-        _positive_int("VLLMConfig", "tensor_parallel_size", self.tensor_parallel_size, "1 for one GPU.")
+        validate.fraction("VLLMConfig", "gpu_memory_utilization", self.gpu_memory_utilization,
+                          "e.g. 0.9 (vLLM's default), lower it if other processes share the GPU.")
+        validate.integer("VLLMConfig", "max_num_seqs", self.max_num_seqs, "e.g. 256 (vLLM's default), 1 for one at a time.")
+        validate.integer("VLLMConfig", "tensor_parallel_size", self.tensor_parallel_size, "1 for one GPU.")
         for name in ("max_num_batched_tokens", "max_model_len"):
-            if getattr(self, name) is not None:
-                _positive_int("VLLMConfig", name, getattr(self, name), "a positive token count, or None for vLLM's default.")
+            validate.optional_integer("VLLMConfig", name, getattr(self, name),
+                                      "a positive token count, or None for vLLM's default.")
         if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < self.max_num_seqs:
-            raise ValueError(f"VLLMConfig.max_num_batched_tokens={self.max_num_batched_tokens} < max_num_seqs="
-                             f"{self.max_num_seqs}: every running sequence needs a token per step. "
-                             "Fix: raise max_num_batched_tokens or lower max_num_seqs.")
-        _choice("VLLMConfig", "dtype", self.dtype, DTYPES)
-        _choice("VLLMConfig", "kv_cache_dtype", self.kv_cache_dtype, KV_CACHE_DTYPES)
-        _choice("VLLMConfig", "quantization", self.quantization, QUANTIZATIONS)
+            raise validate.refuse("VLLMConfig", "max_num_batched_tokens", self.max_num_batched_tokens,
+                                  f">= max_num_seqs={self.max_num_seqs} (every running sequence needs a token per step)",
+                                  "raise max_num_batched_tokens or lower max_num_seqs.")
+        validate.choice("VLLMConfig", "dtype", self.dtype, DTYPES)
+        validate.choice("VLLMConfig", "kv_cache_dtype", self.kv_cache_dtype, KV_CACHE_DTYPES)
+        validate.choice("VLLMConfig", "quantization", self.quantization, QUANTIZATIONS)
+        validate.integer("VLLMConfig", "seed", self.seed, "any integer >= 0, e.g. 0.", 0)
 
     @property
     def engine(self) -> str:
@@ -148,25 +137,23 @@ class ServerConfig:
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model:
-            raise ValueError(f"ServerConfig.model={self.model!r}: give a model folder or hub id.")
-        if isinstance(self.port, bool) or not isinstance(self.port, int) or not 0 <= self.port <= 65535:
-            raise ValueError(f"ServerConfig.port={self.port!r}: allowed integers 0-65535 (0: a free port).")
+            raise validate.refuse("ServerConfig", "model", self.model, "a model folder or hub id",
+                                  "pass the folder save_pretrained() wrote, e.g. str(lablib.models.embedded_path()).")
+        validate.integer("ServerConfig", "port", self.port, "0 for a free port, or e.g. 8000.", 0, 65535)
         if self.api_key is None:
             object.__setattr__(self, "api_key", secrets.token_urlsafe(24))
         elif not isinstance(self.api_key, str) or not self.api_key or any(c.isspace() for c in self.api_key):
-            raise ValueError("ServerConfig.api_key: allowed a non-empty string without spaces, or None for a random key.")
+            raise validate.refuse("ServerConfig", "api_key", "<hidden>", "a non-empty string without spaces",
+                                  "None for a random key.")
         for name in ("max_num_seqs", "max_model_len"):
-            if getattr(self, name) is not None:
-                _positive_int("ServerConfig", name, getattr(self, name), "or None for vLLM's default.")
-        g = self.gpu_memory_utilization
-        if g is not None and (isinstance(g, bool) or not isinstance(g, (int, float)) or not 0 < g <= 1):
-            raise ValueError(f"ServerConfig.gpu_memory_utilization={g!r}: allowed a fraction in (0, 1], e.g. 0.9.")
-        if self.enable_prefix_caching not in (None, True, False):
-            raise ValueError(f"ServerConfig.enable_prefix_caching={self.enable_prefix_caching!r}: allowed None, "
-                             "True or False.")
+            validate.optional_integer("ServerConfig", name, getattr(self, name), "or None for vLLM's default.")
+        if self.gpu_memory_utilization is not None:
+            validate.fraction("ServerConfig", "gpu_memory_utilization", self.gpu_memory_utilization, "e.g. 0.9.")
+        validate.choice("ServerConfig", "enable_prefix_caching", self.enable_prefix_caching, (None, True, False))
         object.__setattr__(self, "extra_args", tuple(self.extra_args))
         if not all(isinstance(a, str) for a in self.extra_args):
-            raise ValueError(f"ServerConfig.extra_args={self.extra_args!r}: allowed a sequence of strings.")
+            raise validate.refuse("ServerConfig", "extra_args", self.extra_args, "a sequence of strings",
+                                  "e.g. ('--max-num-batched-tokens', '2048').")
 
     @property
     def name(self) -> str:

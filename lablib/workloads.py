@@ -30,6 +30,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from . import validate
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -90,9 +91,7 @@ class Request:
         object.__setattr__(self, "messages", tuple({"role": m["role"], "content": m["content"]} for m in messages))
         for name, minimum in (("max_new_tokens", 0), ("prompt_tokens", 1)):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-                raise ValueError(f"Request {self.id}: {name}={value!r} is out of range: it must be an integer "
-                                 f">= {minimum} (a token count). Fix: rebuild with `{REBUILD}`.")
+            validate.integer(f"Request({self.id})", name, value, f"rebuild the workloads with `{REBUILD}`.", minimum)
         if not isinstance(self.meta, Mapping):
             raise ValueError(f"Request {self.id}: meta={self.meta!r} is invalid: it must be a dict.")
         object.__setattr__(self, "meta", dict(self.meta))
@@ -124,9 +123,7 @@ class Workload:
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
             raise ValueError(f"Workload.name={self.name!r} is invalid: it must be a non-empty string.")
-        if isinstance(self.version, bool) or not isinstance(self.version, int) or self.version < 1:
-            raise ValueError(f"Workload {self.name}: version={self.version!r} is out of range: it must be an "
-                             "integer >= 1.")
+        validate.integer(f"Workload({self.name})", "version", self.version, f"rebuild with `{REBUILD}`.")
         requests = tuple(self.requests)
         if not requests or not all(isinstance(r, Request) for r in requests):
             raise ValueError(f"Workload {self.name}: requests must be a non-empty sequence of Request.")
@@ -214,9 +211,7 @@ class Workload:
 
 
 def _check_count(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name}={value!r} is out of range: it must be a positive integer (a number of requests). "
-                         f"Fix: pass e.g. {name}=8, or None for the whole set.")
+    validate.integer("Workload", name, value, f"pass e.g. {name}=8 (a number of requests), or None for the whole set.")
 
 
 def _sha256(path: Path) -> str:

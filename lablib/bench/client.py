@@ -10,6 +10,7 @@ stub server that streams as fast as it can write (`lablib.bench.sse_stub`).
 from __future__ import annotations
 
 import math
+from .. import validate
 from collections.abc import Sequence
 from typing import Any
 
@@ -29,9 +30,8 @@ def client_ceiling(streams: int = 256, tokens: int = 120) -> dict[str, Any]:
     """
     from . import sse_stub
 
-    for name, v in (("streams", streams), ("tokens", tokens)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"client_ceiling: {name}={v!r}: allowed integers >= 1.")
+    validate.integer("client_ceiling", "streams", streams, "e.g. 256 streams at once.")
+    validate.integer("client_ceiling", "tokens", tokens, "e.g. 120 token events per stream.")
     stats: dict[str, Any] = {}
     with sse_stub.running() as base:
         for _ in range(2):

@@ -22,17 +22,16 @@ sweep point's other measurements.
 """
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 import math
 import random
 import time
-from collections.abc import Callable, Coroutine, Sequence
+from .. import validate
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from ..hardware.device import device_facts, library_versions
 from .prom import DEFAULT_GAUGES, MetricsScraper, fetch_metrics, parse_prometheus, window_means
-from ..engines.openai import Prompt, stream_completion
+from ..engines.openai import Prompt, run_sync, send_all
 from ..results.record import RequestRecord, Result
 from ..results.store import ResultStore
 from ..workloads import Workload
@@ -42,16 +41,13 @@ T = TypeVar("T")
 
 def check_rate(rate: float, where: str) -> float:
     """An offered request rate, checked: requests per second > 0, or float('inf') for every request at once."""
-    if isinstance(rate, bool) or not isinstance(rate, (int, float)) or math.isnan(rate) or rate <= 0:
-        raise ValueError(f"{where}: rate={rate!r}: allowed requests per second > 0, or float('inf') "
-                         "to send every request at once.")
-    return rate
+    return validate.number(where, "rate", rate, "requests per second, e.g. 4.0, or float('inf') to send every "
+                           "request at once.", 0.0, low_open=True, allow_inf=True)
 
 
 def arrival_times(n: int, rate: float, seed: int) -> list[float]:
     """Scheduled send offsets (seconds) of n requests: the first at 0, then exponential gaps of mean 1/rate."""
-    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-        raise ValueError(f"arrival_times: n={n!r}: allowed integers >= 0 (a request count).")
+    validate.integer("arrival_times", "n", n, "a request count, e.g. len(workload).", 0)
     if math.isinf(check_rate(rate, "arrival_times")):
         return [0.0] * n
     rng, t, out = random.Random(seed), 0.0, []
@@ -66,58 +62,14 @@ async def load_test(base_url: str, api_key: str | None, model: str, prompts: Seq
                     max_concurrency: int | None = None, timeout_s: float = 600.0,
                     on_start: Callable[[float], None] | None = None, stats: dict[str, Any] | None = None
                     ) -> tuple[list[RequestRecord], list[str]]:
-    """Send every prompt on a seeded Poisson schedule, streaming; return (records, errors).
+    """Send every prompt on a seeded Poisson schedule at `rate` (`arrival_times`), streaming; return (records, errors).
 
-    Records are the requests that finished, in request order, with times in seconds since
-    the test started: after the HTTP client exists (creating one takes ~0.2 s, which must not
-    count as TTFT), when `on_start(t0)` is called with that `time.perf_counter()` origin
-    (run_online starts the metrics scraper there, on the same clock). `max_concurrency`
-    caps requests in flight on the client (the arrival still counts from the schedule, so
-    a capped client's waiting shows up as TTFT). Each error line names the request.
-
-    The client is aiohttp, as in `vllm bench serve`: one event loop on one thread reads every
-    stream, at 11-14 us of CPU per event on a CI core (httpx, the first client here, took
-    50-170 us, more with more streams open: scripts/client_overhead.py). A `stats` dict gets
-    the client's own load: `events` read, `cpu_s` the loop thread's CPU time, `busy` =
-    cpu_s / wall. Near 1 the client, not the server, sets the pace: events wait in socket
-    buffers and are stamped late, so TPOT rises and throughput falls.
+    The sending and reading is `lablib.engines.openai.send_all` (see it for the clock, the
+    concurrency cap and the client's own load in `stats`).
     """
-    import aiohttp
-
-    if len(prompts) != len(max_tokens):
-        raise ValueError(f"load_test: {len(prompts)} prompts but {len(max_tokens)} max_tokens: give one each.")
-    if any(isinstance(m, bool) or not isinstance(m, int) or m < 1 for m in max_tokens):
-        raise ValueError("load_test: every max_tokens must be an integer >= 1.")
-    if max_concurrency is not None and (not isinstance(max_concurrency, int) or max_concurrency < 1):
-        raise ValueError(f"load_test: max_concurrency={max_concurrency!r}: allowed None or an integer >= 1.")
-    ids = list(request_ids) if request_ids is not None else [f"req-{i:04d}" for i in range(len(prompts))]
-    schedule = arrival_times(len(prompts), rate, seed)
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    url = base_url.rstrip("/") + "/v1/completions"
-    sem = asyncio.Semaphore(max_concurrency) if max_concurrency else None
-    count = [0]
-    # No connection cap and no proxies: a client-side queue would be measured as server TTFT.
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
-                                     timeout=aiohttp.ClientTimeout(total=timeout_s), trust_env=False) as session:
-        start, cpu0 = time.perf_counter(), time.thread_time()
-        if on_start is not None:
-            on_start(start)
-        tasks = [stream_completion(session, url, headers, model, rid, p, n, a, start, sem, count)
-                 for rid, p, n, a in zip(ids, prompts, max_tokens, schedule)]
-        outcomes = await asyncio.gather(*tasks, return_exceptions=True)
-        cpu, wall = time.thread_time() - cpu0, time.perf_counter() - start
-    if stats is not None:
-        stats.update(library=f"aiohttp {aiohttp.__version__}", events=count[0], cpu_s=cpu, wall_s=wall,
-                     busy=cpu / wall if wall > 0 else None)
-    records, errors = [], []
-    for rid, a, out in zip(ids, schedule, outcomes):
-        if isinstance(out, RequestRecord):
-            records.append(out)
-        elif isinstance(out, Exception):
-            errors.append(f"{rid} (arrival {a:.3f}s): {type(out).__name__}: {out}")
-        else:
-            raise out  # KeyboardInterrupt, CancelledError: not a request failure
-    return records, errors
+    return await send_all(base_url, api_key, model, prompts, max_tokens, arrival_times(len(prompts), rate, seed),
+                          request_ids=request_ids, max_concurrency=max_concurrency, timeout_s=timeout_s,
+                          on_start=on_start, stats=stats)
 
 
 def _histograms(base_url: str, api_key: str | None) -> dict[str, float] | None:
@@ -126,16 +78,6 @@ def _histograms(base_url: str, api_key: str | None) -> dict[str, float] | None:
         return parse_prometheus(fetch_metrics(base_url.rstrip("/") + "/metrics", api_key))
     except Exception:  # noqa: BLE001 - the server's own view is extra: its absence must not lose the load test
         return None
-
-
-def run_sync(coro: Coroutine[Any, Any, T]) -> T:
-    """asyncio.run, also from inside Jupyter (whose loop is already running: then in a fresh thread)."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(coro)
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        return pool.submit(asyncio.run, coro).result()
 
 
 def run_online(base_url: str, api_key: str | None, model: str, workload: Workload, rates: Sequence[float], *,

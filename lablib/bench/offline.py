@@ -3,8 +3,15 @@
 Measured the way gpt-fast and nanochat measure: seeded; a warm-up request first (kernel
 selection, allocator growth and lazy initialisation are not the engine's steady state);
 the device synchronised around the timer (each engine's records come from tokens already
-on the host); fixed output lengths (`ignore_eos`), so two engines do the same work; memory
-sampled in a background thread for the whole run.
+on the host); fixed output lengths (every engine ignores EOS and says so in its facts), so two
+engines do the same work; memory sampled in a background thread for the whole run.
+
+Order matters for the user's time: every request is tokenised and checked against the
+engine's context (`facts["context"]`, known before it starts) first, and only then is the
+engine started (`engine.start()`): a prompt too long for the model is refused in
+milliseconds, not after a vLLM engine's minute of start-up. The Result records what ran:
+the engine's own config (its seed included), the bench's seed as `bench_seed`, and
+`ignore_eos` as the engine reports it.
 
 The roofline numbers follow the usual model-bandwidth-utilisation definition: during
 decode, every step reads all weights once plus the KV cache of each running sequence, so
@@ -76,7 +83,8 @@ def run(engine: Engine, workload: Workload, bench: BenchConfig = BenchConfig(), 
     """Warm up, run the whole workload once under the memory monitor, return (and store) its Result."""
     import torch
 
-    requests = prepare(workload, engine, bench)
+    requests = prepare(workload, engine, bench)  # refused here, before a vLLM engine spends a minute starting
+    engine.start()
     torch.manual_seed(bench.seed)
     if bench.warmup_requests:
         warm = [PreparedRequest(f"warmup-{r.request_id}", r.prompt_ids, min(8, r.max_new_tokens))
@@ -92,7 +100,7 @@ def run(engine: Engine, workload: Workload, bench: BenchConfig = BenchConfig(), 
 
     notes: list[str] = []
     mon = MemoryMonitor(bench.monitor_interval_s)
-    for pid in getattr(engine, "worker_pids", lambda: [])():
+    for pid in engine.worker_pids():
         mon.watch_pid(pid)
     t0 = time.perf_counter()
     interrupted: BaseException | None = None
@@ -107,7 +115,7 @@ def run(engine: Engine, workload: Workload, bench: BenchConfig = BenchConfig(), 
         notes.append("memory is this process's resident set size (no NVIDIA GPU/NVML here)")
     result = Result(
         lab=lab, step=step or engine.name, engine=engine.name,
-        config={**_config_dict(engine.config), "ignore_eos": bench.ignore_eos, "seed": bench.seed,
+        config={**_config_dict(engine.config), "ignore_eos": engine.facts.get("ignore_eos"), "bench_seed": bench.seed,
                 "warmup_requests": bench.warmup_requests, **bench.tags},
         model=engine.spec.describe() | {k: engine.facts.get(k) for k in ("parameters", "weight_bytes", "dtype")},
         workload={"name": workload.name, "version": workload.version, "requests": len(requests)},

@@ -27,6 +27,7 @@ import os
 import subprocess
 import sys
 import time
+from .. import validate
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -56,8 +57,7 @@ def bench_serve_command(base_url: str, model: str, tokenizer: str, dataset: str 
                         rate: float, result_dir: str | Path, result_filename: str, *, seed: int = 0,
                         python: str = sys.executable) -> list[str]:
     """`vllm bench serve` on a custom dataset against a running server (pure: builds the command only)."""
-    if isinstance(num_prompts, bool) or not isinstance(num_prompts, int) or num_prompts < 1:
-        raise ValueError(f"num_prompts={num_prompts!r}: allowed integers >= 1 (the requests in the dataset).")
+    validate.integer("bench_serve_command", "num_prompts", num_prompts, "the number of requests in the dataset.")
     return [python, "-m", "vllm.entrypoints.cli.main", "bench", "serve", "--backend", "vllm",
             "--base-url", base_url.rstrip("/"), "--endpoint", "/v1/completions", "--model", model,
             "--tokenizer", str(tokenizer), "--dataset-name", "custom", "--dataset-path", str(dataset),

@@ -1,9 +1,19 @@
 """The one call shape every engine answers.
 
 nano-vllm's bench swaps its engine for real vLLM by changing one import; here every engine
-(Hugging Face naive, Hugging Face static batching, vLLM in a worker process) takes the same
-list of `PreparedRequest`s and returns one `RequestRecord` per request, with time stamps in
-seconds since the call began. The benchmark never cares which engine ran.
+(Hugging Face naive, Hugging Face static batching, vLLM in a worker process, an
+OpenAI-compatible server) takes the same list of `PreparedRequest`s and returns one
+`RequestRecord` per request, with time stamps in seconds since the call began. The
+benchmark (`lablib.bench.offline.run`) uses exactly what `Engine` below declares, and never
+cares which engine ran.
+
+An engine's life has three steps, so that everything that needs no GPU time happens first:
+construct it (cheap: the config and model checked, the tokenizer loaded, `facts["context"]`
+known), `start()` it (the expensive part: weights loaded, a worker or server launched;
+idempotent, and `generate` starts an engine that was not started), then `close()` it (the
+GPU back to its baseline). The benchmark checks every request against `facts["context"]`
+between the first two steps, so a prompt too long for the model is refused before a vLLM
+engine spends a minute starting.
 """
 from __future__ import annotations
 
@@ -17,7 +27,7 @@ OnRecord = Callable[[RequestRecord], None]
 
 @dataclass(frozen=True)
 class PreparedRequest:
-    """A request as an engine sees it: token ids in, an exact number of tokens out."""
+    """A request as an engine sees it: token ids in, an exact number of tokens out (EOS ignored)."""
 
     request_id: str
     prompt_ids: tuple[int, ...]
@@ -25,13 +35,23 @@ class PreparedRequest:
 
 
 class Engine(Protocol):
-    name: str  # "hf-naive", "hf-static", "vllm"
-    facts: dict[str, Any]  # load/start-up time, weight bytes, KV capacity, backend...
-    config: Any  # the frozen config it was built from
+    name: str  # "hf-naive", "hf-static", "vllm", "vllm-server"
+    spec: Any  # the ModelSpec it runs (lablib.models)
+    tokenizer: Any  # turns a workload's text into prompt ids for this model
+    config: Any  # the frozen config it was built from (to_dict() goes into every Result)
+    facts: dict[str, Any]  # what actually ran: context, start-up time, weight bytes, KV capacity, backend, ignore_eos...
+
+    def start(self) -> "Engine":
+        """Load the model / launch the worker; a no-op once started."""
+        ...
 
     def generate(self, requests: list[PreparedRequest], on_record: OnRecord | None = None,
                  progress: bool = True) -> list[RequestRecord]:
         """Run every request; call on_record as each finishes; return records in request order."""
+        ...
+
+    def worker_pids(self) -> list[int]:
+        """Processes outside this one that hold the model (the memory monitor watches them); [] for in-process."""
         ...
 
     def close(self) -> None:

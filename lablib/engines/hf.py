@@ -78,7 +78,15 @@ class HFEngine:
             "weight_bytes": sum(p.numel() * p.element_size() for p in params),
             "kv_bytes_per_token": self.spec.kv_bytes_per_token(dtype.itemsize),
             "context": self.spec.architecture()["context"], "batch_size": config.batch_size,
+            "ignore_eos": True,  # EOS is not a stop token here (generation_config.eos_token_id = None)
         }
+
+    def start(self) -> "HFEngine":
+        """The model is loaded when the engine is made (in this process, seconds): nothing more to start."""
+        return self
+
+    def worker_pids(self) -> list[int]:
+        return []
 
     def generate(self, requests: list[PreparedRequest], on_record: OnRecord | None = None,
                  progress: bool = True) -> list[RequestRecord]:

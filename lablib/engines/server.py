@@ -28,6 +28,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 from ..config import ServerConfig
 from .process import die_with_parent, end_group
@@ -152,3 +153,75 @@ class VLLMServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+class ServerEngine:
+    """An OpenAI-compatible server answering the engine call: every request sent at once, each one streamed.
+
+    With a `ServerConfig` the engine owns a `VLLMServer` (started by `start()`, ended by
+    `close()`); with `base_url` it measures a server that is already running (one in front of
+    a cluster included) and leaves it running. Either way `generate` sends all requests at
+    t=0, token ids in (`prompt` as a list), exact lengths out (`ignore_eos`), greedy, and
+    returns one RequestRecord per request stamped as the client read each token event, so a
+    server is a rung of the journey like any other engine (`lablib.bench.offline.run`).
+    """
+
+    def __init__(self, model: str | Any = "embedded", config: ServerConfig | None = None, *,
+                 base_url: str | None = None, api_key: str | None = None, served_model_name: str | None = None,
+                 log_path: str | Path | None = None, timeout_s: float = 600.0):
+        from ..models import ModelSpec, prompt_tokenizer, resolve_model
+
+        if config is not None and base_url is not None:
+            raise ValueError("ServerEngine: config and base_url given; allowed one of them; Fix: config= to start a "
+                             "server here, base_url= (and api_key=) to measure one that is already running.")
+        self.spec = model if isinstance(model, ModelSpec) else resolve_model(model)
+        self.tokenizer = prompt_tokenizer(self.spec)
+        if config is None and base_url is None:
+            from ..models import embedded_path
+
+            config = ServerConfig(model=str(self.spec.path), port=0, served_model_name=self.spec.name,
+                                  tokenizer=str(embedded_path()) if self.spec.source == "synthetic" else None)
+        self.config = config if config is not None else ServerConfig(model=served_model_name or self.spec.name)
+        self.name = "vllm-server"
+        self.server = VLLMServer(config, log_path=log_path) if config is not None and base_url is None else None
+        self.base_url = base_url.rstrip("/") if base_url else None
+        self.api_key = api_key if base_url else str(self.config.api_key)
+        self.model = served_model_name or self.config.name
+        self.timeout_s = timeout_s
+        context = self.config.max_model_len or self.spec.architecture()["context"]
+        self.facts: dict[str, Any] = {"context": context, "ignore_eos": True, "base_url": self.base_url,
+                                      "owns_server": self.server is not None, "started": False}
+
+    def start(self) -> "ServerEngine":
+        """Start the owned server (until `GET /health` answers); a no-op when attached or already started."""
+        if self.server is not None and self.server.proc is None and not self.facts["started"]:
+            self.server.start()
+            self.base_url = self.server.base_url
+            self.facts.update(base_url=self.base_url, startup_s=self.server.startup_s)
+        self.facts["started"] = True
+        return self
+
+    def worker_pids(self) -> list[int]:
+        proc = self.server.proc if self.server is not None else None
+        return [proc.pid] if proc is not None and proc.poll() is None else []
+
+    def generate(self, requests: list[Any], on_record: Any = None, progress: bool = True) -> list[Any]:
+        """Every request at once; a failed request raises (an offline-style run has no partial Result)."""
+        from .openai import run_sync, send_all
+
+        self.start()
+        records, errors = run_sync(send_all(self.base_url, self.api_key, self.model,
+                                            [list(r.prompt_ids) for r in requests],
+                                            [r.max_new_tokens for r in requests], [0.0] * len(requests),
+                                            request_ids=[r.request_id for r in requests], timeout_s=self.timeout_s))
+        if errors:
+            raise RuntimeError(f"{len(errors)} of {len(requests)} requests to {self.base_url} failed; the first: "
+                               f"{errors[0]}")
+        for rec in records:
+            if on_record is not None:
+                on_record(rec)
+        return records
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.stop()

@@ -11,6 +11,8 @@ the worker's own message; records that finished before it are already with the c
 Before the worker starts, every check that needs no GPU time runs: vLLM installed, a GPU
 present, the dtype supported by its compute capability, and the memory budget
 (`lablib.hardware.fit`): a configuration that cannot fit is refused with the knob to change.
+The worker itself starts in `start()` (or the first `generate`), so `lablib.bench.offline.run`
+can refuse a request longer than the context before a minute of start-up is spent.
 """
 from __future__ import annotations
 
@@ -73,40 +75,54 @@ class VLLMEngine:
 
     def __init__(self, model: str | ModelSpec = "embedded", config: VLLMConfig = VLLMConfig(),
                  start_timeout_s: float = 900.0):
+        """Every check that needs no GPU time (see `preflight`); the worker starts in `start()`."""
         self.config = config
         self.spec = model if isinstance(model, ModelSpec) else resolve_model(model)
         self.name = "vllm"
+        self.start_timeout_s = start_timeout_s
         synthetic = self.spec.source == "synthetic"
         fit = preflight(self.spec, config)
         self.tokenizer = prompt_tokenizer(self.spec)
+        self._proc: Any = None
+        self._descendants: list = []
+        self.facts: dict[str, Any] = {
+            "context": config.max_model_len or self.spec.architecture()["context"], "fit_estimate": fit,
+            "kv_bytes_per_token": self.spec.kv_bytes_per_token(1 if config.kv_cache_dtype.startswith("fp8") else 2),
+            "weight_bytes": fit.get("weight_bytes"), "synthetic": synthetic, "ignore_eos": True, "started": False}
+
+    def start(self) -> "VLLMEngine":
+        """Spawn the worker and wait until vLLM is ready (a minute or more); a no-op once started."""
+        if self._proc is not None:
+            if not self._proc.is_alive():
+                raise RuntimeError("this vLLM engine is closed. Fix: make a new VLLMEngine.")
+            return self
+        synthetic = self.spec.source == "synthetic"
         self.baseline = _nvml_used()
         self.log_path = tempfile.NamedTemporaryFile(prefix="lablib-vllm-", suffix=".log", delete=False).name
         ctx = mp.get_context("spawn")
         self._conn, child = ctx.Pipe()
         tok_path = None if synthetic else self.spec.path
-        kwargs = config.llm_kwargs()
-        if self.spec.source == "embedded" and config.speculative_config:
-            kwargs["speculative_config"] = {"model": str(embedded_path("draft")), **config.speculative_config}
+        kwargs = self.config.llm_kwargs()
+        if self.spec.source == "embedded" and self.config.speculative_config:
+            kwargs["speculative_config"] = {"model": str(embedded_path("draft")), **self.config.speculative_config}
         from .vllm_worker import worker_main
 
         t0 = time.perf_counter()
         self._proc = ctx.Process(target=worker_main, args=(child, self.spec.path, tok_path, kwargs, self.log_path,
                                                            synthetic), name="lablib-vllm", daemon=False)
-        self._descendants: list = []
         self._proc.start()
         atexit.register(self._at_exit)  # the worker is not a daemon (it has children): end it when Python exits
-        kind, payload = self._receive(start_timeout_s, expect=("ready",))
+        kind, payload = self._receive(self.start_timeout_s, expect=("ready",))
         self._descendants = children(self._proc.pid)
-        self.facts = {**payload, "startup_wall_s": time.perf_counter() - t0, "fit_estimate": fit,
-                      "kv_bytes_per_token": self.spec.kv_bytes_per_token(1 if config.kv_cache_dtype.startswith("fp8") else 2),
-                      "weight_bytes": fit.get("weight_bytes"), "context": payload.get("max_model_len"),
-                      "vram_baseline_bytes": self.baseline[0] if self.baseline else None, "synthetic": synthetic}
+        self.facts.update({**payload, "startup_wall_s": time.perf_counter() - t0, "context": payload.get("max_model_len"),
+                           "vram_baseline_bytes": self.baseline[0] if self.baseline else None, "started": True})
+        return self
 
     def _at_exit(self) -> None:
         self.close(force=True)
 
     def worker_pids(self) -> list[int]:
-        return [self._proc.pid] if self._proc.is_alive() else []
+        return [self._proc.pid] if self._proc is not None and self._proc.is_alive() else []
 
     def _log_tail(self, n: int = 40) -> str:
         try:
@@ -148,8 +164,7 @@ class VLLMEngine:
 
     def generate(self, requests: list[PreparedRequest], on_record: OnRecord | None = None,
                  progress: bool = True) -> list[RequestRecord]:
-        if not self._proc.is_alive():
-            raise RuntimeError("this vLLM engine is closed. Fix: make a new VLLMEngine.")
+        self.start()
         self._conn.send(("generate", [{"request_id": r.request_id, "prompt_ids": list(r.prompt_ids),
                                        "max_new_tokens": r.max_new_tokens} for r in requests]))
         bar = _progress_bar(len(requests), progress, "vllm")
@@ -177,6 +192,8 @@ class VLLMEngine:
 
     def close(self, force: bool = False) -> None:
         """End the worker (and vLLM's engine-core process under it), then wait for VRAM to return to baseline."""
+        if self._proc is None:  # never started: nothing holds the GPU
+            return
         if self._proc.is_alive() and not force:
             try:
                 self._conn.send(("close",))

@@ -75,13 +75,10 @@ def _generate(llm: Any, requests: list[dict[str, Any]], conn: Any) -> None:
     engine = llm.llm_engine
     t0 = time.monotonic()
     by_id: dict[str, tuple] = {}
-    try:  # DELTA outputs: a time stamp for every token (LLM.enqueue would force FINAL_ONLY)
-        for i, (r, p, sp) in enumerate(zip(requests, prompts, params)):
-            state = (r, [], [])
-            by_id[f"lab-{i}-{r['request_id']}"] = state  # outputs carry this id
-            by_id[engine.add_request(f"lab-{i}-{r['request_id']}", p, sp)] = state  # (the engine may suffix it)
-    except TypeError:  # an engine API without raw-prompt add_request: final outputs only, no per-token times
-        by_id = {vid: (r, [], []) for vid, r in zip(llm.enqueue(prompts, params, use_tqdm=False), requests)}
+    for i, (r, p, sp) in enumerate(zip(requests, prompts, params)):  # DELTA outputs: a time stamp for every token
+        state = (r, [], [])
+        by_id[f"lab-{i}-{r['request_id']}"] = state  # outputs carry this id
+        by_id[engine.add_request(f"lab-{i}-{r['request_id']}", p, sp) or f"lab-{i}-{r['request_id']}"] = state
     while engine.has_unfinished_requests():
         outs = engine.step()
         now = time.monotonic() - t0

@@ -9,6 +9,7 @@ with the reason, never silently dropped.
 """
 from __future__ import annotations
 
+from .. import validate
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -64,9 +65,7 @@ def run_journey(model: str = "embedded", workload: str = "journey", requests: in
                 bench: BenchConfig = BenchConfig(), lab: str = "journey",
                 log: Callable[[str], None] = print) -> tuple[list[Result], list[dict[str, str]]]:
     """Run every available step on the workload; return the Results and the skipped steps."""
-    for b in batch_sizes:
-        if isinstance(b, bool) or not isinstance(b, int) or b < 1:
-            raise ValueError(f"batch_sizes contains {b!r}: allowed integers >= 1. Fix: e.g. --batch-sizes 1,4,16.")
+    validate.integers("run_journey", "batch_sizes", batch_sizes, "e.g. --batch-sizes 1,4,16.")
     wl = load_workload(workload, limit=requests)
     results, skipped = [], []
     for step in ladder(list(batch_sizes)):

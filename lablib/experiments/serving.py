@@ -30,6 +30,7 @@ reuses one server: no restart between points.
 from __future__ import annotations
 
 import math
+from .. import validate
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -60,11 +61,8 @@ def server_config(model: str | ModelSpec = "embedded", **knobs: Any) -> ServerCo
 
 
 def check_fractions(fractions: Sequence[float]) -> list[float]:
-    out = list(fractions)
-    if not out or any(isinstance(f, bool) or not isinstance(f, (int, float)) or not 0 < f < math.inf for f in out):
-        raise ValueError(f"fractions={fractions!r}: allowed a non-empty list of finite numbers > 0 (fractions of the "
-                         "measured capacity, e.g. [0.5, 1.0, 1.5]).")
-    return out
+    return validate.numbers("rate_sweep", "fractions", fractions,
+                            "fractions of the measured capacity, e.g. [0.5, 1.0, 1.5].")
 
 
 def _prepare(model: str | ModelSpec, workload: str, repeat: int, out_dir: str | Path, knobs: dict[str, Any]
@@ -123,10 +121,7 @@ def rate_sweep(model: str | ModelSpec = "embedded", workload: str = "journey", r
 
 
 def check_levels(levels: Sequence[int]) -> list[int]:
-    out = list(levels)
-    if not out or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in out):
-        raise ValueError(f"levels={levels!r}: allowed a non-empty list of integers >= 1 (requests in flight).")
-    return out
+    return validate.integers("concurrency_sweep", "levels", levels, "requests in flight, e.g. [1, 4, 16, 64].")
 
 
 def concurrency_sweep(model: str | ModelSpec = "embedded", workload: str = "journey", repeat: int = 2,
@@ -162,8 +157,7 @@ def cross_check(model: str | ModelSpec = "embedded", workload: str = "journey", 
     """
     from ..bench.vllm_bench import agreement, bench_serve, compare_serve
 
-    if isinstance(times, bool) or not isinstance(times, int) or times < 1:
-        raise ValueError(f"times={times!r}: allowed integers >= 1 (rounds of lab + vllm bench serve).")
+    validate.integer("cross_check", "times", times, "rounds of lab + vllm bench serve, e.g. 3.")
     wl, cfg, out_dir, recorded = _prepare(model, workload, repeat, out_dir, knobs)
     out: dict[str, Any] = {"rounds": [], "results": [], "server": cfg.to_dict()}
     with _started(cfg, out_dir, out) as server:

@@ -9,6 +9,7 @@ Without a GPU, `gpu_memory_utilization_rows()` returns the sweep recorded on the
 """
 from __future__ import annotations
 
+from .. import validate
 from typing import Any, Callable
 
 from ..bench.offline import run
@@ -52,7 +53,6 @@ def request_count_sweep(engine: Any, counts: list[int], workload: str = "journey
     """The first n requests of the workload for each n, all on ONE engine: the request count is not an engine knob,
     so nothing restarts (start-up is paid once, and every point sees the same warm engine)."""
     wl = load_workload(workload)
-    for n in counts:
-        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= len(wl):
-            raise ValueError(f"counts contains {n!r}: allowed 1..{len(wl)} (requests in {workload!r}).")
+    validate.integers("request_count_sweep", "counts", counts, f"request counts within the {len(wl)} of {workload!r}.",
+                      1, len(wl))
     return [run(engine, wl.head(n), bench, lab=lab, step=f"{engine.name}-n{n}", store=store) for n in counts]

@@ -1,0 +1,136 @@
+"""lablib's folders are layers: each module imports only from its own layer or the ones below it.
+
+The layers, bottom to top (lablib/__init__.py's docstring and README.md list them with the reasons):
+base (validate, stats, config, results.record, results.store) · models, workloads · mechanisms ·
+hardware · engines · bench · results (compare, reference) · session · experiments · plots, widgets ·
+report, cli. The test parses every module (no import needed), resolves each `import`/`from` of a
+lablib module, including imports inside functions, and fails on any arrow that runs back up.
+"""
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PKG = ROOT / "lablib"
+LAYERS = [
+    ("base", ["validate", "stats", "config", "results.record", "results.store"]),
+    ("models", ["models", "workloads"]),
+    ("mechanisms", ["mechanisms"]),
+    ("hardware", ["hardware"]),
+    ("engines", ["engines"]),
+    ("bench", ["bench"]),
+    ("results", ["results"]),
+    ("session", ["session"]),
+    ("experiments", ["experiments"]),
+    ("presentation", ["plots", "widgets"]),
+    ("top", ["report", "cli"]),
+]
+
+
+def layer_of(module: str) -> int:
+    """The layer of a dotted module under lablib ("results.store" → base; "results.reference" → results)."""
+    best, rank = None, -1
+    for i, (_, prefixes) in enumerate(LAYERS):
+        for p in prefixes:
+            if (module == p or module.startswith(p + ".")) and len(p) > rank:
+                best, rank = i, len(p)
+    assert best is not None, f"lablib.{module} is in no layer: add it to LAYERS (and to the README's table)"
+    return best
+
+
+def modules() -> dict[str, Path]:
+    out = {}
+    for f in PKG.rglob("*.py"):
+        rel = f.relative_to(PKG).with_suffix("")
+        parts = list(rel.parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        if parts:  # lablib/__init__.py itself re-exports lazily from every layer: exempt
+            out[".".join(parts)] = f
+    return out
+
+
+def imports(module: str, path: Path) -> list[tuple[str, int]]:
+    """Every lablib module `module` imports (relative imports resolved), with the line."""
+    pkg = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = pkg[:len(pkg) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            elif node.module and node.module.startswith("lablib"):
+                target = node.module[len("lablib."):] if node.module != "lablib" else ""
+            else:
+                continue
+            names = [a.name for a in node.names]
+            for n in names if node.module is None or not target else [None]:
+                t = f"{target}.{n}" if n and target else (n or target)
+                if t:
+                    found.append((t, node.lineno))
+        elif isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name.startswith("lablib."):
+                    found.append((a.name[len("lablib."):], node.lineno))
+    return found
+
+
+def test_every_import_runs_down_the_layers():
+    mods = modules()
+    upward = []
+    for name, path in sorted(mods.items()):
+        mine = layer_of(name)
+        for target, line in imports(name, path):
+            if layer_of(target) > mine:
+                upward.append(f"lablib/{path.relative_to(PKG)}:{line}: {name} ({LAYERS[mine][0]}) imports {target} "
+                              f"({LAYERS[layer_of(target)][0]})")
+    assert not upward, "imports that run back up the layers:\n" + "\n".join(upward)
+
+
+def test_the_walker_sees_relative_and_inner_imports(tmp_path):
+    f = tmp_path / "offline.py"
+    f.write_text("from ..engines.base import X\nfrom . import loadgen\ndef g():\n    from ...session import mode\n")
+    got = [t for t, _ in imports("bench.offline", f)]
+    assert sorted(got) == ["bench.loadgen", "engines.base", "session"]  # an import inside a function is an arrow too
+    assert layer_of("session") > layer_of("bench.offline")
+
+
+def test_every_module_is_in_a_layer_and_the_top_level_stays_small():
+    for name in modules():
+        layer_of(name)
+    top = sorted(p.name for p in PKG.glob("*.py"))
+    assert len(top) <= 8, f"lablib/ has {len(top)} top-level modules ({top}): put new ones in a layer folder"
+
+
+BLOCKER = """
+import sys
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name.split('.')[0] in {blocked}:
+            raise ImportError('blocked for this test: ' + name)
+sys.meta_path.insert(0, Block())
+import {module}
+"""
+
+
+def _imports_without(module: str, blocked: set[str]) -> subprocess.CompletedProcess:
+    code = BLOCKER.format(blocked=sorted(blocked), module=module)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+
+
+def test_light_modules_load_nothing_heavy():
+    heavy = {"plotly", "ipywidgets", "anywidget", "torch", "transformers", "pandas", "numpy", "aiohttp"}
+    for module in ("lablib", "lablib.mechanisms", "lablib.session", "lablib.engines.vllm_worker",
+                   "lablib.engines.vllm", "lablib.bench.offline", "lablib.models", "lablib.hardware"):
+        p = _imports_without(module, heavy)
+        assert p.returncode == 0, f"import {module} needs one of {sorted(heavy)}:\n{p.stderr[-1500:]}"
+
+
+def test_the_sse_stub_needs_only_the_standard_library():
+    third_party = {"plotly", "ipywidgets", "torch", "numpy", "pandas", "aiohttp", "psutil", "pynvml", "prometheus_client",
+                   "transformers", "tqdm"}
+    p = _imports_without("lablib.bench.sse_stub", third_party)
+    assert p.returncode == 0, p.stderr[-1500:]
