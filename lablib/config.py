@@ -14,7 +14,6 @@ from typing import Any
 
 from . import validate
 
-
 # Where the project's data lives: data/ beside the package, or $LABLIB_DATA (a copy elsewhere, a test's folder).
 DATA_DIR = Path(os.environ.get("LABLIB_DATA", Path(__file__).resolve().parent.parent / "data"))
 

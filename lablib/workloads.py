@@ -30,12 +30,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from . import validate
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from . import validate
 from .config import DATA_DIR
 from .stats import percentile
 

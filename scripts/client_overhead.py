@@ -2,9 +2,9 @@
 
 A load generator is one Python event loop reading every stream; at tens of thousands of
 tokens per second it can become the bottleneck and report its own limits as the server's.
-`lablib.sse_stub` serves token events as fast as it can write them (in its own process, so
+`lablib.bench.sse_stub` serves token events as fast as it can write them (in its own process, so
 the client has a core to itself); this script reads STREAMS x TOKENS of them with the lab's
-client (`lablib.loadgen.client_ceiling`) and with the httpx reader the lab used before, and
+client (`lablib.bench.client.client_ceiling`) and with the httpx reader the lab used before, and
 prints the client thread's CPU per event and the events/s one core could read at that cost.
 
     python scripts/client_overhead.py [STREAMS] [TOKENS]
@@ -26,8 +26,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from lablib import sse_stub  # noqa: E402
-from lablib.loadgen import client_ceiling  # noqa: E402
+from lablib.bench import sse_stub  # noqa: E402
+from lablib.bench.client import client_ceiling  # noqa: E402
 
 
 async def _httpx_reader(url: str, streams: int, tokens: int) -> int:
@@ -52,7 +52,7 @@ async def _httpx_reader(url: str, streams: int, tokens: int) -> int:
 
 def main(streams: int = 256, tokens: int = 120) -> None:
     lab = client_ceiling(streams, tokens)
-    print(f"lablib.loadgen ({lab['library']}): {lab['events']} events, {lab['cpu_us_per_event']:.1f} us CPU/event, "
+    print(f"lablib.bench.loadgen ({lab['library']}): {lab['events']} events, {lab['cpu_us_per_event']:.1f} us CPU/event, "
           f"one core reads at most {lab['ceiling_events_s']:,.0f} events/s")
     if importlib.util.find_spec("httpx") is None:
         print("httpx reader: httpx is not installed (pip install httpx to compare)")

@@ -2,7 +2,7 @@
 # One phase of GPU work on the lent GPU machine, after ../shared/gpu/stage installed vLLM into /tmp/site:
 #
 #   bash scripts/gpu_session.sh tests  SECONDS            pytest -m gpu (tests/test_gpu_vllm.py; 6 tests, ~10 min on an H200)
-#   bash scripts/gpu_session.sh labs   SECONDS NB...      notebooks under nbval, live (e.g. labs/02_kv_cache.ipynb)
+#   bash scripts/gpu_session.sh labs   SECONDS NB...      notebooks under nbval, live (e.g. labs/03_kv_cache.ipynb)
 #   bash scripts/gpu_session.sh record SECONDS STEPS      scripts/record_reference.py --steps STEPS
 #
 # Each phase stops itself (SIGINT, so engines and servers close) after SECONDS, then packs its logs,

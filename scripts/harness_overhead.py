@@ -24,7 +24,7 @@ def per_call(fn, n: int) -> float:
 
 
 def main() -> None:
-    from lablib.memory import monitor_overhead_s
+    from lablib.hardware.memory import monitor_overhead_s
 
     clock = _StepClock(time.perf_counter())
     clock.put(None)  # the prompt

@@ -49,7 +49,7 @@ def existing() -> tuple[list[dict], dict]:
 
 def _bench(path: Path) -> dict:
     """`vllm bench serve`'s detailed result as lablib keeps it (summary_of), plus the mean gap between its chunks."""
-    from lablib.vllm_bench import summary_of
+    from lablib.bench.vllm_bench import summary_of
 
     detailed = json.loads(path.read_text())
     gaps = [g for per_request in detailed.get("itls") or [] for g in per_request]
@@ -60,7 +60,7 @@ def recompare(d: Path, facts: dict) -> None:
     """Redo a run's lab / `vllm bench serve` comparisons with today's compare_serve, from the raw files it brought
     back (the lab's Results and vLLM's detailed results), so every figure derived since the run is there too."""
     from lablib.results import ResultStore
-    from lablib.vllm_bench import agreement, compare_serve
+    from lablib.bench.vllm_bench import agreement, compare_serve
 
     if not (d / "reference.jsonl").exists():
         return
@@ -103,7 +103,7 @@ def lab_runs(dirs: list[Path], old: dict | None = None) -> dict:
     do the derived figures a new run does not provide.
     """
     from lablib.results import Result, ResultStore
-    from lablib.vllm_bench import compare_serve
+    from lablib.bench.vllm_bench import compare_serve
 
     out = {k: v for k, v in (old or {}).items()}
     nbval: dict[str, str] = {}
@@ -207,7 +207,7 @@ def _pct(x: float | None) -> str:
 
 
 def _check_text(check: dict, what: str) -> str:
-    """The README section of one repeated cross-check (lablib.online.cross_check): a row per round, the spread."""
+    """The README section of one repeated cross-check (lablib.experiments.serving.cross_check): a row per round, the spread."""
     rounds = check.get("rounds", [])
     if not rounds:
         return ""

@@ -1,6 +1,6 @@
 """Record the reference runs the labs show on machines without a GPU (run on the H200).
 
-Every run goes through the same lablib code a notebook uses (bench.run on an engine) and is
+Every run goes through the same lablib code a notebook uses (lablib.bench.offline.run on an engine) and is
 stored as a Result with provenance "recorded", the GPU, the versions and the date, so a
 CPU user sees exactly what the GPU user would have measured, labelled as recorded.
 
@@ -34,11 +34,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from lablib.bench import run  # noqa: E402
+from lablib.bench.offline import run  # noqa: E402
 from lablib.config import BenchConfig, HFConfig, VLLMConfig  # noqa: E402
 from lablib.engines.hf import HFEngine  # noqa: E402
 from lablib.engines.vllm import VLLMEngine  # noqa: E402
-from lablib.online import FRACTIONS  # noqa: E402 (what the lab runs live)
+from lablib.experiments.serving import FRACTIONS  # noqa: E402 (what the lab runs live)
 from lablib.results import Result, ResultStore  # noqa: E402
 from lablib.workloads import Request, Workload, load_workload  # noqa: E402
 
@@ -102,7 +102,7 @@ def step_startup(out: Path, store: ResultStore, facts: dict) -> None:
 
 
 def step_big(out: Path, store: ResultStore, facts: dict, bench_cli: bool = True) -> None:
-    from lablib.synthetic import synthetic_spec
+    from lablib.models.synthetic import synthetic_spec
 
     t0 = time.time()
     spec = synthetic_spec(BIG)
@@ -132,7 +132,7 @@ def step_big(out: Path, store: ResultStore, facts: dict, bench_cli: bool = True)
 
 
 def step_hf_big(out: Path, store: ResultStore, facts: dict) -> None:
-    from lablib.synthetic import synthetic_spec
+    from lablib.models.synthetic import synthetic_spec
 
     spec = synthetic_spec(BIG)
     journey = load_workload("journey")
@@ -154,7 +154,7 @@ def keep_sweep(out: Path, store: ResultStore, facts: dict, key: str, rows: list[
 
 
 def step_sweep(out: Path, store: ResultStore, facts: dict) -> None:
-    from lablib.sweeps import gpu_memory_utilization_sweep
+    from lablib.experiments.kv import gpu_memory_utilization_sweep
 
     values = [0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8]
     keep_sweep(out, store, facts, "sweep", *gpu_memory_utilization_sweep(values, lab=LAB))
@@ -167,8 +167,8 @@ KNOBS_BUDGET = ((256, 512), (256, 2048))  # the step-token budget alone (the fir
 
 def step_knobs(out: Path, store: ResultStore, facts: dict, configs=KNOBS) -> None:
     """Scheduler knobs on the synthetic 8B, one engine per (max_num_seqs, max_num_batched_tokens)."""
-    from lablib.sweeps import scheduler_sweep
-    from lablib.synthetic import synthetic_spec
+    from lablib.experiments.scheduling import scheduler_sweep
+    from lablib.models.synthetic import synthetic_spec
 
     spec = synthetic_spec(BIG)
     for seqs, toks in configs:  # one at a time: each kept as it ends
@@ -181,9 +181,9 @@ BIG_SERVER = dict(gpu_memory_utilization=0.9, max_model_len=4096)  # the synthet
 
 def step_serve(out: Path, store: ResultStore, facts: dict, fractions: tuple[float, ...] = FRACTIONS) -> None:
     """vLLM's OpenAI server with the synthetic 8B (127.0.0.1, API key): the journey x4 at fractions of its measured
-    capacity, /metrics scraped, then `vllm bench serve` on the same requests (lablib.online.rate_sweep)."""
-    from lablib.online import rate_sweep
-    from lablib.synthetic import synthetic_spec
+    capacity, /metrics scraped, then `vllm bench serve` on the same requests (lablib.experiments.serving.rate_sweep)."""
+    from lablib.experiments.serving import rate_sweep
+    from lablib.models.synthetic import synthetic_spec
 
     online = rate_sweep(synthetic_spec(BIG), repeat=4, fractions=fractions, out_dir=out / "serve", lab=LAB,
                         **BIG_SERVER)
@@ -198,9 +198,9 @@ def step_serve(out: Path, store: ResultStore, facts: dict, fractions: tuple[floa
 
 def step_serve_check(out: Path, store: ResultStore, facts: dict, model: str = BIG) -> None:
     """The lab's burst against `vllm bench serve`'s, three rounds on one server, the first client alternating."""
-    from lablib.loadgen import client_check
-    from lablib.online import cross_check
-    from lablib.synthetic import synthetic_spec
+    from lablib.bench.client import client_check
+    from lablib.experiments.serving import cross_check
+    from lablib.models.synthetic import synthetic_spec
 
     big = model == BIG
     check = cross_check(synthetic_spec(BIG) if big else model, repeat=4, times=3, lab=LAB,

@@ -1,7 +1,11 @@
-"""Fixtures shared between test files: no GPU at all or a fake one (test_gpu.py, test_memory.py),
-the embedded model on HF naive generate (test_bench.py, test_engines_hf.py), the scripts as modules,
-chat-like request lengths (test_mechanisms_kv.py, test_mechanisms_paging.py), and torch on one
-thread for the modules that run the embedded model (pytestmark = pytest.mark.usefixtures("one_thread"))."""
+"""Fixtures shared between test files in every folder under tests/: no GPU at all or a fake one
+(hardware/test_device.py, hardware/test_memory.py, widgets/test_widgets.py), the embedded model on HF
+naive generate (test_bench.py, engines/test_hf.py), the scripts as modules, chat-like request lengths
+(mechanisms/test_kv.py, mechanisms/test_paging.py), and torch on one thread for the modules that run
+the embedded model (pytestmark = pytest.mark.usefixtures("one_thread")).
+
+The test folders mirror lablib's layer folders; each is a package (an __init__.py) so that files of
+the same name in two folders (mechanisms/test_kv.py, plots/...) import as distinct modules."""
 
 import os
 import random

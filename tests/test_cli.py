@@ -43,8 +43,8 @@ def test_journey_writes_results_report_and_summary(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("args,field,hint", [
-    (["--batch-sizes", "0"], "batch_sizes contains 0", "Fix"),
-    (["--batch-sizes", "1,-4"], "batch_sizes contains -4", "Fix"),
+    (["--batch-sizes", "0"], "batch_sizes=[0]: allowed a non-empty list of integers >= 1 (0 is not)", "Fix"),
+    (["--batch-sizes", "1,-4"], "batch_sizes=[1, -4]: allowed a non-empty list of integers >= 1 (-4 is not)", "Fix"),
     (["--requests", "0"], "--requests=0", "Fix"),
     (["--requests", "-3"], "--requests=-3", "Fix"),
     (["--workload", "nope"], "workload 'nope'", "journey"),

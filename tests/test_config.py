@@ -25,6 +25,8 @@ BAD = [
     (BenchConfig, {"warmup_requests": False}, "warmup_requests", "False"),
     (BenchConfig, {"monitor_interval_s": 0}, "monitor_interval_s", "0"),
     (BenchConfig, {"monitor_interval_s": 60}, "monitor_interval_s", "60"),
+    (BenchConfig, {"monitor_interval_s": float("nan")}, "monitor_interval_s", "nan"),
+    (BenchConfig, {"seed": -1}, "seed", "-1"),
     (VLLMConfig, {"gpu_memory_utilization": 0}, "gpu_memory_utilization", "0"),
     (VLLMConfig, {"gpu_memory_utilization": 1.2}, "gpu_memory_utilization", "1.2"),
     (VLLMConfig, {"gpu_memory_utilization": -0.1}, "gpu_memory_utilization", "-0.1"),
@@ -49,13 +51,13 @@ def test_bad_value_names_field_and_value(cls, kwargs, field, shown):
 
 
 def test_out_of_range_messages_say_what_is_allowed():
-    with pytest.raises(ValueError, match=r"allowed integers >= 1\. Fix:"):
+    with pytest.raises(ValueError, match=r"HFConfig\.batch_size=0: allowed integers >= 1; Fix:"):
         HFConfig("static", 0)
-    with pytest.raises(ValueError, match=r"allowed 'naive', 'static'"):
+    with pytest.raises(ValueError, match=r"HFConfig\.mode='fast': allowed 'naive', 'static'; Fix:"):
         HFConfig("fast")
-    with pytest.raises(ValueError, match=r"allowed \(0, 1\]"):
+    with pytest.raises(ValueError, match=r"VLLMConfig\.gpu_memory_utilization=1\.2: allowed a number in \(0, 1\]; Fix:"):
         VLLMConfig(gpu_memory_utilization=1.2)
-    with pytest.raises(ValueError, match="max_num_seqs=256"):
+    with pytest.raises(ValueError, match=r"VLLMConfig\.max_num_batched_tokens=128: allowed >= max_num_seqs=256"):
         VLLMConfig(max_num_batched_tokens=128)
     with pytest.raises(ValueError, match="'fp8'"):
         VLLMConfig(kv_cache_dtype="int4")
@@ -70,7 +72,7 @@ def test_good_hf_configs(kwargs):
 
 
 def test_good_bench_configs():
-    assert BenchConfig().max_new_tokens is None and BenchConfig().ignore_eos
+    assert BenchConfig().max_new_tokens is None and BenchConfig().seed == 0
     b = BenchConfig(warmup_requests=0, max_new_tokens=1, monitor_interval_s=0.001, tags={"x": 1})
     assert (b.warmup_requests, b.max_new_tokens, b.tags) == (0, 1, {"x": 1})
 

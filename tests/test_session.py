@@ -1,35 +1,39 @@
 """Lab 00's machine summary, fit table and lab plan; the recorded sweep rows and their figure."""
 import pytest
 
-from lablib import machine, sweeps
-from lablib.plots_sweep import gpu_memory_utilization_figure, schedule_tradeoff
+from lablib import session
+from lablib.experiments import kv, sweeps
+from lablib.hardware import fit_table, machine_summary
 from lablib.mechanisms import continuous_batching
+from lablib.plots import gpu_memory_utilization_figure, schedule_tradeoff
 
 GiB = 2**30
 
 
 def test_machine_summary_on_this_cpu_machine():
-    s = machine.machine_summary()
+    s = machine_summary()
     assert s["gpu"] is None and s["roofline_entry"] is None and s["cpu_cores_logical"] >= 1
 
 
 def test_fit_table_follows_memory():
-    big = {r["architecture"]: r for r in machine.fit_table(141 * GiB)}
-    small = {r["architecture"]: r for r in machine.fit_table(16 * GiB)}
+    big = {r["architecture"]: r for r in fit_table(141 * GiB)}
+    small = {r["architecture"]: r for r in fit_table(16 * GiB)}
     assert big["llama-3.1-8b"]["kv_KiB_per_token"] == 128  # 2 x 32 layers x 8 KV heads x 128 x 2 bytes
     assert all(r["fits_2048"] and r["fits_8192"] for r in big.values())
     assert not small["llama-3.1-8b"]["fits_2048"] and small["qwen2.5-0.5b"]["fits_8192"]
     assert abs(big["llama-3.1-8b"]["weights_GiB"] - 8.03e9 * 2 / GiB) < 0.05
-    assert all(r["fits_2048"] is None for r in machine.fit_table())  # no GPU here: nothing to fit into
+    assert all(r["fits_2048"] is None for r in fit_table())  # no GPU here: nothing to fit into
 
 
 def test_lab_plan_says_recorded_for_vllm_labs_here():
-    plan = {r["lab"]: r["here"] for r in machine.lab_plan()}
-    assert plan["01_batching"] == "live" and plan["02_kv_cache"].startswith("simulators live, vLLM recorded")
+    plan = {r["lab"]: r["here"] for r in session.lab_plan()}
+    assert plan["01_batching"] == "live" and plan["03_kv_cache"].startswith("simulators and HF live, vLLM recorded")
 
 
 def test_recorded_sweep_rows_and_figure():
-    rows = sweeps.gpu_memory_utilization_rows()
+    shown = kv.gpu_memory_utilization_rows()
+    assert not shown.live and shown.label.startswith("recorded on NVIDIA H200")
+    rows = shown.value
     assert len(rows) == 10 and all(r["provenance"].startswith("recorded on NVIDIA H200") for r in rows)
     fig = gpu_memory_utilization_figure(rows)
     assert "recorded on NVIDIA H200" in fig.layout.title.text
@@ -40,7 +44,7 @@ def test_recorded_sweep_rows_and_figure():
 
 def test_live_sweep_validates_every_value_before_starting_an_engine():
     with pytest.raises(ValueError, match="gpu_memory_utilization=1.5"):
-        sweeps.gpu_memory_utilization_sweep([0.3, 1.5])
+        kv.gpu_memory_utilization_sweep([0.3, 1.5])
 
 
 def test_schedule_tradeoff_plots_each_setting():
@@ -58,5 +62,5 @@ def test_request_count_sweep_reuses_one_engine():
     results = sweeps.request_count_sweep(engine, [2, 4], bench=BenchConfig(max_new_tokens=4, progress=False))
     assert [len(r.requests) for r in results] == [2, 4] and id(engine.model) == before
     assert [r.step for r in results] == ["hf-static-n2", "hf-static-n4"]
-    with pytest.raises(ValueError, match="allowed 1..64"):
+    with pytest.raises(ValueError, match=r"request_count_sweep\.counts=\[0\]: allowed a non-empty list of integers 1\.\.64"):
         sweeps.request_count_sweep(engine, [0])

@@ -10,10 +10,10 @@ stub server that streams as fast as it can write (`lablib.bench.sse_stub`).
 from __future__ import annotations
 
 import math
-from .. import validate
 from collections.abc import Sequence
 from typing import Any
 
+from .. import validate
 from ..results.record import Result
 from .loadgen import load_test, run_sync
 

@@ -25,18 +25,22 @@ from __future__ import annotations
 import math
 import random
 import time
-from .. import validate
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any
 
-from ..hardware.device import device_facts, library_versions
-from .prom import DEFAULT_GAUGES, MetricsScraper, fetch_metrics, parse_prometheus, window_means
+from .. import validate
 from ..engines.openai import Prompt, run_sync, send_all
+from ..hardware.device import device_facts, library_versions
 from ..results.record import RequestRecord, Result
 from ..results.store import ResultStore
 from ..workloads import Workload
-
-T = TypeVar("T")
+from .prom import (
+    DEFAULT_GAUGES,
+    MetricsScraper,
+    fetch_metrics,
+    parse_prometheus,
+    window_means,
+)
 
 
 def check_rate(rate: float, where: str) -> float:

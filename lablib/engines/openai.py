@@ -13,10 +13,10 @@ import asyncio
 import concurrent.futures
 import json
 import time
-from .. import validate
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, TypeVar
 
+from .. import validate
 from ..results.record import RequestRecord
 
 Prompt = str | list[int]

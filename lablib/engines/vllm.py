@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from ..config import VLLMConfig
-from ..hardware.fit import check_fit
 from ..hardware.device import nvml_memory
+from ..hardware.fit import check_fit
 from ..models import ModelSpec, embedded_path, prompt_tokenizer, resolve_model
 from ..results.record import RequestRecord
 from .base import OnRecord, PreparedRequest

@@ -9,11 +9,11 @@ with the reason, never silently dropped.
 """
 from __future__ import annotations
 
-from .. import validate
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from .. import validate
 from ..bench.offline import run
 from ..config import BenchConfig, HFConfig
 from ..engines.hf import HFEngine

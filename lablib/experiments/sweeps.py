@@ -9,9 +9,9 @@ Without a GPU, `gpu_memory_utilization_rows()` returns the sweep recorded on the
 """
 from __future__ import annotations
 
-from .. import validate
 from typing import Any, Callable
 
+from .. import validate
 from ..bench.offline import run
 from ..config import BenchConfig, VLLMConfig
 from ..models import ModelSpec

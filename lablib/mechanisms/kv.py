@@ -32,8 +32,11 @@ from dataclasses import dataclass
 from typing import Literal
 
 from lablib.mechanisms._checks import check_requests, require_int
-from lablib.models.architecture import DTYPE_BYTES, bytes_per_element, kv_bytes_per_token  # noqa: F401 (the formula, taught here)
-
+from lablib.models.architecture import (  # noqa: F401 (the formula, taught here)
+    DTYPE_BYTES,
+    bytes_per_element,
+    kv_bytes_per_token,
+)
 
 Reserve = Literal["max_model_len", "max_possible"]
 

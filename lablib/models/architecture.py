@@ -17,7 +17,6 @@ from typing import Any
 from ..config import DATA_DIR
 from ..validate import integer as _integer
 
-
 LABEL = "synthetic weights: speed and memory are real, the text is not"
 
 

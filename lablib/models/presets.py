@@ -14,7 +14,6 @@ from typing import Any
 
 from .spec import ModelSpec, check_model_dir, embedded_path
 
-
 EMBEDDED = {"embedded": "target", "embedded-target": "target", "embedded-draft": "draft"}
 
 

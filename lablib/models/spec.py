@@ -21,7 +21,6 @@ from ..config import DATA_DIR
 from .architecture import LABEL, kv_bytes_per_token, shape
 
 
-
 @dataclass(frozen=True)
 class ModelSpec:
     """A model the engines can load: where it is and what it is."""

@@ -172,6 +172,12 @@ class VRAMChart:
         return fig
 
     def display(self) -> Any:
+        """The live chart when vLLM runs on this machine; otherwise one line saying why it stays empty."""
+        from ..session import mode
+
+        m = mode()
+        if not m["live"]:
+            return f"VRAM chart not live ({m['why']}): the recorded VRAM before and after each engine is in the table below"
         return self.widget
 
 

@@ -1,4 +1,4 @@
-"""The online-serving experiment end to end without a GPU: lablib.online.rate_sweep starts the fake
+"""The online-serving experiment end to end without a GPU: lablib.experiments.serving.rate_sweep starts the fake
 `vllm.entrypoints.openai.api_server` (tests/fake_vllm; 8 sequence slots, so requests queue under load),
 drives it with the Poisson load generator, scrapes its /metrics, and runs the fake `vllm bench serve`
 on the same requests; plus the pieces on their own (custom dataset, commands, comparison, figures)."""
@@ -8,14 +8,15 @@ import os
 
 import pytest
 
-from lablib import load_workload, plots_serving
+from lablib import load_workload
+from lablib.bench.vllm_bench import (agreement, bench_serve, bench_serve_command, compare_serve, summary_of,
+                                     write_custom_dataset)
+from lablib.experiments.serving import check_fractions, rate_sweep, server_config
 from lablib.models import ModelSpec, embedded_path
-from lablib.online import check_fractions, rate_sweep, server_config
+from lablib.plots import serving as plots_serving
 from lablib.results import RequestRecord, Result, ResultStore
-from lablib.vllm_bench import (agreement, bench_serve, bench_serve_command, compare_serve, summary_of,
-                               write_custom_dataset)
 
-FAKE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fake_vllm")
+FAKE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fake_vllm")
 
 
 @pytest.fixture
@@ -199,7 +200,7 @@ def test_live_server_metrics_grows_with_each_sample():
 
 
 def test_concurrency_sweep_reuses_one_server(fake_vllm_cli, tmp_path):
-    from lablib.online import concurrency_sweep
+    from lablib.experiments.serving import concurrency_sweep
 
     out = concurrency_sweep("embedded", repeat=1, levels=[1, 16], out_dir=tmp_path)
     one, many = out["results"]
@@ -215,7 +216,7 @@ def test_concurrency_sweep_reuses_one_server(fake_vllm_cli, tmp_path):
 
 
 def test_cross_check_alternates_the_clients_on_one_server(fake_vllm_cli, tmp_path):
-    from lablib.online import cross_check
+    from lablib.experiments.serving import cross_check
 
     out = cross_check("embedded", repeat=1, times=2, out_dir=tmp_path)
     assert [r.step for r in out["results"]] == ["check0-rate-inf", "check1-rate-inf"]

@@ -8,7 +8,7 @@ import dataclasses
 
 import pytest
 
-from lablib.bench import prepare
+from lablib.bench.offline import prepare
 from lablib.config import BenchConfig, HFConfig
 from lablib.engines import HFEngine, PreparedRequest
 from lablib.workloads import load_workload
@@ -69,6 +69,7 @@ def test_engine_facts(naive, static):
     assert f["parameters"] == 4_737_792  # tied embeddings counted once
     assert f["weight_bytes"] == 4 * f["parameters"]
     assert f["kv_bytes_per_token"] == 2 * 5 * 2 * 64 * 4  # K and V, 5 layers, 2 KV heads, head dim 64, fp32
+    assert f["ignore_eos"] is True and static.facts["ignore_eos"] is True  # exact lengths (was BenchConfig.ignore_eos)
 
 
 def test_naive_records(naive_records, requests):

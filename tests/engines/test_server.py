@@ -16,10 +16,13 @@ import time
 
 import pytest
 
-from lablib import loadgen
-from lablib.loadgen import arrival_times, client_check, load_test, run_online, run_sync
-from lablib.prom import MetricsScraper, parse_prometheus, window_means
-from lablib.serving import HOST, ServerConfig, VLLMServer, server_command
+from lablib.bench import client
+from lablib.bench.client import client_check
+from lablib.bench.loadgen import arrival_times, load_test, run_online, run_sync
+from lablib.bench.prom import DEFAULT_GAUGES, MetricsScraper, parse_prometheus, window_means
+from lablib.config import ServerConfig
+from lablib.engines import openai
+from lablib.engines.server import HOST, VLLMServer, server_command
 from lablib.workloads import Request, Workload
 
 KEY = "test-key"
@@ -28,8 +31,8 @@ TOKEN_DELAY = 0.01
 
 def _fake_api_server():
     """tests/fake_vllm's api_server module, loaded from its file (stdlib only: the fake `vllm` package stays out)."""
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fake_vllm", "vllm", "entrypoints", "openai",
-                        "api_server.py")
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fake_vllm", "vllm",
+                        "entrypoints", "openai", "api_server.py")
     spec = importlib.util.spec_from_file_location("fake_api_server", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
@@ -167,8 +170,8 @@ def test_client_check_catches_a_client_that_falls_behind(fake, monkeypatch):
         time.sleep(3 * TOKEN_DELAY)  # blocks the event loop, as a CPU-bound client does
         return real(data)
 
-    monkeypatch.setattr(loadgen.json, "loads", slow)
-    (r,) = run_online(fake.url, KEY, "fake", _workload(), [math.inf], seed=1, metrics=loadgen.DEFAULT_GAUGES,
+    monkeypatch.setattr(openai.json, "loads", slow)  # the stream reader's json
+    (r,) = run_online(fake.url, KEY, "fake", _workload(), [math.inf], seed=1, metrics=DEFAULT_GAUGES,
                       warmup_requests=0)
     check = client_check(r)
     assert check["kept_up"] is False and check["lag"] > 1.5, check
@@ -177,8 +180,8 @@ def test_client_check_catches_a_client_that_falls_behind(fake, monkeypatch):
 
 
 def test_clumped_share_counts_events_read_together():
-    assert loadgen.clumped_share([0.01, 0.0, 0.00005, 0.02]) == 0.5
-    assert loadgen.clumped_share([]) is None
+    assert client.clumped_share([0.01, 0.0, 0.00005, 0.02]) == 0.5
+    assert client.clumped_share([]) is None
 
 
 def test_window_means_of_histograms():
@@ -319,7 +322,8 @@ def test_server_dies_with_the_process_that_started_it(tmp_path):
     parent.write_text(textwrap.dedent(f'''\
         import sys, time
         sys.path.insert(0, {os.getcwd()!r})
-        from lablib.serving import ServerConfig, VLLMServer
+        from lablib.config import ServerConfig
+        from lablib.engines.server import VLLMServer
         srv = VLLMServer(ServerConfig("m", port=0), log_path={str(tmp_path / "s.log")!r})
         srv.command = [sys.executable, {str(server)!r}, str(srv.port)]
         srv.start()
@@ -336,16 +340,16 @@ def test_server_dies_with_the_process_that_started_it(tmp_path):
 
 
 def test_client_ceiling_reads_every_event_of_the_stub():
-    """The lab's client against lablib.sse_stub: every event read, what each cost, and the events/s that allows."""
-    c = loadgen.client_ceiling(16, 50)
+    """The lab's client against lablib.bench.sse_stub: every event read, what each cost, and the events/s that allows."""
+    c = client.client_ceiling(16, 50)
     assert c["events"] == 16 * (50 + 1) and c["library"].startswith("aiohttp")  # tokens and a usage chunk per stream
     assert c["cpu_us_per_event"] > 0 and c["ceiling_events_s"] == pytest.approx(1e6 / c["cpu_us_per_event"])
     with pytest.raises(ValueError, match="streams"):
-        loadgen.client_ceiling(0)
+        client.client_ceiling(0)
 
 
 def test_client_overhead_script_compares_the_two_clients(load_script, capsys):
     load_script("client_overhead").main(4, 10)
     out = capsys.readouterr().out.splitlines()
-    assert out[0].startswith("lablib.loadgen (aiohttp") and "44 events" in out[0], out  # 4 x (10 + usage)
+    assert out[0].startswith("lablib.bench.loadgen (aiohttp") and "44 events" in out[0], out  # 4 x (10 + usage)
     assert out[1].startswith("httpx reader:")

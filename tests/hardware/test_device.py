@@ -2,7 +2,7 @@
 
 import json
 
-from lablib.gpu import device_facts, library_versions
+from lablib.hardware.device import device_facts, library_versions
 
 
 def test_device_facts_without_gpu(no_gpu):

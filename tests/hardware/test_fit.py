@@ -1,12 +1,12 @@
-"""The memory budget check (lablib.fit), and its estimate against the KV capacity vLLM reported on the H200."""
+"""The memory budget check (lablib.hardware.fit), and its estimate against the KV capacity vLLM reported on the H200."""
 
 import pytest
 
 from lablib.config import VLLMConfig
-from lablib.fit import ACTIVATION_OVERHEAD, CONTEXT_OVERHEAD, GRAPH_OVERHEAD, check_fit, weight_bytes
+from lablib.hardware.fit import ACTIVATION_OVERHEAD, CONTEXT_OVERHEAD, GRAPH_OVERHEAD, check_fit, weight_bytes
 from lablib.models import ModelSpec, embedded_path, resolve_model
-from lablib.reference import reference_facts
-from lablib.synthetic import architectures, parameter_count
+from lablib.results.reference import reference_facts
+from lablib.models.architecture import architectures, parameter_count
 
 GiB = 2**30
 H200_TOTAL = 143771 * 2**20  # what NVML reports for an H200 (the recorded budget is 0.3 of it, see below)

@@ -8,8 +8,8 @@ import warnings
 
 import pytest
 
-from lablib import memory
-from lablib.memory import MemoryMonitor, monitor_overhead_s
+from lablib.hardware import memory
+from lablib.hardware.memory import MemoryMonitor, monitor_overhead_s
 
 MB = 2**20
 

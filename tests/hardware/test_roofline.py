@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from lablib.roofline import (
+from lablib.hardware.roofline import (
     GPU_PEAKS,
     GpuPeak,
     Roofline,

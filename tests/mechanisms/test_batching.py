@@ -7,9 +7,9 @@ import pytest
 from lablib.mechanisms.batching import (
     CostModel,
     continuous_batching,
-    percentile,
     static_batching,
 )
+from lablib.stats import percentile
 
 COST = CostModel(step_overhead=1.0, prefill_per_token=0.1, decode_per_seq=0.5)
 
@@ -140,15 +140,15 @@ def test_percentile_matches_linear_interpolation():
 
 
 def test_workload_validation():
-    with pytest.raises(ValueError, match=r"batch_size=0 is out of range"):
+    with pytest.raises(ValueError, match=r"static_batching\.batch_size=0: allowed integers >= 1"):
         static_batching([(8, 2)], batch_size=0)
-    with pytest.raises(ValueError, match=r"requests\[0\]\.output_len=-2 is out of range.*>= 1"):
+    with pytest.raises(ValueError, match=r"workload\.requests\[0\]\.output_len=-2: allowed integers >= 1"):
         continuous_batching([(8, -2)])
     with pytest.raises(ValueError, match=r"arrivals has 1 entries for 2 requests"):
         continuous_batching([(8, 2), (8, 2)], arrivals=[0.0])
     with pytest.raises(ValueError, match=r"arrivals\[0\]=-1.0 is out of range"):
         static_batching([(8, 2)], batch_size=1, arrivals=[-1.0])
-    with pytest.raises(ValueError, match=r"max_num_seqs=0"):
+    with pytest.raises(ValueError, match=r"continuous_batching\.max_num_seqs=0: allowed integers >= 1"):
         continuous_batching([(8, 2)], max_num_seqs=0)
-    with pytest.raises(ValueError, match=r"requests is empty"):
+    with pytest.raises(ValueError, match=r"workload\.requests=\[\]: allowed at least one \(prompt_len, output_len\) pair"):
         static_batching([], batch_size=1)

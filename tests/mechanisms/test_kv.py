@@ -34,9 +34,9 @@ def test_dtype_table():
 def test_sizing_validation():
     with pytest.raises(ValueError, match=r"dtype='bf16' is not a known KV cache dtype.*bfloat16"):
         kv_bytes_per_token(32, 8, 128, "bf16")
-    with pytest.raises(ValueError, match=r"num_layers=0 is out of range.*>= 1"):
+    with pytest.raises(ValueError, match=r"kv_bytes_per_token\.num_layers=0: allowed integers >= 1"):
         kv_bytes_per_token(0, 8, 128, 2)
-    with pytest.raises(ValueError, match=r"batch=-1 is out of range"):
+    with pytest.raises(ValueError, match=r"kv_cache_bytes\.batch=-1: allowed integers >= 0"):
         kv_cache_bytes(32, 8, 128, 2, context_len=10, batch=-1)
 
 
@@ -82,21 +82,21 @@ def test_contiguous_waste_dwarfs_paged_on_mixed_lengths(chat_lengths):
 
 
 def test_fragmentation_validation():
-    with pytest.raises(ValueError, match=r"block_size=0 is out of range.*>= 1"):
+    with pytest.raises(ValueError, match=r"simulate_fragmentation\.block_size=0: allowed integers >= 1"):
         simulate_fragmentation([(10, 5)], 1024, block_size=0)
-    with pytest.raises(ValueError, match=r"requests\[1\]\.prompt_len=-3 is out of range"):
+    with pytest.raises(ValueError, match=r"workload\.requests\[1\]\.prompt_len=-3: allowed integers >= 1"):
         simulate_fragmentation([(10, 5), (-3, 5)], 1024)
-    with pytest.raises(ValueError, match=r"requests\[0\]\.output_len=0"):
+    with pytest.raises(ValueError, match=r"workload\.requests\[0\]\.output_len=0: allowed integers >= 1"):
         simulate_fragmentation([(10, 0)], 1024)
     with pytest.raises(ValueError, match=r"budget_tokens=1000 cannot hold even one request.*2048"):
         simulate_fragmentation([(10, 5)], 1000, max_model_len=2048)
     with pytest.raises(ValueError, match=r"requests\[0\] needs 80 tokens but max_model_len=64"):
         simulate_fragmentation([(50, 30)], 1024, max_model_len=64)
-    with pytest.raises(ValueError, match=r"max_new_tokens=4 is out of range.*>= 5"):
+    with pytest.raises(ValueError, match=r"simulate_fragmentation\.max_new_tokens=4: allowed integers >= 5"):
         simulate_fragmentation([(10, 5)], 4096, reserve="max_possible", max_new_tokens=4)
     with pytest.raises(ValueError, match=r"progress=1.5"):
         simulate_fragmentation([(10, 5)], 4096, progress=1.5)
     with pytest.raises(ValueError, match=r"reserve='all'"):
         simulate_fragmentation([(10, 5)], 4096, reserve="all")  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match=r"requests is empty"):
+    with pytest.raises(ValueError, match=r"workload\.requests=\[\]: allowed at least one \(prompt_len, output_len\) pair"):
         simulate_fragmentation([], 4096)

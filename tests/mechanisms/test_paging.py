@@ -23,9 +23,9 @@ def test_block_allocator_tables_grow_one_block_at_a_time():
 
 
 def test_block_allocator_errors():
-    with pytest.raises(ValueError, match=r"block_size=0 is out of range"):
+    with pytest.raises(ValueError, match=r"BlockAllocator\.block_size=0: allowed integers >= 1"):
         BlockAllocator(8, block_size=0)
-    with pytest.raises(ValueError, match=r"num_blocks=0 is out of range"):
+    with pytest.raises(ValueError, match=r"BlockAllocator\.num_blocks=0: allowed integers >= 1"):
         BlockAllocator(0)
     a = BlockAllocator(2, block_size=4)
     a.allocate(0, 4)
@@ -86,7 +86,7 @@ def test_replay_respects_max_num_seqs_and_is_deterministic(chat_lengths):
 def test_replay_validation():
     with pytest.raises(ValueError, match=r"num_blocks=2 cannot hold even one request: requests\[0\] needs 3 blocks"):
         replay_block_allocation([(40, 1)], num_blocks=2, block_size=16)
-    with pytest.raises(ValueError, match=r"max_num_seqs=0"):
+    with pytest.raises(ValueError, match=r"replay_block_allocation\.max_num_seqs=0: allowed integers >= 1"):
         replay_block_allocation([(4, 1)], num_blocks=2, max_num_seqs=0)
-    with pytest.raises(ValueError, match=r"output_len=-1"):
+    with pytest.raises(ValueError, match=r"workload\.requests\[0\]\.output_len=-1: allowed integers >= 1"):
         replay_block_allocation([(4, -1)], num_blocks=2)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 MODELS = ROOT / "data" / "models"
 NAMES = ("target", "draft")
 RERUN = "rerun `python scripts/evaluate_models.py`"

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 import lablib.models as models
+from lablib.models import presets
 from lablib.models import PRESETS, check_model_dir, check_tokenizer, load_hf_model, load_tokenizer, resolve_model
 
 torch = pytest.importorskip("torch")
@@ -221,7 +222,7 @@ def test_presets_resolve_without_loading(name, monkeypatch):
     def refuse(*a, **k):
         raise AssertionError("a preset must not touch the disk or the hub")
 
-    monkeypatch.setattr(models, "check_model_dir", refuse)
+    monkeypatch.setattr(presets, "check_model_dir", refuse)  # resolve_model's own name for it
     spec = resolve_model(name)
     assert spec.source == "preset" and not spec.is_local
     assert spec.path == PRESETS[name]["hf_id"] and spec.config == {}

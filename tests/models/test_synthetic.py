@@ -7,11 +7,11 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from lablib import synthetic
-from lablib.fit import weight_bytes
 from lablib.config import VLLMConfig
-from lablib.models import check_model_dir, resolve_model
-from lablib.synthetic import LABEL, architectures, make_synthetic, parameter_count, synthetic_spec
+from lablib.hardware.fit import weight_bytes
+from lablib.models import check_model_dir, resolve_model, synthetic
+from lablib.models.architecture import LABEL, architectures, parameter_count
+from lablib.models.synthetic import make_synthetic, synthetic_spec
 
 ARCHS = architectures()
 

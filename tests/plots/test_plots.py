@@ -5,7 +5,7 @@ import pytest
 
 from lablib import plots
 from lablib.mechanisms import batching, kv, paging
-from lablib.plots_kv import FREE
+from lablib.plots.kv import FREE
 from lablib.results import RequestRecord, Result, ResultStore
 
 H200 = {"gpu": "NVIDIA H200"}
@@ -189,7 +189,7 @@ def test_figures_render_without_a_kernel_from_stored_results(tmp_path, live, rec
 
 
 def test_token_gaps_shows_the_share_read_in_clumps():
-    from lablib.plots_serving import token_gaps
+    from lablib.plots.serving import token_gaps
 
     times = [0.1, 0.11, 0.11, 0.11, 0.12]  # two events of one read among four gaps
     rec = RequestRecord(request_id="a", prompt_tokens=3, output_tokens=5, arrival=0.0, start=0.0, first_token=0.1,

@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from lablib import reference
-from lablib.reference import REFERENCE_DIR, load_reference, mode, reference_facts, reference_steps
-from lablib.results import Result
+from lablib.results import Result, reference
+from lablib.results.reference import REFERENCE_DIR, load_reference, reference_facts, reference_steps
+from lablib.session import mode
 
 REPACK = "re-pack: python scripts/pack_reference.py RUN_DIR..."
 
@@ -134,7 +134,7 @@ def test_serving_sweep_recorded_with_the_cross_check(facts):
 
 @pytest.mark.parametrize("key,prefix", [("serve_check", ""), ("serve_check_embedded", "embedded-")])
 def test_serve_check_rounds_recorded(facts, runs, key, prefix):
-    from lablib.vllm_bench import agreement
+    from lablib.bench.vllm_bench import agreement
 
     check = facts[key]
     rounds = check["rounds"]
@@ -203,9 +203,11 @@ def test_lab_runs_packed_from_a_gpu_labs_folder(pack, facts, runs, tmp_path):
 
 
 def test_scheduler_sweep_recorded_one_engine_per_setting(facts, runs):
-    from lablib.sweeps import scheduler_rows
+    from lablib.experiments.scheduling import scheduler_rows
 
-    rows = scheduler_rows(live=False)
+    shown = scheduler_rows(force=False)
+    assert not shown.live and shown.label.startswith("recorded on NVIDIA H200")
+    rows = shown.value
     assert [(r["max_num_seqs"], r["max_num_batched_tokens"]) for r in rows] == [
         (8, None), (64, None), (256, None), (256, 512), (256, 2048)]
     assert all(r["back_to_baseline"] for r in rows)
@@ -244,14 +246,15 @@ def test_packing_a_new_run_merges_onto_the_reference(pack, facts, runs, monkeypa
 
 
 def test_recorded_synthetic_runs_say_so_in_every_figure(runs):
-    from lablib import plots, plots_serving
-    from lablib.plots_sweep import scheduler_figure
-    from lablib.sweeps import scheduler_rows
-    from lablib.synthetic import LABEL
+    from lablib import plots
+    from lablib.experiments.scheduling import scheduler_rows
+    from lablib.models import LABEL
+    from lablib.plots import scheduler_figure
+    from lablib.plots import serving as plots_serving
 
     served = load_reference(prefix="serve-rate-")
     for fig in (plots_serving.latency_vs_rate(served), plots_serving.throughput_vs_rate(served),
-                plots_serving.server_metrics_figure(served), scheduler_figure(scheduler_rows(live=False)),
+                plots_serving.server_metrics_figure(served), scheduler_figure(scheduler_rows(force=False).value),
                 plots.journey([runs["hf-static-b64-8b-journey"], runs["vllm-8b-journey"]])):
         assert LABEL in fig.layout.title.text and "recorded" in fig.layout.title.text
     embedded = [r for r in runs.values() if r.model.get("name") == "embedded"]

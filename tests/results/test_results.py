@@ -10,15 +10,13 @@ import numpy as np
 import pytest
 
 from lablib.results import (
-    PERCENTILES,
     RequestRecord,
     Result,
     ResultStore,
-    distribution,
     load_results,
-    percentile,
     summarise,
 )
+from lablib.stats import PERCENTILES, distribution, percentile, percentile_of
 
 
 def rec(i: int = 0, **kw) -> RequestRecord:
@@ -70,8 +68,8 @@ def test_percentile_matches_numpy(n):
 
 
 def test_percentile_and_distribution_skip_none():
-    assert percentile([], 50) is None and percentile([None, None], 50) is None
-    assert percentile([3.0, None, 1.0], 50) == 2.0
+    assert percentile_of([], 50) is None and percentile_of([None, None], 50) is None
+    assert percentile_of([3.0, None, 1.0], 50) == 2.0
     d = distribution([1.0, None, 2.0, 3.0, 4.0])
     assert d["mean"] == 2.5 and d["p50"] == 2.5 and set(d) == {"mean", *(f"p{q}" for q in PERCENTILES)}
     assert distribution([None]) == {"mean": None, "p50": None, "p90": None, "p99": None}

@@ -5,6 +5,7 @@ The real HFEngine runs the embedded model on the CPU: two requests, four new tok
 import pytest
 
 from lablib import widgets
+from lablib.widgets import batching as batching_widgets
 from lablib.results import RequestRecord, ResultStore
 
 
@@ -73,7 +74,7 @@ def test_without_anywidget_the_panel_draws_a_static_figure(monkeypatch, tmp_path
     def no_anywidget():
         raise ImportError("Please install anywidget to use the FigureWidget class")
 
-    monkeypatch.setattr(widgets.go, "FigureWidget", no_anywidget)
+    monkeypatch.setattr(batching_widgets.go, "FigureWidget", no_anywidget)
     p = widgets.BatchingPanel(store=tmp_path / "r.jsonl")
     assert not p._live and p.plot_area is not p.figure
     p._start_live("hf-naive", total=1)

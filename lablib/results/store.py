@@ -1,0 +1,70 @@
+"""The store that never loses a measurement: one JSON line per Result, appended and fsynced.
+
+A kernel killed mid-run (Kernel → Interrupt, a dead kernel, a time limit) leaves every
+Result written before it intact; a torn last line is skipped on load with a warning. The
+shipped H200 recordings are the same format, gzipped.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from .record import Result
+
+
+class ResultStore:
+    """An append-only JSON-lines file of Results, one per line, flushed and fsynced per append.
+
+    A line is written in one `write` call of a complete record followed by fsync, so a kernel
+    killed mid-run leaves every earlier Result intact; a torn last line (power loss) is skipped
+    on load with a warning rather than failing the whole file.
+    """
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+
+    def append(self, result: Result) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        line = (result.to_json() + "\n").encode()
+        fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            size = os.fstat(fd).st_size
+            if size and os.pread(fd, 1, size - 1) != b"\n":
+                line = b"\n" + line  # after a torn last line, start a fresh one so this record stays readable
+            os.write(fd, line)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def load(self) -> list[Result]:
+        """Every readable Result in the file (a `.gz` file is read through gzip)."""
+        if not self.path.exists():
+            return []
+        if self.path.suffix == ".gz":
+            import gzip
+
+            text = gzip.open(self.path, "rt", encoding="utf-8").read()
+        else:
+            text = self.path.read_text()
+        out = []
+        for i, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                out.append(Result.from_dict(json.loads(line)))
+            except (json.JSONDecodeError, TypeError) as e:
+                import warnings
+
+                warnings.warn(f"{self.path}:{i}: skipped an unreadable record ({e})", stacklevel=2)
+        return out
+
+
+def load_results(*paths: str | Path) -> list[Result]:
+    """Every Result in the given JSONL files or folders of them, in file order."""
+    out: list[Result] = []
+    for p in map(Path, paths):
+        files = sorted([*p.glob("*.jsonl"), *p.glob("*.jsonl.gz")]) if p.is_dir() else [p]
+        for f in files:
+            out.extend(ResultStore(f).load())
+    return out
