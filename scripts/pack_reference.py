@@ -228,10 +228,10 @@ def _check_text(check: dict, what: str) -> str:
 {rows}
 
 {(check.get("agreement") or {}).get("verdict", "")} (spread: (max - min) / mean over its rounds,
-`lablib.vllm_bench.agreement`). In {first_slower} of {len(rounds)} rounds the client that went first saw the higher
+`lablib.bench.vllm_bench.agreement`). In {first_slower} of {len(rounds)} rounds the client that went first saw the higher
 median TTFT, whichever it was. A single burst settles no gap of a few percent. (Lab client lag: its mean request
 latency over the API server's, or the engine's in runs that predate reading the HTTP histogram,
-`lablib.loadgen.client_check`; nan where the run predates the check.)
+`lablib.bench.client.client_check`; nan where the run predates the check.)
 """
 
 
@@ -276,7 +276,7 @@ def write_readme(by_step: dict, facts: dict) -> None:
                    f"(`scripts/client_overhead.py`). It read {_pct(clumped.get('lab'))} of its token events in clumps, "
                    f"two or more in one read, which a client does only when events waited for it; vLLM's client "
                    f"{_pct(clumped.get('vllm_bench'))}. The lab now uses aiohttp, as `vllm bench serve` does, and compares "
-                   f"its request latency with the server's own (`lablib.loadgen.client_check`); these runs predate both.")
+                   f"its request latency with the server's own (`lablib.bench.client.client_check`); these runs predate both.")
     served = sorted((v for k, v in by_step.items() if k.startswith("serve-rate-")), key=lambda v: v["config"]["rate"])
     finite = [v for v in served if v["config"]["rate"] != float("inf")]
     burst_tok = next((v["summary"]["output_tok_s"] for v in served if v["config"]["rate"] == float("inf")), None)
