@@ -179,7 +179,9 @@ class ServerEngine:
         if config is None and base_url is None:
             from ..models import embedded_path
 
+            # prefix caching off, as VLLMConfig's default: the journey's rungs compare the same work
             config = ServerConfig(model=str(self.spec.path), port=0, served_model_name=self.spec.name,
+                                  enable_prefix_caching=False,
                                   tokenizer=str(embedded_path()) if self.spec.source == "synthetic" else None)
         self.config = config if config is not None else ServerConfig(model=served_model_name or self.spec.name)
         self.name = "vllm-server"

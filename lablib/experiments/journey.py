@@ -1,7 +1,8 @@
 """The journey: one workload, every step of the optimisation ladder this machine can run.
 
 The ladder starts at naive Hugging Face `generate` (one request at a time) and climbs
-through static batching to vLLM's paged attention, continuous batching, quantization,
+through static batching to vLLM's paged attention and continuous batching, the same engine behind
+its OpenAI server, then quantization,
 prefix caching and speculative decoding. Each step runs the same journey workload and
 appends its Result to one store, so the last lab (and the HTML report) can show the
 whole road. A step this machine cannot run (vLLM without a GPU) is listed as skipped
@@ -44,11 +45,14 @@ def hf_steps(batch_sizes: list[int]) -> list[Step]:
 def ladder(batch_sizes: list[int]) -> list[Step]:
     """Every step, in order; `available` says which this machine can run."""
     from ..config import VLLMConfig
+    from ..engines.server import ServerEngine
     from ..engines.vllm import VLLMEngine
 
     return hf_steps(batch_sizes) + [
         Step("vllm", lambda m: VLLMEngine(m, VLLMConfig()), needs="gpu+vllm",
-             why="vLLM: paged KV cache, continuous batching, CUDA graphs (its own worker process)")]
+             why="vLLM: paged KV cache, continuous batching, CUDA graphs (its own worker process)"),
+        Step("vllm-server", lambda m: ServerEngine(m), needs="gpu+vllm",
+             why="the same engine behind its OpenAI server: every request over HTTP, streamed")]
 
 
 def available(step: Step) -> tuple[bool, str]:
