@@ -113,7 +113,7 @@ class Checks:
 
     `that` asserts now. `live` asserts only when the data was measured here; for a recording it
     notes the claim as not measured on this machine (the recordings are tested by
-    tests/test_reference.py, not re-asserted in a notebook). `done` prints what ran and what did not.
+    tests/results/test_recordings.py, not re-asserted in a notebook). `done` prints what ran and what did not.
     """
 
     def __init__(self, lab: str):

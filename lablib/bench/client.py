@@ -99,11 +99,17 @@ def client_check(result: Result, max_lag: float = 1.2, max_clumped: float = 0.05
     api_share = (server_http - server_e2e) / server_http if server_http and server_e2e else None
     client = (result.engine_facts or {}).get("client") or {}
     busy = client.get("busy")
-    kept_up = None if lag is None else bool(lag <= max_lag and (clumped is None or clumped <= max_clumped))
+    # clumped reads alone are enough to say the client fell behind; keeping up needs the server's latencies too
+    if clumped is not None and clumped > max_clumped:
+        kept_up: bool | None = False
+    else:
+        kept_up = None if lag is None else bool(lag <= max_lag)
     ms = lambda x: None if x is None else x * 1e3  # noqa: E731
     parts = []
     if lag is None:
-        parts.append("no server-side latencies to compare with: the server's /metrics was not read during this "
+        parts.append(("the client FELL BEHIND (it read its token events in clumps; its latencies and throughput "
+                      "describe the client, not the server); " if kept_up is False else "") +
+                     "no server-side latencies to compare with: the server's /metrics was not read during this "
                      "test (or the run predates this check)")
     else:
         who = "the API server" if server_http else "the engine (no HTTP histogram in this run)"

@@ -13,7 +13,7 @@ from ..models import ModelSpec
 from ..results.record import Result
 from ..results.store import ResultStore
 from ..results.reference import recorded_rows, reference_facts
-from ..session import Shown, live_or_recorded
+from ..session import Shown, live_label, live_or_recorded
 from .sweeps import config_sweep
 
 
@@ -31,7 +31,8 @@ def gpu_memory_utilization_rows(values: list[float] = (0.1, 0.3, 0.5), force: bo
                                 **kw: Any) -> Shown[list[dict[str, Any]]]:
     """Live sweep rows on a GPU with vLLM; otherwise the rows recorded on the H200 (labelled)."""
     [VLLMConfig(gpu_memory_utilization=g) for g in values]  # refuse a bad value before anything starts
-    return live_or_recorded(lambda: gpu_memory_utilization_sweep(list(values), **kw)[0],
+    return live_or_recorded(lambda: [{**r, "provenance": live_label()}
+                                     for r in gpu_memory_utilization_sweep(list(values), **kw)[0]],
                             lambda: recorded_rows("sweep", "sweep"), force=force)
 
 
@@ -40,6 +41,7 @@ def cold_start(gpu_memory_utilization: float = 0.3, force: bool | None = None) -
 
     Live: the engine's own facts (KV blocks and tokens, block size, attention backend, the fit
     estimate made before it started). Recorded: the same facts from the H200's first engine.
+    Either way `kv_over_estimate` is vLLM's KV tokens over the estimate's (1.0 = the arithmetic was exact).
     """
     config = VLLMConfig(gpu_memory_utilization=gpu_memory_utilization)
 
@@ -49,6 +51,12 @@ def cold_start(gpu_memory_utilization: float = 0.3, force: bool | None = None) -
         with VLLMEngine("embedded", config) as eng:
             eng.start()
             facts = dict(eng.facts)
-        return {**facts, **eng.facts}
+        return with_ratio({**facts, **eng.facts})
 
-    return live_or_recorded(live, lambda: reference_facts()["cold_start"], force=force)
+    return live_or_recorded(live, lambda: with_ratio(dict(reference_facts()["cold_start"])), force=force)
+
+
+def with_ratio(facts: dict[str, Any]) -> dict[str, Any]:
+    """Engine facts plus `kv_over_estimate`: the KV tokens vLLM reported over lablib's fit estimate of them."""
+    return {**facts, "kv_over_estimate": facts["kv_tokens"] / facts["fit_estimate"]["kv_tokens"]}
+

@@ -17,6 +17,7 @@ from ..config import BenchConfig, VLLMConfig
 from ..models import ModelSpec
 from ..results.record import Result
 from ..results.store import ResultStore
+from ..session import live_label
 from ..workloads import load_workload
 
 
@@ -42,7 +43,7 @@ def config_sweep(configs: list[VLLMConfig], model: str | ModelSpec = "embedded",
                      "peak_used_bytes": r.memory.get("peak_bytes"), "vram_before_bytes": before[0] if before else None,
                      "vram_after_close_bytes": eng.facts.get("vram_after_close_bytes"),
                      "back_to_baseline": eng.facts.get("vram_back_to_baseline"),
-                     "startup_s": eng.facts.get("startup_s"), "provenance": "live"})
+                     "startup_s": eng.facts.get("startup_s"), "provenance": live_label()})
         if on_row is not None:
             on_row(rows[-1])
     return rows, results

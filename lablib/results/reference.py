@@ -1,10 +1,10 @@
 """Runs recorded on the H200, for machines that cannot run vLLM themselves.
 
-Without a GPU (Colab CPU, a laptop, CI) the vLLM cells of labs 02 and 03 show these
+Without a GPU (Colab CPU, a laptop, CI) the vLLM cells of labs 03-05 show these
 instead of measuring: Results made by `scripts/record_reference.py` through the same
 `bench.run` a notebook uses, with provenance "recorded", the GPU, versions and date. Every
 figure built from them says "recorded on NVIDIA H200, <date>", so nobody mistakes them for
-a measurement of the machine in front of them. `mode()` tells a lab which it is looking at.
+a measurement of the machine in front of them. `lablib.session` decides which a lab shows.
 """
 from __future__ import annotations
 
