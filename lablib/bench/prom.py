@@ -10,19 +10,20 @@ TTFT is prefill time; past it the KV cache fills, requests wait, and TTFT grows 
 queue while TPOT stays flat. `MetricsScraper` polls the page in a background thread during
 a load test, so a figure can put those gauges under the client-side latencies on one time axis.
 
-The parser handles what a scrape needs: counters and gauges, histogram and summary
-`_sum`/`_count` (their `_bucket`, quantile and `_created` samples are left out: summed over
-label sets they mean nothing), label sets collapsed by summing (e.g. over several engines),
-or only the samples whose labels match a filter.
+The page is read by `prometheus_client`'s own text parser (the library vLLM's server
+writes it with), so escapes, timestamps, `NaN`/`+Inf` and the `# TYPE` lines mean what the
+format says. From it a scrape keeps what it needs: counters and gauges, histogram and
+summary `_sum`/`_count` (their `_bucket`, quantile and `_created` samples are left out:
+summed over label sets they mean nothing), label sets collapsed by summing (e.g. over
+several engines), or only the samples whose labels match a filter.
 """
 from __future__ import annotations
 
 import math
-import re
 import threading
 import time
 import urllib.request
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 DEFAULT_GAUGES = ("vllm:kv_cache_usage_perc", "vllm:num_requests_running", "vllm:num_requests_waiting")
@@ -33,52 +34,71 @@ DEFAULT_GAUGES = ("vllm:kv_cache_usage_perc", "vllm:num_requests_running", "vllm
 SERVER_LATENCIES = {"ttft_s": "vllm:time_to_first_token_seconds", "itl_s": "vllm:inter_token_latency_seconds",
                     "e2e_s": "vllm:e2e_request_latency_seconds", "http_s": "http_request_duration_seconds"}
 
-_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})?\s+(\S+)(\s+-?\d+)?\s*$")
-_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"')
+
+def _families(text: str) -> Iterator[tuple[str, Any]]:
+    """(family type, sample) for every sample of the page, as prometheus_client parses it.
+
+    A page the parser refuses as a whole (one malformed line) is parsed again one sample line
+    at a time under the page's own `# TYPE` lines, and the lines it still refuses are skipped:
+    a line this reader does not understand is not worth failing a scrape for.
+    """
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        families = list(text_string_to_metric_families(text))
+    except ValueError:
+        families = None
+    if families is not None:
+        for fam in families:
+            for sample in fam.samples:
+                yield fam.type, sample
+        return
+    types: dict[str, str] = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) >= 4 and parts[:2] == ["#", "TYPE"]:
+            types[parts[2]] = parts[3]
+            continue
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        try:
+            samples = [s for fam in text_string_to_metric_families(line + "\n") for s in fam.samples]
+        except ValueError:
+            continue
+        for sample in samples:
+            base = next((sample.name[: -len(x)] for x in ("_bucket", "_sum", "_count", "_created")
+                         if sample.name.endswith(x)), sample.name)
+            yield types.get(sample.name, types.get(base, "unknown")), sample
 
 
 def parse_labels(text: str) -> dict[str, str]:
-    """`a="1",b="x\\"y"` → {"a": "1", "b": 'x"y'} (escapes \\\\, \\" and \\n undone)."""
-    unescape = {"\\\\": "\\", '\\"': '"', "\\n": "\n"}
-    return {k: re.sub(r'\\[\\"n]', lambda m: unescape[m.group(0)], v) for k, v in _LABEL.findall(text)}
+    """`a="1",b="x\\"y"` → {"a": "1", "b": 'x"y'} (escapes \\\\, \\" and \\n undone, by prometheus_client)."""
+    if not text.strip():
+        return {}
+    for _, sample in _families(f"x{{{text}}} 0\n"):
+        return dict(sample.labels)
+    return {}
 
 
 def parse_samples(text: str) -> list[tuple[str, dict[str, str], float]]:
-    """Every sample line of a Prometheus text page as (name, labels, value); comments skipped."""
-    out = []
-    for line in text.splitlines():
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        m = _SAMPLE.match(line)
-        if m is None:
-            continue  # a line this parser does not understand is not worth failing a scrape for
-        name, _, labels, value, _ = m.groups()
-        try:
-            out.append((name, parse_labels(labels or ""), float(value)))
-        except ValueError:
-            continue
-    return out
+    """Every sample of a Prometheus text page as (name, labels, value); comments and time stamps dropped."""
+    return [(s.name, dict(s.labels), float(s.value)) for _, s in _families(text)]
 
 
 def parse_prometheus(text: str, labels: Mapping[str, str] | None = None) -> dict[str, float]:
     """Metric name → value, summed over label sets; with `labels`, only the samples carrying all of them.
 
     Histogram and summary buckets/quantiles and `_created` time stamps are skipped; their
-    `_sum` and `_count` are kept (so mean TTFT = `..._sum / ..._count`).
+    `_sum` and `_count` are kept (so mean TTFT = `..._sum / ..._count`). Names are the
+    samples' own (a counter keeps its `_total`).
     """
-    types: dict[str, str] = {}
-    for line in text.splitlines():
-        parts = line.split()
-        if len(parts) >= 4 and parts[:2] == ["#", "TYPE"]:
-            types[parts[2]] = parts[3]
     out: dict[str, float] = {}
-    for name, lab, value in parse_samples(text):
-        if name.endswith(("_bucket", "_created")) or ("quantile" in lab and types.get(name) == "summary"):
+    for kind, s in _families(text):
+        if s.name.endswith(("_bucket", "_gbucket", "_created")) or (kind == "summary" and "quantile" in s.labels):
             continue
-        if labels and any(lab.get(k) != v for k, v in labels.items()):
+        if labels and any(s.labels.get(k) != v for k, v in labels.items()):
             continue
-        out[name] = out.get(name, 0.0) + value
+        out[s.name] = out.get(s.name, 0.0) + float(s.value)
     return out
 
 

@@ -19,8 +19,10 @@ yet), and those belong to no load test. (On the H200 the lab's first burst, afte
 warm-up request, came out 20% below `vllm bench serve`'s later one on the same server.)
 Every Result goes to `store` as soon as it is measured.
 
-`cross_check` repeats step 4 alone, alternating which client goes first, to show how far
-single bursts scatter (one burst each is not enough to tell a 5% gap from noise).
+`cross_check` is the referee proper: step 4 alone, in several longer rounds alternating which
+client goes first, both clients reduced to the same steady-state statistic and their ratio
+weighed against a bound from their own round-to-round spread (see its docstring; single
+bursts scatter too far to tell a 5% gap from noise).
 
 `concurrency_sweep` asks the other classic question on the same kind of server: with at
 most N requests in flight (N users, each sending the next request when the last returns),
@@ -87,7 +89,7 @@ def _started(cfg: ServerConfig, out_dir: Path, out: dict[str, Any]) -> Iterator[
 
 def rate_sweep(model: str | ModelSpec = "embedded", workload: str = "journey", repeat: int = 4,
                fractions: Sequence[float] = FRACTIONS, *, seed: int = 0, cross_check: bool = True,
-               out_dir: str | Path = "results/serve", store: ResultStore | None = None, lab: str = "03_serving",
+               out_dir: str | Path = "results/serve", store: ResultStore | None = None, lab: str = "05_serving",
                on_metrics: Callable[[float, dict[str, float | None]], None] | None = None,
                on_result: Callable[[Result], None] | None = None, metrics_interval_s: float = 0.25,
                **knobs: Any) -> dict[str, Any]:
@@ -126,7 +128,7 @@ def check_levels(levels: Sequence[int]) -> list[int]:
 
 def concurrency_sweep(model: str | ModelSpec = "embedded", workload: str = "journey", repeat: int = 2,
                       levels: Sequence[int] = (1, 4, 16, 64), *, seed: int = 0, out_dir: str | Path = "results/serve",
-                      store: ResultStore | None = None, lab: str = "03_serving",
+                      store: ResultStore | None = None, lab: str = "05_serving",
                       on_result: Callable[[Result], None] | None = None, **knobs: Any) -> dict[str, Any]:
     """One server, the workload sent with at most N requests in flight for each N in `levels`.
 
@@ -147,36 +149,154 @@ def concurrency_sweep(model: str | ModelSpec = "embedded", workload: str = "jour
 
 
 def cross_check(model: str | ModelSpec = "embedded", workload: str = "journey", repeat: int = 4, times: int = 3, *,
-                seed: int = 0, out_dir: str | Path = "results/serve-check", store: ResultStore | None = None,
-                lab: str = "03_serving", **knobs: Any) -> dict[str, Any]:
-    """The lab's burst and `vllm bench serve`'s on one server, `times` rounds, the first client alternating.
+                max_concurrency: int | None = None, seed: int = 0, out_dir: str | Path = "results/serve-check",
+                store: ResultStore | None = None, lab: str = "03_serving", confidence: float | None = None,
+                max_cv: float | None = None, max_bound: float | None = None, min_window_s: float | None = None,
+                **knobs: Any) -> dict[str, Any]:
+    """The referee: the lab's client and `vllm bench serve` on one server, `times` rounds, the first client alternating.
 
-    Returns {"rounds": [compare_serve dicts, with "lab_first"], "results", "output_tok_s_ratios",
-    "agreement", "server"}: the ratios' spread is the run-to-run noise any single comparison
-    carries, and `agreement` (`vllm_bench.agreement`) weighs the mean gap against it.
+    Each round sends the workload repeated `repeat` times (`repeat` x 64 requests for the journey set) from
+    each client in turn, every request due at t=0 and at most `max_concurrency` in flight on either client
+    (None: all at once), so the server runs a closed loop at that concurrency. Round i puts the lab first
+    when i is even (L V, V L, L V, V L: a slow drift of the server cancels between the clients). Round 0's
+    lab run warms the server first (the whole workload, 8 tokens each).
+
+    The verdict is `vllm_bench.referee` on the rounds: each client reduced to its steady-state output rate
+    (tokens delivered between the times 10% and 90% of the round's tokens had arrived), the ratio of the
+    two means against a Welch bound at `confidence` (default 99%) from both clients' round-to-round
+    standard errors; it agrees only if each client's own spread is below `max_cv` (3%), the bound below
+    `max_bound` (5%), every window at least `min_window_s` (2 s) long, and both clients delivered the
+    workload's exact output tokens. A noisy or too-short measurement fails; it never widens the bound.
+
+    Returns {"rounds": [compare_serve dicts, with "lab_first" and "output_tokens"["expected"]], "results",
+    "referee", "output_tok_s_ratios" and "agreement" (whole-burst figures, descriptive only), "server"}.
     """
+    from ..bench import vllm_bench
     from ..bench.vllm_bench import agreement, bench_serve, compare_serve
 
     validate.integer("cross_check", "times", times, "rounds of lab + vllm bench serve, e.g. 3.")
+    validate.optional_integer("cross_check", "max_concurrency", max_concurrency, "None for all at once, or e.g. 256.")
+    rules = {k: v for k, v in (("confidence", confidence), ("max_cv", max_cv), ("max_bound", max_bound),
+                                ("min_window_s", min_window_s)) if v is not None}
     wl, cfg, out_dir, recorded = _prepare(model, workload, repeat, out_dir, knobs)
+    expected = sum(r.max_new_tokens for r in wl.requests)
     out: dict[str, Any] = {"rounds": [], "results": [], "server": cfg.to_dict()}
     with _started(cfg, out_dir, out) as server:
-        def lab_burst(i: int) -> Result:
+        def lab_run(i: int) -> Result:
             return run_online(server.base_url, server.api_key, server.model, wl, [math.inf], seed=seed,
-                              warmup_requests=len(wl.requests) if i == 0 else 0, lab=lab, store=store,
-                              step_prefix=f"check{i}", **recorded)[0]
+                              max_concurrency=max_concurrency, warmup_requests=len(wl.requests) if i == 0 else 0,
+                              lab=lab, store=store, step_prefix=f"check{i}", **recorded)[0]
 
-        def vllm_burst(i: int) -> dict[str, Any]:
+        def vllm_run(i: int) -> dict[str, Any]:
             return bench_serve(server.base_url, server.api_key, server.model, cfg.tokenizer or cfg.model, wl,
-                               math.inf, out_dir / f"round{i}", seed=seed)
+                               math.inf, out_dir / f"round{i}", seed=seed, max_concurrency=max_concurrency)
 
-        for i in range(times):  # round 0's lab burst warms the server first (the whole workload, 8 tokens each)
+        for i in range(times):
             if i % 2 == 0:
-                result, bench = lab_burst(i), vllm_burst(i)
+                result, bench = lab_run(i), vllm_run(i)
             else:
-                bench, result = vllm_burst(i), lab_burst(i)
+                bench, result = vllm_run(i), lab_run(i)
             out["results"].append(result)
-            out["rounds"].append({**compare_serve(result, bench), "lab_first": i % 2 == 0})
+            rnd = {**compare_serve(result, bench), "lab_first": i % 2 == 0}
+            rnd["output_tokens"]["expected"] = expected
+            out["rounds"].append(rnd)
+    out["referee"] = vllm_bench.referee(out["rounds"], **rules)
     out["output_tok_s_ratios"] = [r["figures"]["output_tok_s"]["ratio"] for r in out["rounds"]]
     out["agreement"] = agreement(out["rounds"])
     return out
+
+
+# --- lab 05 in a notebook: one call per cell, live on a GPU with vLLM, else the H200's recordings (labelled) ---
+
+
+def rate_sweep_or_recorded(model: str | ModelSpec = "embedded", repeat: int = 4, *, lab: str = "05_serving",
+                           force: bool | None = None, **kw: Any):
+    """`rate_sweep` live on a GPU with vLLM; otherwise the one recorded on the H200 (the synthetic 8B).
+
+    Returns a `session.Shown` of rate_sweep's dict (recorded: `facts["serve"]` and the
+    'serve-rate-*' Results) plus `model_name` (the served checkpoint's folder) and
+    `burst_output_tok_s` (the rate=inf test's output tokens/s). `kw` go to `rate_sweep`.
+    """
+    from ..results.reference import load_reference, reference_facts
+    from ..session import live_or_recorded
+
+    check_fractions(kw.get("fractions", FRACTIONS))
+
+    def described(out: dict[str, Any]) -> dict[str, Any]:
+        return {**out, "model_name": str(out["server"]["model"]).rstrip("/").split("/")[-1],
+                "burst_output_tok_s": burst(out["results"]).summary["output_tok_s"]}
+
+    return live_or_recorded(lambda: described(rate_sweep(model, repeat=repeat, lab=lab, **kw)),
+                            lambda: described({**reference_facts()["serve"],
+                                               "results": load_reference(prefix="serve-rate-")}), force=force)
+
+
+def burst(results: list[Result]) -> Result:
+    """The load test that sent everything at once (rate=inf): the server's capacity."""
+    return next(r for r in results if r.config["rate"] == math.inf)
+
+
+def results_of(shown: Any):
+    """The load tests of a rate sweep as a Shown of their own (same label), for `.table(...)`."""
+    from ..session import Shown
+
+    return Shown(shown.value["results"], shown.live, shown.label, shown.why)
+
+
+def client_verdict(shown: Any):
+    """`bench.client.client_check` on the sweep's burst, carrying the sweep's label (live or recorded)."""
+    from ..bench.client import client_check
+    from ..session import Shown
+
+    return Shown(client_check(burst(shown.value["results"])), shown.live, shown.label, shown.why)
+
+
+def compare_rows(shown: Any):
+    """The burst's lab / `vllm bench serve` figures (one row per figure), carrying the sweep's label."""
+    from ..session import Shown
+
+    figures = shown.value["compare"]["figures"]
+    return Shown([{"figure": k, **v} for k, v in figures.items()], shown.live, shown.label, shown.why)
+
+
+def ttft_grows(value: dict[str, Any], factor: float = 2.0) -> bool:
+    """More load, more queueing: median TTFT at the highest finite rate over `factor` times the lowest's."""
+    finite = sorted((r for r in value["results"] if r.config["rate"] != math.inf), key=lambda r: r.config["rate"])
+    return finite[-1].summary["ttft_s"]["p50"] > factor * finite[0].summary["ttft_s"]["p50"]
+
+
+def recorded_agreements():
+    """Every lab-vs-vLLM comparison recorded on the H200, one row each: the repeated serve cross-checks (per
+    round, with the mean's verdict) and the offline `bench.run` against `vllm bench throughput`."""
+    from ..results.reference import reference_facts
+    from ..session import live_or_recorded
+
+    def rows() -> list[dict[str, Any]]:
+        facts = reference_facts()
+        out = []
+        for key, model in (("serve_check", "synthetic 8B"), ("serve_check_embedded", "embedded")):
+            check = facts[key]
+            for i, r in enumerate(check["rounds"]):
+                out.append({"comparison": f"serve burst, round {i}", "model": model, "lab_first": r["lab_first"],
+                            "lab_over_vllm_output_tok_s": r["figures"]["output_tok_s"]["ratio"],
+                            "lab_over_vllm_ttft_p50": r["figures"]["ttft_p50_ms"]["ratio"],
+                            "lab_over_vllm_tpot_p50": r["figures"]["tpot_p50_ms"]["ratio"],
+                            "clumped_lab": r["clumped"]["lab"], "clumped_vllm": r["clumped"]["vllm_bench"]})
+            out.append({"comparison": "serve burst, mean of rounds", "model": model,
+                        "lab_over_vllm_output_tok_s": check["agreement"]["ratio"],
+                        "agree": check["agreement"]["agree"]})
+        head = facts["headline"]
+        out.append({"comparison": "offline, bench.run / vllm bench throughput (total tok/s)", "model": "synthetic 8B",
+                    "lab_over_vllm_output_tok_s": None, "lab_over_vllm_total_tok_s": head["lab_over_vllm_bench_total_tok_s"],
+                    "lab_over_vllm_requests_s": head["lab_over_vllm_bench_requests_s"]})
+        return out
+
+    return live_or_recorded(rows, rows, force=False)
+
+
+def display_if_live(widget: Any, instead: str) -> Any:
+    """`widget.display()` when vLLM runs live here; otherwise one line saying why not and what is shown instead."""
+    from ..session import mode
+
+    m = mode()
+    return widget.display() if m["live"] else f"not live ({m['why']}): {instead}"

@@ -1,11 +1,12 @@
-"""The timing protocol on the CPU with the embedded model: prepare checks every request against
-the context before any work, run returns (and stores) one complete Result, and an interrupted
-run stores what finished before re-raising."""
+"""The timing protocol (lablib.bench.offline) on the CPU with the embedded model: prepare checks every request
+against the context before any work, run starts the engine only then and returns (and stores) one complete Result
+(the engine's config, the bench's seed as bench_seed, ignore_eos as the engine reports it), and an interrupted run
+stores what finished before re-raising."""
 
 import pytest
 
-from lablib import bench
-from lablib.bench import prepare
+from lablib.bench import offline as bench
+from lablib.bench.offline import prepare
 from lablib.config import BenchConfig
 from lablib.engines import HFEngine, PreparedRequest
 from lablib.results import RequestRecord, ResultStore
@@ -77,6 +78,7 @@ def test_run_returns_a_complete_result(run_result, journey):
     assert s["output_tok_s"] == pytest.approx(32 / r.wall_s)
     assert 0 < s["ttft_s"]["p50"] <= s["e2e_s"]["p99"] <= r.wall_s
     assert r.config["mode"] == "naive" and r.config["ignore_eos"] is True and r.config["warmup_requests"] == 1
+    assert r.engine_facts["ignore_eos"] is True and r.config["bench_seed"] == QUICK.seed  # from the engine; the bench's seed
     assert r.model["name"] == "embedded" and r.model["parameters"] == 4_737_792
     assert r.workload == {"name": "journey", "version": journey.version, "requests": 4}
     assert r.versions["torch"] and r.versions["transformers"]
@@ -124,6 +126,15 @@ class InterruptedEngine:
 
     def __init__(self, real: HFEngine):
         self.spec, self.tokenizer, self.facts, self.config = real.spec, real.tokenizer, dict(real.facts), real.config
+
+    def start(self) -> "InterruptedEngine":
+        return self
+
+    def worker_pids(self) -> list[int]:
+        return []
+
+    def close(self) -> None:
+        pass
 
     def generate(self, requests: list[PreparedRequest], on_record=None, progress: bool = True):
         recs = [RequestRecord(q.request_id, len(q.prompt_ids), q.max_new_tokens, start=0.0, first_token=0.01 * (i + 1),

@@ -1,7 +1,9 @@
 """The vLLM engine on a CPU machine: the real worker process, driving a fake `vllm` (tests/fake_vllm).
 
 The fake has exactly the API surface the worker uses (see its docstring), so these tests pin
-lablib's side of the protocol: preflight refusals, the spawned worker and what it reports,
+lablib's side of the protocol: preflight refusals, nothing spawned before `start()` (and a
+request too long for the context refused by `bench.offline.run` before it), the seeds recorded,
+the spawned worker and what it reports,
 records streamed as requests finish, a worker reused across calls, a start failure or a
 hard crash turned into a RuntimeError without losing finished records, and close() leaving
 no process and no VRAM behind. NVML is faked by patching pynvml: the "GPU memory used"
@@ -25,9 +27,9 @@ from lablib.engines import vllm as vllm_engine
 from lablib.engines.base import PreparedRequest
 from lablib.engines.vllm import VLLMEngine, preflight
 from lablib.models import ModelSpec, check_model_dir, embedded_path, resolve_model
-from lablib.synthetic import architectures
+from lablib.models.synthetic import architectures
 
-FAKE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fake_vllm")
+FAKE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fake_vllm")
 GiB = 2**30
 BASE_USED = 1 * GiB  # VRAM in use before any engine (driver, other processes)
 CORE_BYTES = 8 * GiB  # what each live fake EngineCore "holds"
@@ -109,7 +111,9 @@ def with_fake_vllm(monkeypatch):
 
 @pytest.fixture
 def start(with_fake_vllm, fake_gpu, monkeypatch):
-    """start(config, model, **FAKE_VLLM_env) → a running VLLMEngine; every engine is closed at the end."""
+    """start(config, model, **FAKE_VLLM_env) → a started VLLMEngine; every engine is closed at the end.
+
+    `start.new(...)` makes one without starting it (the constructor runs only the preflight and the tokenizer)."""
     marker = f"fake-vllm-core-{uuid.uuid4().hex[:8]}"
     monkeypatch.setenv("FAKE_VLLM_MARKER", marker)
     monkeypatch.setenv("FAKE_VLLM_STEP_SLEEP", "0.002")
@@ -117,7 +121,7 @@ def start(with_fake_vllm, fake_gpu, monkeypatch):
     fake_gpu(marker=marker)
     engines = []
 
-    def _start(config=VLLMConfig(), model="embedded", **env):
+    def _new(config=VLLMConfig(), model="embedded", **env):
         for k, v in env.items():
             monkeypatch.setenv(k, str(v))
         engine = VLLMEngine.__new__(VLLMEngine)  # so teardown can close it even if __init__ fails half-way
@@ -125,7 +129,10 @@ def start(with_fake_vllm, fake_gpu, monkeypatch):
         engine.__init__(model, config, start_timeout_s=60)
         return engine
 
-    _start.marker = marker
+    def _start(config=VLLMConfig(), model="embedded", **env):
+        return _new(config, model, **env).start()
+
+    _start.marker, _start.new = marker, _new
     yield _start
     for e in engines:
         if getattr(e, "_proc", None) is not None:
@@ -214,6 +221,46 @@ def test_preflight_of_a_hub_preset_cannot_know_the_shape(with_fake_vllm, fake_gp
 
 
 # ---------------------------------------------------------------- the worker: start, facts, generate
+
+
+def test_nothing_starts_before_start_and_a_long_request_is_refused_first(start):
+    """The constructor runs only the preflight and the tokenizer; `bench.offline.run` checks every request against
+    facts["context"] (known before start: config.max_model_len) and refuses a long one before any worker exists."""
+    from lablib.bench.offline import run
+    from lablib.config import BenchConfig
+    from lablib.workloads import Workload, load_workload
+
+    before = _live_children()
+    engine = start.new(VLLMConfig(max_model_len=64))
+    assert engine.facts["context"] == 64 and engine.facts["started"] is False
+    assert engine.worker_pids() == [] and engine._proc is None
+    journey = load_workload("journey")
+    long = [r for r in journey if r.prompt_tokens + 8 > 64]
+    w = Workload("journey", journey.version, journey.description, (journey.requests[0], *long), journey.manifest)
+    assert journey.requests[0].prompt_tokens + 8 <= 64 < long[0].prompt_tokens + 8  # the first fits, the next not
+    with pytest.raises(ValueError) as e:
+        run(engine, w, BenchConfig(max_new_tokens=8, progress=False))
+    msg = str(e.value)
+    assert f"request {long[0].id}" in msg and f"prompt {long[0].prompt_tokens} + max_new_tokens 8" in msg
+    assert "context of 64" in msg and "Fix" in msg and "max_new_tokens" in msg.split("Fix")[1]
+    assert engine._proc is None and engine.worker_pids() == []  # no worker was spawned ...
+    assert _cores(start.marker) == [] and _live_children() - before == set()  # ... and no EngineCore
+    engine.close()  # closing an engine that never started is harmless
+    assert engine.facts["started"] is False
+
+
+def test_engine_seed_and_bench_seed_are_both_recorded(start):
+    from lablib.bench.offline import run
+    from lablib.config import BenchConfig
+    from lablib.workloads import load_workload
+
+    engine = start.new(VLLMConfig(seed=7))
+    assert engine.config.llm_kwargs()["seed"] == 7  # what the worker hands LLM(...)
+    r = run(engine, load_workload("journey").head(2), BenchConfig(seed=3, max_new_tokens=2, progress=False))
+    assert r.config["seed"] == 7 and r.config["bench_seed"] == 3  # neither overwrites the other
+    assert r.config["ignore_eos"] is True and engine.facts["ignore_eos"] is True  # from the engine's facts
+    assert engine.facts["started"] is True and [q.output_tokens for q in r.requests] == [2, 2]
+
 
 
 def test_engine_starts_in_a_worker_and_reports_facts(start):
@@ -409,8 +456,8 @@ def test_vram_that_does_not_come_back_is_reported(start, monkeypatch):
 
 
 def test_scheduler_sweep_restarts_one_engine_per_config_and_returns_to_baseline(start):
-    """lablib.sweeps on the fake: a row per configuration, the knobs recorded, VRAM back after each engine."""
-    from lablib import sweeps
+    """lablib.experiments.sweeps on the fake: a row per configuration, the knobs recorded, VRAM back after each engine."""
+    from lablib.experiments import scheduling, sweeps
     from lablib.config import BenchConfig
 
     closed = []
@@ -421,5 +468,5 @@ def test_scheduler_sweep_restarts_one_engine_per_config_and_returns_to_baseline(
     assert closed == rows  # each row announced as its engine closed
     assert all(r["back_to_baseline"] and r["vram_after_close_bytes"] == BASE_USED for r in rows)
     assert all(len(r.requests) == 64 and r.summary["output_tokens"] == 256 for r in results)
-    with pytest.raises(ValueError, match="max_num_batched_tokens=4 < max_num_seqs=8"):
-        sweeps.scheduler_sweep([8], [4])  # refused before any engine starts
+    with pytest.raises(ValueError, match=r"VLLMConfig.max_num_batched_tokens=4: allowed >= max_num_seqs=8.*Fix"):
+        scheduling.scheduler_sweep([8], [4])  # refused before any engine starts

@@ -179,10 +179,3 @@ class LLM:
 
     def get_metrics(self) -> list[Metric]:
         return self.llm_engine.get_metrics()
-
-    def enqueue(self, prompts: list[dict], sampling_params: list[SamplingParams], use_tqdm: bool = True) -> list[str]:
-        """Add requests without running them; outputs carry the returned ids."""
-        ids = [str(uuid.uuid4().hex) for _ in prompts]
-        for rid, p, sp in zip(ids, prompts, sampling_params):
-            self.llm_engine.add_request(rid, p, sp)
-        return ids

@@ -1,10 +1,12 @@
 """A fake `vllm bench serve` (test support only): `python -m vllm.entrypoints.cli.main bench serve ...`.
 
 Reads vLLM's `custom` dataset (JSON lines with "prompt" and "output_tokens"), sends every
-request to `--base-url` + `--endpoint` at once (only `--request-rate inf` is supported),
-streaming, with the key from OPENAI_API_KEY, and writes a result file with the fields of
-vLLM 0.26's (`request_throughput`, `output_throughput`, `median_ttft_ms`, ... and the
-per-request lists). FAKE_VLLM_BENCH_FAIL=msg makes it print msg and exit 1.
+request to `--base-url` + `--endpoint` at once (only `--request-rate inf` is supported; at most
+`--max-concurrency` in flight when given), streaming, with the key from OPENAI_API_KEY, and writes
+a result file with the fields of vLLM 0.26's (`request_throughput`, `output_throughput`,
+`median_ttft_ms`, ... and, as `--save-detailed` adds them, the per-request lists `input_lens`,
+`output_lens`, `ttfts`, `itls`, `latencies`, `start_times` (the client's perf_counter when it sent
+each request), `generated_texts`, `errors`). FAKE_VLLM_BENCH_FAIL=msg makes it print msg and exit 1.
 """
 import argparse
 import json
@@ -16,7 +18,10 @@ import time
 import urllib.request
 
 
-def _one(url, headers, model, prompt, n, out, i):
+def _one(url, headers, model, prompt, n, out, i, sem=None):
+    if sem is not None:
+        with sem:
+            return _one(url, headers, model, prompt, n, out, i)
     t0 = time.perf_counter()
     body = json.dumps({"model": model, "prompt": prompt, "max_tokens": n, "stream": True, "ignore_eos": True,
                        "temperature": 0.0, "stream_options": {"include_usage": True}}).encode()
@@ -42,7 +47,8 @@ def bench_serve(argv):
     ap = argparse.ArgumentParser()
     for flag in ("--backend", "--base-url", "--endpoint", "--model", "--tokenizer", "--dataset-name", "--dataset-path",
                  "--custom-output-len", "--num-prompts", "--request-rate", "--seed", "--temperature",
-                 "--percentile-metrics", "--metric-percentiles", "--result-dir", "--result-filename"):
+                 "--percentile-metrics", "--metric-percentiles", "--result-dir", "--result-filename",
+                 "--max-concurrency"):
         ap.add_argument(flag)
     for flag in ("--skip-chat-template", "--disable-shuffle", "--ignore-eos", "--save-result", "--save-detailed"):
         ap.add_argument(flag, action="store_true")
@@ -55,9 +61,10 @@ def bench_serve(argv):
     key = os.environ.get("OPENAI_API_KEY")
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     out = [None] * len(rows)
+    sem = threading.Semaphore(int(a.max_concurrency)) if a.max_concurrency else None
     start = time.perf_counter()
     threads = [threading.Thread(target=_one, args=(a.base_url + a.endpoint, headers, a.model, r["prompt"],
-                                                   int(r["output_tokens"]), out, i)) for i, r in enumerate(rows)]
+                                                   int(r["output_tokens"]), out, i, sem)) for i, r in enumerate(rows)]
     for t in threads:
         t.start()
     for t in threads:
@@ -75,6 +82,7 @@ def bench_serve(argv):
               "median_tpot_ms": statistics.median(tpot) if tpot else None,
               "input_lens": [o["input"] for o in done], "output_lens": [o["output"] for o in done],
               "ttfts": [o["ttft"] for o in done], "itls": [o["itl"] for o in done],
+              "latencies": [o["latency"] for o in done],
               "start_times": [o["start"] for o in done], "generated_texts": [""] * len(done),
               "errors": [""] * len(done)}
     os.makedirs(a.result_dir, exist_ok=True)
