@@ -13,7 +13,7 @@ export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=
 run=/tmp/run-$phase; mkdir -p "$run"
 t0=$(date +%s)
 case $phase in
-  tests)  timeout -s INT -k 30 "$budget" python -m pytest -m gpu -v -rs --durations=0 tests/test_gpu_vllm.py 2>&1 | tee "$run/pytest.log" ;;
+  tests)  LABLIB_GPU_OUT=$run timeout -s INT -k 30 "$budget" python -m pytest -m gpu -v -rs --durations=0 tests/test_gpu_vllm.py 2>&1 | tee "$run/pytest.log" ;;
   labs)   timeout -s INT -k 30 "$budget" python -m pytest -v -rs "$@" 2>&1 | tee "$run/nbval.log"
           cp -r labs/results "$run/" 2>/dev/null ;;
   record) timeout -s INT -k 30 "$budget" python scripts/record_reference.py --out "$run" --steps "$1" 2>&1 | tee "$run/stdout.log" ;;
