@@ -31,6 +31,7 @@ class Step:
     make_engine: Callable[[str], Any]  # model name → engine
     needs: str = "cpu"  # "cpu" (runs anywhere) or "gpu+vllm"
     why: str = ""  # one line: what this step changes
+    recorded: bool = False  # data/reference/ holds this step recorded on the H200
 
 
 def hf_steps(batch_sizes: list[int]) -> list[Step]:
@@ -49,7 +50,7 @@ def ladder(batch_sizes: list[int]) -> list[Step]:
     from ..engines.vllm import VLLMEngine
 
     return hf_steps(batch_sizes) + [
-        Step("vllm", lambda m: VLLMEngine(m, VLLMConfig()), needs="gpu+vllm",
+        Step("vllm", lambda m: VLLMEngine(m, VLLMConfig()), needs="gpu+vllm", recorded=True,
              why="vLLM: paged KV cache, continuous batching, CUDA graphs (its own worker process)"),
         Step("vllm-server", lambda m: ServerEngine(m), needs="gpu+vllm",
              why="the same engine behind its OpenAI server: every request over HTTP, streamed")]
@@ -61,7 +62,10 @@ def available(step: Step) -> tuple[bool, str]:
     from ..session import mode
 
     m = mode()
-    return m["live"], "" if m["live"] else f"{m['why']}; data/reference/ has it recorded on an H200"
+    if m["live"]:
+        return True, ""
+    return False, m["why"] + ("; data/reference/ has it recorded on an H200" if step.recorded else
+                              "; it runs on a machine with an NVIDIA GPU and vLLM")
 
 
 def run_journey(model: str = "embedded", workload: str = "journey", requests: int | None = None,
