@@ -103,6 +103,12 @@ def live_or_recorded(live: Callable[[], T], recorded: Callable[[], T], *, force:
     return Shown(recorded(), False, m["recorded"], m["why"])
 
 
+def display_if_live(widget: Any, instead: str) -> Any:
+    """`widget.display()` when vLLM runs live here; otherwise one line saying why not and what is shown instead."""
+    m = mode()
+    return widget.display() if m["live"] else f"not live ({m['why']}): {instead}"
+
+
 class Checks:
     """A lab's Checks cell: assertions on the run the user just made, and an honest count of what was checked.
 

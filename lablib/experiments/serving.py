@@ -292,11 +292,3 @@ def recorded_agreements():
         return out
 
     return live_or_recorded(rows, rows, force=False)
-
-
-def display_if_live(widget: Any, instead: str) -> Any:
-    """`widget.display()` when vLLM runs live here; otherwise one line saying why not and what is shown instead."""
-    from ..session import mode
-
-    m = mode()
-    return widget.display() if m["live"] else f"not live ({m['why']}): {instead}"

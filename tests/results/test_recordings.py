@@ -10,7 +10,7 @@ import pytest
 from lablib.bench.vllm_bench import agreement
 from lablib.experiments import kv, scheduling, serving
 from lablib.results.reference import reference_facts
-from lablib.session import mode
+from lablib.session import display_if_live, mode
 
 
 def _recorded(shown) -> None:
@@ -95,4 +95,4 @@ def test_widgets_say_why_they_are_not_live():
 
     note = VRAMChart().display()
     assert isinstance(note, str) and note.startswith("VRAM chart not live (") and mode()["why"] in note
-    assert serving.display_if_live(object(), "shown below") == f"not live ({mode()['why']}): shown below"
+    assert display_if_live(object(), "shown below") == f"not live ({mode()['why']}): shown below"
