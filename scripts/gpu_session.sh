@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One phase of GPU work on the lent GPU machine, after ../shared/gpu/stage installed vLLM into /tmp/site:
 #
-#   bash scripts/gpu_session.sh tests  SECONDS            pytest -m gpu (tests/test_gpu_vllm.py; 6 tests, ~10 min on an H200)
+#   bash scripts/gpu_session.sh tests  SECONDS [ARGS...]  pytest -m gpu tests/test_gpu_vllm.py ARGS (6 tests, ~10 min on an
+#                                                         H200: run it as two commands, -k "not 8b" then -k 8b)
 #   bash scripts/gpu_session.sh labs   SECONDS NB...      notebooks under nbval, live (e.g. labs/03_kv_cache.ipynb)
 #   bash scripts/gpu_session.sh record SECONDS STEPS      scripts/record_reference.py --steps STEPS
 #
@@ -13,7 +14,7 @@ export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=
 run=/tmp/run-$phase; mkdir -p "$run"
 t0=$(date +%s)
 case $phase in
-  tests)  LABLIB_GPU_OUT=$run timeout -s INT -k 30 "$budget" python -m pytest -m gpu -v -rs --durations=0 tests/test_gpu_vllm.py 2>&1 | tee "$run/pytest.log" ;;
+  tests)  LABLIB_GPU_OUT=$run timeout -s INT -k 30 "$budget" python -m pytest -m gpu -v -rs --durations=0 tests/test_gpu_vllm.py "$@" 2>&1 | tee "$run/pytest.log" ;;
   labs)   timeout -s INT -k 30 "$budget" python -m pytest -v -rs "$@" 2>&1 | tee "$run/nbval.log"
           cp -r labs/results "$run/" 2>/dev/null ;;
   record) timeout -s INT -k 30 "$budget" python scripts/record_reference.py --out "$run" --steps "$1" 2>&1 | tee "$run/stdout.log" ;;

@@ -4,9 +4,10 @@ Skipped, and reported as skipped, where there is no NVIDIA GPU or no vLLM: these
 hardware can show (KV capacity against the fit estimate, VRAM back to baseline, greedy tokens against HF, the lab's
 load generator keeping up with vLLM's own server and agreeing with `vllm bench serve`).
 
-GPU time (H200): the whole file ran 7.7 min with the former 2 s-burst referee; the referee tests now run
-4 + 3 longer rounds (each round: the lab's run, then `vllm bench serve`'s, ~12 s of which is that CLI starting),
-about a minute more in all: ~8.5 min, inside one 10-minute GPU command.
+GPU time (H200): ~10 min in all, more than one 10-minute GPU command, so the GPU session runs it in two
+(`scripts/gpu_session.sh tests 590 -k "not 8b"`, then `-k 8b`): the first four tests and the embedded referee
+(6 rounds, each the lab's run and `vllm bench serve`'s, ~12 s of which is that CLI starting) ~5 min; the 8B
+referee (its checkpoint, a 100 s engine start, 8 rounds) ~5 min.
 """
 import importlib.util
 import json
@@ -27,14 +28,11 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(
 def keep(name: str, check: dict) -> None:
     """Write a cross-check's rounds (without the Results) where the GPU session packs them ($LABLIB_GPU_OUT), so a
     failing referee can be understood afterwards from its data, not only its message."""
-    from lablib.bench.client import client_check
-
     out = os.environ.get("LABLIB_GPU_OUT")
     if out:
         rounds = [{k: v for k, v in r.items() if k != "result"} for r in check.get("rounds", [])]
-        clients = [client_check(r) for r in check.get("results", [])]
         Path(out, f"{name}.json").write_text(json.dumps({"rounds": rounds, "referee": check.get("referee"),
-                                                         "lab_client": clients}, default=str, indent=1))
+                                                         "server": check.get("server")}, default=str, indent=1))
 
 
 @pytest.fixture(scope="module")
@@ -74,36 +72,41 @@ def test_greedy_tokens_agree_with_hf_in_the_same_dtype(vllm_run):
 def test_lab_client_keeps_up_with_the_real_server(tmp_path):
     """The lab's load generator and `vllm bench serve` on vLLM's OpenAI server, the embedded model: the fastest
     token stream (where the lab's former httpx client read 73% of its token events in clumps), refereed on the
-    steady state (`vllm_bench.referee`): 4 rounds (L V, V L, L V, V L), each client sending the journey set x8
-    (512 requests) with 256 in flight, both reduced to output tok/s between the 10% and 90% token marks; they
-    agree when |ratio - 1| <= t(99%, Welch df) x the ratio's standard error from the rounds, each client's own
-    spread <= 3%, that bound <= 5% and every window >= 2 s. (The former rule, whole 2 s bursts against the larger
-    of 3% and each client's spread, failed one H200 run in two: lab/vLLM 1.169, spreads 7.9% / 11.4%.)"""
-    from lablib.bench.client import client_check
+    steady state (`vllm_bench.referee`): 6 rounds (L V, V L, ...), each client sending the journey set x16
+    (1,024 requests, 123k tokens) with 256 in flight, both reduced to output tok/s between the 10% and 90% token
+    marks; they agree when |ratio - 1| <= t(99%, Welch df) x the ratio's standard error from the rounds, each
+    client's own spread <= 3%, that bound <= 5% and every window >= 2 s. (x8 at ~28k tok/s gave ~1.7 s windows.)
+
+    Keeping up: the lab's mean latency within 1.2x the API server's own, and its clumped reads at most 5 points
+    above those of vLLM's client on the same server in the same round. At 256 streams of a tiny model vLLM's API
+    server is itself the bottleneck (12% of each request's latency on the H200) and writes events in bursts, so
+    an absolute 5% limit failed the lab's client (25.3% clumped) on bursts any client reads together."""
     from lablib.experiments.serving import cross_check
 
-    check = cross_check("embedded", repeat=8, times=4, max_concurrency=256, out_dir=tmp_path)
+    check = cross_check("embedded", repeat=16, times=6, max_concurrency=256, out_dir=tmp_path)
     keep("referee-embedded", check)
-    for result, rnd in zip(check["results"], check["rounds"]):
-        verdict = client_check(result)
-        assert verdict["server_http_ms"] is not None, result.engine_facts["server_latency"]  # vLLM's HTTP histogram
-        assert verdict["kept_up"] is True, verdict["verdict"]
-        assert rnd["clumped"]["lab"] < 0.05, rnd["clumped"]  # events rarely waited for the lab's client
+    for rnd in check["rounds"]:
+        client = rnd["client"]
+        assert client["server_http_ms"] is not None, client["verdict"]  # vLLM's HTTP histogram was read
+        assert client["reference_clumped"] is not None, rnd["clumped"]  # vLLM's client's own reads
+        assert client["kept_up"] is True, client["verdict"]
     referee = check["referee"]
-    assert referee["n"] == [4, 4] and referee["confidence"] == 0.99, referee
+    assert referee["n"] == [6, 6] and referee["confidence"] == 0.99, referee
     assert referee["agree"], referee["verdict"]
 
 
 def test_lab_and_vllm_bench_serve_agree_on_the_8b(tmp_path):
-    """On the synthetic 8B (bandwidth-bound steps, each client's whole bursts already steady within 2-5%):
-    4 rounds (L V, V L, L V, V L; 3 rounds left the 99% bound at 13% on the H200: Welch df 2.1) of the journey set x4 (256 requests) with 128 in flight, the same referee rule."""
+    """On the synthetic 8B (bandwidth-bound steps): 8 rounds (L V, V L, ...) of the journey set x4 (256 requests,
+    30.7k tokens) with 128 in flight, the same referee rule. Rounds from the spread seen on the H200: with lab
+    2.6% and vLLM 0.5% round to round, 3 rounds gave a 99% bound of 13.4% (Welch df 2.1), 4 would give ~7%,
+    6 ~4.2% and 8 ~3.3%: 8 resolve a 5% gap with room for a noisier round."""
     from lablib.experiments.serving import cross_check
     from lablib.models.synthetic import synthetic_spec
 
-    check = cross_check(synthetic_spec("llama-3.1-8b"), repeat=4, times=4, max_concurrency=128, out_dir=tmp_path,
+    check = cross_check(synthetic_spec("llama-3.1-8b"), repeat=4, times=8, max_concurrency=128, out_dir=tmp_path,
                         gpu_memory_utilization=0.9, max_model_len=4096)
     keep("referee-8b", check)
     assert all(r["client"]["kept_up"] for r in check["rounds"]), [r["client"]["verdict"] for r in check["rounds"]]
     referee = check["referee"]
-    assert referee["n"] == [4, 4] and referee["confidence"] == 0.99, referee
+    assert referee["n"] == [8, 8] and referee["confidence"] == 0.99, referee
     assert referee["agree"], referee["verdict"]

@@ -87,7 +87,7 @@ def _histograms(base_url: str, api_key: str | None) -> dict[str, float] | None:
 def run_online(base_url: str, api_key: str | None, model: str, workload: Workload, rates: Sequence[float], *,
                seed: int = 0, prompts: Sequence[Prompt] | None = None, max_tokens: int | Sequence[int] | None = None,
                max_concurrency: int | None = None, warmup_requests: int = 1, metrics: Sequence[str] | None =
-               DEFAULT_GAUGES, metrics_interval_s: float = 0.5, lab: str = "05_serving",
+               DEFAULT_GAUGES, metrics_interval_s: float = 0.5, timeline: bool = True, lab: str = "05_serving",
                server: dict[str, Any] | None = None, store: ResultStore | None = None,
                on_metrics: Callable[[float, dict[str, float | None]], None] | None = None,
                on_result: Callable[[Result], None] | None = None,
@@ -96,8 +96,13 @@ def run_online(base_url: str, api_key: str | None, model: str, workload: Workloa
 
     `prompts` overrides the workload's completion-form text (e.g. chat-templated token ids
     for an instruct model); `max_tokens` overrides its output lengths (one int for all).
-    `metrics=None` skips the `/metrics` scraper; otherwise its timeline is kept in
-    `engine_facts["server_metrics"]`. `server` (e.g. `ServerConfig.to_dict()`) joins the config;
+    `metrics=None` skips `/metrics` altogether; otherwise the page is read before and after each
+    test (the server's own latency means over exactly that test, `engine_facts["server_latency"]`)
+    and, with `timeline=True`, every `metrics_interval_s` during it, the gauges' timeline kept in
+    `engine_facts["server_metrics"]`. A scrape during the test is not free: the API server renders
+    the page on the event loop that streams the tokens, and the scraper thread parses it under the
+    client's GIL (~5-11 ms a page); `timeline=False` measures without it, as `vllm bench serve` does.
+    `server` (e.g. `ServerConfig.to_dict()`) joins the config;
     `model_info` (e.g. `ModelSpec.describe()`) joins the Result's model record. Steps are
     named `{step_prefix}-rate-{rate}` (plus `-conc-{N}` with a concurrency cap).
     Live figures: `on_metrics(rate, sample)` gets every scrape as it happens (from the
@@ -118,7 +123,8 @@ def run_online(base_url: str, api_key: str | None, model: str, workload: Workloa
     hardware, versions, results = device_facts(), library_versions(), []
     for rate in rates:
         hook = (lambda sample, rate=rate: on_metrics(rate, sample)) if on_metrics is not None else None
-        scraper = MetricsScraper(base_url, metrics, metrics_interval_s, api_key, on_sample=hook) if metrics else None
+        scraper = (MetricsScraper(base_url, metrics, metrics_interval_s, api_key, on_sample=hook)
+                   if metrics and timeline else None)
         t0: list[float] = []
 
         def on_start(t: float) -> None:
@@ -143,7 +149,7 @@ def run_online(base_url: str, api_key: str | None, model: str, workload: Workloa
             lab=lab, step=f"{step_prefix}-rate-{rate:g}" + (f"-conc-{max_concurrency}" if max_concurrency else ""),
             engine="vllm-server",
             config={"rate": rate, "seed": seed, "ignore_eos": True, "max_concurrency": max_concurrency,
-                    "warmup_requests": warmup_requests, **(server or {})},
+                    "warmup_requests": warmup_requests, "metrics_during_test": scraper is not None, **(server or {})},
             model={"name": model, **(model_info or {})}, workload={"name": workload.name, "version": workload.version,
                                               "requests": len(texts)},
             requests=records, wall_s=wall, engine_facts={

@@ -315,9 +315,10 @@ def referee(rounds: Sequence[dict[str, Any]], *, confidence: float = REFEREE_CON
 def compare_serve(result: Result, bench: dict[str, Any]) -> dict[str, Any]:
     """The lab's load test next to `vllm bench serve` on the same workload and rate: each figure and lab/vLLM.
 
-    `client` is `loadgen.client_check` of the lab's run: whether the lab's client kept up with
-    the server, the first suspect when the two clients disagree; `clumped` puts the share of
-    token events each client read in clumps (a backlog) side by side.
+    `client` is `client_check` of the lab's run: whether the lab's client kept up with the
+    server, the first suspect when the two clients disagree, its clumped reads judged against
+    vLLM's client's on the same server (`reference_clumped`: a saturated server clumps for
+    both); `clumped` puts the share of token events each client read in clumps side by side.
     """
     s = result.summary
     sends = [r.first_token - r.start for r in result.requests if r.start is not None and r.first_token is not None]
@@ -332,7 +333,7 @@ def compare_serve(result: Result, bench: dict[str, Any]) -> dict[str, Any]:
     }
     rows = {k: {"lab": lab, "vllm_bench": v, "ratio": (lab / v) if lab and v else None} for k, (lab, v) in pairs.items()}
     lag = [r.start - r.arrival for r in result.requests if r.start is not None]
-    check = client_check(result)
+    check = client_check(result, reference_clumped=bench.get("clumped"))
     return {"rate": bench.get("rate"), "workload": bench.get("workload"), "figures": rows,
             "completed": {"lab": len(result.requests), "vllm_bench": bench.get("completed")},
             "send_spread_s": {"lab": max(lag) if lag else None, "vllm_bench": bench.get("send_spread_s")},

@@ -159,7 +159,10 @@ def cross_check(model: str | ModelSpec = "embedded", workload: str = "journey", 
     each client in turn, every request due at t=0 and at most `max_concurrency` in flight on either client
     (None: all at once), so the server runs a closed loop at that concurrency. Round i puts the lab first
     when i is even (L V, V L, L V, V L: a slow drift of the server cancels between the clients). Round 0's
-    lab run warms the server first (the whole workload, 8 tokens each).
+    lab run warms the server first (the whole workload, 8 tokens each). The lab's client reads `/metrics`
+    before and after each of its tests (the server's own latencies, for `client_check`) but not during
+    it (`timeline=False`): `vllm bench serve` scrapes nothing, and a scrape costs the API server's event
+    loop and the client's GIL a page render and parse, so both clients meet the same server.
 
     The verdict is `vllm_bench.referee` on the rounds: each client reduced to its steady-state output rate
     (tokens delivered between the times 10% and 90% of the round's tokens had arrived), the ratio of the
@@ -185,6 +188,7 @@ def cross_check(model: str | ModelSpec = "embedded", workload: str = "journey", 
         def lab_run(i: int) -> Result:
             return run_online(server.base_url, server.api_key, server.model, wl, [math.inf], seed=seed,
                               max_concurrency=max_concurrency, warmup_requests=len(wl.requests) if i == 0 else 0,
+                              timeline=False,
                               lab=lab, store=store, step_prefix=f"check{i}", **recorded)[0]
 
         def vllm_run(i: int) -> dict[str, Any]:

@@ -144,6 +144,33 @@ def test_client_check_sees_the_server_own_latencies(fake):
     assert client_check(r)["kept_up"] is None and client_check(r)["verdict"].startswith("no server-side")
 
 
+def test_without_a_timeline_the_server_is_still_read_before_and_after(fake):
+    """timeline=False (the referee's lab runs): no scrape during the test, yet client_check has the server's view."""
+    before = fake.scrapes
+    (r,) = run_online(fake.url, KEY, "fake", _workload(), [math.inf], seed=1, metrics_interval_s=0.01, timeline=False,
+                      max_tokens=20, warmup_requests=0)
+    assert r.engine_facts["server_metrics"] is None and r.config["metrics_during_test"] is False
+    assert r.engine_facts["server_latency"]["e2e_s_count"] == 6 and client_check(r)["kept_up"] is True
+    assert fake.scrapes - before == 2  # once before the test, once after
+    (t,) = run_online(fake.url, KEY, "fake", _workload(), [math.inf], seed=1, metrics_interval_s=0.01, max_tokens=20,
+                      warmup_requests=0)
+    assert t.config["metrics_during_test"] is True and len(t.engine_facts["server_metrics"]["samples"]) >= 3
+
+
+def test_client_check_weighs_clumps_against_a_reference_client_on_the_same_server(fake):
+    """A server that writes events in bursts makes every client read clumps: only the excess over vLLM's client counts."""
+    (r,) = run_online(fake.url, KEY, "fake", _workload(), [math.inf], seed=1, max_tokens=20, warmup_requests=0)
+    for rec in r.requests:  # every other gap read in a clump, as a saturated API server's bursts give
+        rec.token_times = [t - (i % 2) * (t - rec.token_times[i - 1]) if i else t for i, t in enumerate(rec.token_times)]
+    alone = client_check(r)
+    assert alone["clumped"] > 0.4 and alone["kept_up"] is False and alone["excess_clumped"] == alone["clumped"]
+    same = client_check(r, reference_clumped=alone["clumped"] - 0.01)  # vLLM's client read nearly as many
+    assert same["kept_up"] is True and same["excess_clumped"] == pytest.approx(0.01)
+    assert "the reference client" in same["verdict"] and "the client kept up" in same["verdict"]
+    worse = client_check(r, reference_clumped=alone["clumped"] - 0.2)  # 20 points more than the reference: the client
+    assert worse["kept_up"] is False and "FELL BEHIND" in worse["verdict"]
+
+
 def test_client_check_weighs_the_client_against_the_api_server_not_the_engine():
     """Time the API server spends before the engine (tokenizing, in vLLM) is in every client's latency: not lag."""
     srv = _fake_api_server().make_server(HOST, 0, KEY, max_num_seqs=8, delay=TOKEN_DELAY, frontend_delay=0.1)

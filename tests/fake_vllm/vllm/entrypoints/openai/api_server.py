@@ -39,6 +39,7 @@ class FakeServer(ThreadingHTTPServer):
         self.ttft_sum = self.itl_sum = self.e2e_sum = self.http_sum = 0.0
         self.ttft_count = self.itl_count = self.e2e_count = self.http_count = 0
         self.received: list[float] = []
+        self.scrapes = 0  # GET /metrics served
 
     @property
     def url(self) -> str:
@@ -71,6 +72,7 @@ class _Handler(BaseHTTPRequestHandler):
             return self._send(200, "")
         if self.path == "/metrics":
             with srv.lock:
+                srv.scrapes += 1
                 r, w = srv.running, srv.waiting
                 hist = (f"vllm:time_to_first_token_seconds_sum {srv.ttft_sum}\n"
                         f"vllm:time_to_first_token_seconds_count {srv.ttft_count}.0\n"
