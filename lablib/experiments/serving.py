@@ -152,7 +152,7 @@ def cross_check(model: str | ModelSpec = "embedded", workload: str = "journey", 
                 max_concurrency: int | None = None, seed: int = 0, out_dir: str | Path = "results/serve-check",
                 store: ResultStore | None = None, lab: str = "03_serving", confidence: float | None = None,
                 max_cv: float | None = None, max_bound: float | None = None, min_window_s: float | None = None,
-                **knobs: Any) -> dict[str, Any]:
+                timeline: bool = False, **knobs: Any) -> dict[str, Any]:
     """The referee: the lab's client and `vllm bench serve` on one server, `times` rounds, the first client alternating.
 
     Each round sends the workload repeated `repeat` times (`repeat` x 64 requests for the journey set) from
@@ -162,7 +162,8 @@ def cross_check(model: str | ModelSpec = "embedded", workload: str = "journey", 
     lab run warms the server first (the whole workload, 8 tokens each). The lab's client reads `/metrics`
     before and after each of its tests (the server's own latencies, for `client_check`) but not during
     it (`timeline=False`): `vllm bench serve` scrapes nothing, and a scrape costs the API server's event
-    loop and the client's GIL a page render and parse, so both clients meet the same server.
+    loop a page render and the client a fetch and parse, so both clients meet the same server.
+    `timeline=True` runs the lab's client as the lab does, its scraper on (the instrument under test).
 
     The verdict is `vllm_bench.referee` on the rounds: each client reduced to its steady-state output rate
     (tokens delivered between the times 10% and 90% of the round's tokens had arrived), the ratio of the
@@ -188,7 +189,7 @@ def cross_check(model: str | ModelSpec = "embedded", workload: str = "journey", 
         def lab_run(i: int) -> Result:
             return run_online(server.base_url, server.api_key, server.model, wl, [math.inf], seed=seed,
                               max_concurrency=max_concurrency, warmup_requests=len(wl.requests) if i == 0 else 0,
-                              timeline=False,
+                              timeline=timeline,
                               lab=lab, store=store, step_prefix=f"check{i}", **recorded)[0]
 
         def vllm_run(i: int) -> dict[str, Any]:

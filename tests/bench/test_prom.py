@@ -7,7 +7,7 @@ import textwrap
 
 import pytest
 
-from lablib.bench.prom import parse_labels, parse_prometheus, parse_samples, window_means
+from lablib.bench.prom import parse_labels, parse_prometheus, parse_samples, select, window_means
 
 PAGE = textwrap.dedent(r'''
     # HELP python_gc_objects_collected_total Objects collected during gc
@@ -124,3 +124,17 @@ def test_the_fake_servers_untyped_page_and_window_means():
     assert means["ttft_s"] == pytest.approx((3.0 - 1.0) / (50 - 4)) and means["ttft_s_count"] == 46
     assert means["http_s"] == pytest.approx((4.0 - 2.0) / (50 - 4))
     assert means["itl_s"] is None and means["e2e_s_count"] is None
+
+
+def test_select_keeps_only_the_named_metrics_for_the_scrape_during_a_test():
+    """The scraper parses only its gauges' lines: the same values as the whole page, a fraction of the parsing."""
+    names = ("vllm:num_requests_running", "vllm:kv_cache_usage_perc", "odd_labels")
+    page = PAGE + "vllm:num_requests_running_extra 9.0\n"  # a longer name that starts with a wanted one
+    cut = select(page, names)
+    whole = parse_prometheus(page)
+    got = parse_prometheus(cut)
+    assert {k: v for k, v in got.items() if k != "odd_labels"} == {n: whole[n] for n in names[:2]}
+    assert math.isnan(got["odd_labels"]) and math.isnan(whole["odd_labels"])  # 1.5 + NaN, summed alike
+    assert "_extra" not in cut and "bucket" not in cut and "# TYPE odd_labels gauge" in cut
+    assert len(cut.splitlines()) < len(page.splitlines()) / 3
+    assert select(page, ()) == "\n"
