@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One phase of GPU work on the lent GPU machine, after ../shared/gpu/stage installed vLLM into /tmp/site:
 #
-#   bash scripts/gpu_session.sh tests  SECONDS [ARGS...]  pytest -m gpu tests/test_gpu_vllm.py ARGS (7 tests, ~13 min on an
+#   bash scripts/gpu_session.sh tests  SECONDS [ARGS...]  pytest -m gpu tests/test_gpu_vllm.py ARGS (6 tests, ~10 min on an
 #                                                         H200: run it as two commands, -k "not 8b" then -k 8b)
 #   bash scripts/gpu_session.sh labs   SECONDS NB...      notebooks under nbval, live (e.g. labs/03_kv_cache.ipynb)
 #   bash scripts/gpu_session.sh record SECONDS STEPS      scripts/record_reference.py --steps STEPS

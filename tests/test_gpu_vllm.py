@@ -4,11 +4,10 @@ Skipped, and reported as skipped, where there is no NVIDIA GPU or no vLLM: these
 hardware can show (KV capacity against the fit estimate, VRAM back to baseline, greedy tokens against HF, the lab's
 load generator keeping up with vLLM's own server and agreeing with `vllm bench serve`).
 
-GPU time (H200): ~13 min in all, more than one 10-minute GPU command, so the GPU session runs it in two
-(`scripts/gpu_session.sh tests 590 -k "not 8b"`, then `-k 8b`): the first four tests (~80 s), the client at
-256 streams (2 rounds) and the embedded referee (6 rounds; each round the lab's run and `vllm bench serve`'s,
-~12 s of which is that CLI starting) ~6.5 min; the 8B referee (its checkpoint, a 100 s engine start, 8 rounds)
-6.5 min.
+GPU time (H200): ~10 min in all, more than one 10-minute GPU command, so the GPU session runs it in two
+(`scripts/gpu_session.sh tests 590 -k "not 8b"`, then `-k 8b`): the first four tests (~80 s) and the client
+at 256 streams (2 rounds of the lab's run and `vllm bench serve`'s, 190 s), then the 8B referee (its checkpoint,
+a 100 s engine start, 8 rounds: 390 s).
 """
 import importlib.util
 import json
@@ -81,8 +80,11 @@ def test_lab_client_keeps_up_with_the_real_server(tmp_path):
     client 0.0-0.4%); the scraper now parses only its gauges' lines (`prom.select`). What this point cannot do
     is referee throughput: in those 6 rounds the server's own steady rate moved 13.8k-27.0k tok/s under the lab's
     client and 15.5k-20.6k under vLLM's (spreads 24% and 10%), a tiny model's API server being the bottleneck
-    (7-12% of each request's latency), so the referee there says "too noisy" and the agreement is tested on steady
-    servers (the next two tests)."""
+    (7-12% of each request's latency, and ~3 tokens per event at 256 streams: it merges a stream's tokens when
+    behind). At lab 05's 32 in flight it was no steadier: 6 rounds, spreads 10.6% (lab) and 20.5% (vLLM), while
+    vLLM's own inter-token histogram moved 2.5-3.5 ms between rounds: the engine's step itself, launch-bound on a
+    tiny model, not either client. So the referee says "too noisy" on the embedded model at any load, and
+    throughput agreement is tested where the server is steady: the synthetic 8B (next test)."""
     from lablib.experiments.serving import cross_check
 
     check = cross_check("embedded", repeat=16, times=2, max_concurrency=256, out_dir=tmp_path, timeline=True)
@@ -93,21 +95,6 @@ def test_lab_client_keeps_up_with_the_real_server(tmp_path):
         assert client["server_http_ms"] is not None, client["verdict"]  # vLLM's HTTP histogram was read
         assert client["reference_clumped"] is not None, rnd["clumped"]  # vLLM's client's own reads
         assert client["kept_up"] is True, client["verdict"]
-
-
-def test_lab_and_vllm_bench_serve_agree_on_the_embedded(tmp_path):
-    """The referee on the embedded model at lab 05's operating point, 32 requests in flight (its server's
-    max_num_seqs): 6 rounds (L V, V L, ...) of the journey set x8 (512 requests, 61k tokens), both clients reduced
-    to output tok/s between the 10% and 90% token marks; they agree when |ratio - 1| <= t(99%, Welch df) x the
-    ratio's standard error from the rounds, each client's own spread <= 3%, that bound <= 5% and every window >= 2 s."""
-    from lablib.experiments.serving import cross_check
-
-    check = cross_check("embedded", repeat=8, times=6, max_concurrency=32, out_dir=tmp_path)
-    keep("referee-embedded-32", check)
-    assert all(r["client"]["kept_up"] for r in check["rounds"]), [r["client"]["verdict"] for r in check["rounds"]]
-    referee = check["referee"]
-    assert referee["n"] == [6, 6] and referee["confidence"] == 0.99, referee
-    assert referee["agree"], referee["verdict"]
 
 
 def test_lab_and_vllm_bench_serve_agree_on_the_8b(tmp_path):

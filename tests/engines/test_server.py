@@ -140,6 +140,7 @@ def test_client_check_sees_the_server_own_latencies(fake):
     check = client_check(r)
     assert check["kept_up"] is True and 1.0 <= check["lag"] < 1.06, check  # 2 requests at a time, 0.2 s each
     assert check["verdict"].startswith("the client kept up") and check["clumped"] < 0.2
+    assert check["tokens_per_event"] == 1.0  # the fake sends one token per event
     r.engine_facts["server_latency"] = None  # a run without the server's view cannot be judged
     assert client_check(r)["kept_up"] is None and client_check(r)["verdict"].startswith("no server-side")
 

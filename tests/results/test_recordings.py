@@ -64,11 +64,11 @@ def test_lab05_recorded_burst_client_and_single_cross_check():
     online = serving.rate_sweep_or_recorded(force=False)
     verdict = serving.client_verdict(online)
     _recorded(verdict)
-    # A finding, not a pass: the shipped serve sweep predates the aiohttp client. Its httpx client read 22% of its
-    # token events in clumps (a client that keeps up reads under 1%), so the recorded burst describes the client.
-    # client_check says so; re-recording (scripts/record_reference.py --steps serve) on a GPU replaces it.
-    assert verdict.value["kept_up"] is False and verdict.value["clumped"] > 0.05, verdict.value["verdict"]
-    assert "FELL BEHIND" in verdict.value["verdict"]
+    # Re-recorded on the H200 (2026-12-01) with the aiohttp client: it kept up with the synthetic 8B's burst of 256
+    # (the former httpx recording read 22% of its events in clumps and FELL BEHIND). Its scraper still parsed whole
+    # pages then (3.9% of gaps clumped against vLLM's client's 0.05%; prom.select has cut that parse since).
+    assert verdict.value["kept_up"] is True and verdict.value["lag"] < 1.1, verdict.value["verdict"]
+    assert 0.01 < verdict.value["clumped"] < 0.05
     # one burst each: within what single bursts scatter (0.82-1.12 on the embedded model in the recorded rounds)
     ratio = online.value["compare"]["figures"]["output_tok_s"]["ratio"]
     assert 0.8 < ratio < 1.25
