@@ -60,7 +60,8 @@ def recompare(d: Path, facts: dict) -> None:
     """Redo a run's lab / `vllm bench serve` comparisons with today's compare_serve, from the raw files it brought
     back (the lab's Results and vLLM's detailed results), so every figure derived since the run is there too."""
     from lablib.results import ResultStore
-    from lablib.bench.vllm_bench import agreement, compare_serve
+    from lablib.bench.referee import agreement
+    from lablib.bench.vllm_bench import compare_serve
 
     if not (d / "reference.jsonl").exists():
         return
@@ -228,7 +229,7 @@ def _check_text(check: dict, what: str) -> str:
 {rows}
 
 {(check.get("agreement") or {}).get("verdict", "")} (spread: (max - min) / mean over its rounds,
-`lablib.bench.vllm_bench.agreement`). In {first_slower} of {len(rounds)} rounds the client that went first saw the higher
+`lablib.bench.referee.agreement`). In {first_slower} of {len(rounds)} rounds the client that went first saw the higher
 median TTFT, whichever it was. A single burst settles no gap of a few percent. (Lab client lag: its mean request
 latency over the API server's, or the engine's in runs that predate reading the HTTP histogram,
 `lablib.bench.client.client_check`; nan where the run predates the check.)

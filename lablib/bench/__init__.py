@@ -4,7 +4,8 @@
 - `loadgen`: the online load generator (seeded Poisson arrivals, streamed requests).
 - `client`: the load generator's own instrument checks (did it keep up; its ceiling).
 - `prom`: the server's `/metrics`, parsed by prometheus_client and sampled over a test.
-- `vllm_bench`: `vllm bench serve` as the referee of the lab's own client.
+- `vllm_bench`: `vllm bench serve` run on the lab's workloads, its result next to the lab's (`compare_serve`).
+- `referee`: the verdict on the two clients: steady-state rates over rounds against a Welch bound.
 - `sse_stub`: a stdlib-only stub server for the client's ceiling.
 
 Modules are imported by name (`from lablib.bench import loadgen`): importing this package

@@ -165,7 +165,7 @@ def cross_check(model: str | ModelSpec = "embedded", workload: str = "journey", 
     loop a page render and the client a fetch and parse, so both clients meet the same server.
     `timeline=True` runs the lab's client as the lab does, its scraper on (the instrument under test).
 
-    The verdict is `vllm_bench.referee` on the rounds: each client reduced to its steady-state output rate
+    The verdict is `bench.referee.referee` on the rounds: each client reduced to its steady-state output rate
     (tokens delivered between the times 10% and 90% of the round's tokens had arrived), the ratio of the
     two means against a Welch bound at `confidence` (default 99%) from both clients' round-to-round
     standard errors; it agrees only if each client's own spread is below `max_cv` (3%), the bound below
@@ -175,8 +175,8 @@ def cross_check(model: str | ModelSpec = "embedded", workload: str = "journey", 
     Returns {"rounds": [compare_serve dicts, with "lab_first" and "output_tokens"["expected"]], "results",
     "referee", "output_tok_s_ratios" and "agreement" (whole-burst figures, descriptive only), "server"}.
     """
-    from ..bench import vllm_bench
-    from ..bench.vllm_bench import agreement, bench_serve, compare_serve
+    from ..bench.referee import agreement, referee
+    from ..bench.vllm_bench import bench_serve, compare_serve
 
     validate.integer("cross_check", "times", times, "rounds of lab + vllm bench serve, e.g. 3.")
     validate.optional_integer("cross_check", "max_concurrency", max_concurrency, "None for all at once, or e.g. 256.")
@@ -205,7 +205,7 @@ def cross_check(model: str | ModelSpec = "embedded", workload: str = "journey", 
             rnd = {**compare_serve(result, bench), "lab_first": i % 2 == 0}
             rnd["output_tokens"]["expected"] = expected
             out["rounds"].append(rnd)
-    out["referee"] = vllm_bench.referee(out["rounds"], **rules)
+    out["referee"] = referee(out["rounds"], **rules)
     out["output_tok_s_ratios"] = [r["figures"]["output_tok_s"]["ratio"] for r in out["rounds"]]
     out["agreement"] = agreement(out["rounds"])
     return out

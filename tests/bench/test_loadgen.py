@@ -9,8 +9,8 @@ import os
 import pytest
 
 from lablib import load_workload
-from lablib.bench.vllm_bench import (agreement, bench_serve, bench_serve_command, compare_serve, summary_of,
-                                     write_custom_dataset)
+from lablib.bench.referee import agreement
+from lablib.bench.vllm_bench import bench_serve, bench_serve_command, compare_serve, summary_of, write_custom_dataset
 from lablib.experiments.serving import check_fractions, rate_sweep, server_config
 from lablib.models import ModelSpec, embedded_path
 from lablib.plots import serving as plots_serving

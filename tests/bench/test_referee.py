@@ -1,4 +1,4 @@
-"""The referee (lablib.bench.vllm_bench.referee, run by lablib.experiments.serving.cross_check) on constructed data
+"""The referee (lablib.bench.referee, run by lablib.experiments.serving.cross_check) on constructed data
 and once end to end against the fake server and the fake `vllm bench serve`.
 
 The statistic: output tokens per second between the times 10% and 90% of a round's tokens had arrived, from the
@@ -10,8 +10,8 @@ import os
 
 import pytest
 
-from lablib.bench.vllm_bench import (_t_quantile, bench_serve_command, bench_token_times, lab_token_times, referee,
-                                     steady_rate, summary_of, welch_agreement)
+from lablib.bench.referee import _t_quantile, bench_token_times, lab_token_times, referee, steady_rate, welch_agreement
+from lablib.bench.vllm_bench import bench_serve_command, summary_of
 from lablib.results.record import RequestRecord, Result
 
 FAKE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fake_vllm")

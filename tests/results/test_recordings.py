@@ -7,7 +7,7 @@ notebook makes (`force=False`), so what is tested is what the lab shows. Pure fi
 """
 import pytest
 
-from lablib.bench.vllm_bench import agreement
+from lablib.bench.referee import agreement
 from lablib.experiments import kv, scheduling, serving
 from lablib.results.reference import reference_facts
 from lablib.session import display_if_live, mode

@@ -134,7 +134,7 @@ def test_serving_sweep_recorded_with_the_cross_check(facts):
 
 @pytest.mark.parametrize("key,prefix", [("serve_check", ""), ("serve_check_embedded", "embedded-")])
 def test_serve_check_rounds_recorded(facts, runs, key, prefix):
-    from lablib.bench.vllm_bench import agreement
+    from lablib.bench.referee import agreement
 
     check = facts[key]
     rounds = check["rounds"]
