@@ -67,13 +67,38 @@ def check_fractions(fractions: Sequence[float]) -> list[float]:
                             "fractions of the measured capacity, e.g. [0.5, 1.0, 1.5].")
 
 
+def check_context(workload: Any, spec: ModelSpec, cfg: ServerConfig) -> int:
+    """Refuse, before a server's minute of start-up, a request whose prompt plus output exceeds its context.
+
+    The context is `max_model_len` where the config sets one, else the architecture's own; prompts
+    are counted by the served tokenizer as the server will count them (completions add the special
+    tokens). vLLM would only say so per request once running, as an HTTP 400 for each. Returns the
+    context."""
+    from transformers import AutoTokenizer
+
+    context = cfg.max_model_len or spec.architecture()["context"]
+    tok = AutoTokenizer.from_pretrained(cfg.tokenizer or cfg.model)
+    for r in workload.requests:
+        need = len(tok(r.prompt)["input_ids"]) + r.max_new_tokens
+        if need > context:
+            raise validate.refuse(
+                "ServerConfig", "max_model_len", cfg.max_model_len,
+                f"a context of at least {need} tokens for request {r.id} of workload {workload.name!r} (its prompt "
+                f"{need - r.max_new_tokens} + {r.max_new_tokens} output tokens; the context now is {context})",
+                f"max_model_len={need} or more (None for the model's own {spec.architecture()['context']}), or "
+                "a workload without that request.")
+    return context
+
+
 def _prepare(model: str | ModelSpec, workload: str, repeat: int, out_dir: str | Path, knobs: dict[str, Any]
              ) -> tuple[Any, ServerConfig, Path, dict[str, Any]]:
     """The repeated workload, the server's config, the output folder (all checked, none started), and what every
     load test on that server records about it (run_online's `server` and `model_info`)."""
-    wl = load_workload(workload).repeated(repeat)
+    base = load_workload(workload)
+    wl = base.repeated(repeat)
     spec = model if isinstance(model, ModelSpec) else resolve_model(model)
     cfg = server_config(spec, **knobs)
+    check_context(base, spec, cfg)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     return wl, cfg, out, {"server": cfg.to_dict(), "model_info": {**spec.describe(), "name": cfg.name}}

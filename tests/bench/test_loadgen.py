@@ -228,3 +228,22 @@ def test_cross_check_alternates_the_clients_on_one_server(fake_vllm_cli, tmp_pat
     assert (tmp_path / "server.log").read_text().count("fake api_server") == 1
     with pytest.raises(ValueError, match="times"):
         cross_check("embedded", times=0)
+
+
+def test_a_request_longer_than_the_context_is_refused_before_the_server_starts(monkeypatch, tmp_path):
+    """vLLM would answer each such request with an HTTP 400 after a minute of start-up; the lab says so first."""
+    from lablib.experiments import serving
+
+    def no_server(*a, **k):
+        raise AssertionError("the server was started")
+
+    monkeypatch.setattr(serving, "VLLMServer", no_server)
+    longest = max(r.max_new_tokens for r in load_workload("journey").requests)
+    for call in (lambda: serving.rate_sweep("embedded", out_dir=tmp_path, max_model_len=longest),
+                 lambda: serving.cross_check("embedded", out_dir=tmp_path, max_model_len=longest)):
+        with pytest.raises(ValueError, match=r"ServerConfig.max_model_len=\d+: allowed a context of at least \d+ "
+                                             r"tokens for request .* of workload 'journey'.*Fix: max_model_len="):
+            call()
+    spec = serving.resolve_model("embedded")
+    assert serving.check_context(load_workload("journey"), spec, serving.server_config(spec)) == \
+        spec.architecture()["context"]
