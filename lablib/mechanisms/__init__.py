@@ -2,6 +2,13 @@
 
 No torch, no numpy: each runs on the CPU in milliseconds, so labs can sweep them
 interactively and tests can check them exactly.
+
+The names below (kv, paging, batching) are re-exported here. The later labs' models are used
+as modules, because their names overlap (each has its own roofline): `attention` (lab 02,
+the IO model of naive and tiled attention), `prefix` (lab 07, the hashed-block prefix cache),
+`speculative` (lab 08, acceptance maths and where speculation stops paying) and `parallel`
+(lab 09, one decode step under tensor and pipeline parallelism), e.g.
+`from lablib.mechanisms import attention`.
 """
 
 from lablib.mechanisms.batching import (
