@@ -10,8 +10,7 @@ from lablib.results import load_results
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers").utils.logging.set_verbosity_error()
-pytestmark = [pytest.mark.usefixtures("one_thread"),  # torch on one thread (conftest.py)
-              pytest.mark.filterwarnings("ignore:MemoryMonitor. no GPU:RuntimeWarning")]  # the CPU fallback
+pytestmark = [pytest.mark.usefixtures("one_thread")]  # torch on one thread (conftest.py)
 
 
 def test_journey_writes_results_report_and_summary(tmp_path, capsys):

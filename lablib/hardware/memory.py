@@ -33,13 +33,11 @@ from __future__ import annotations
 import os
 import threading
 import time
-import warnings
 from typing import Any, Callable
 
 from .device import _try
 
 _PID_REFRESH_S = 0.5  # how often the set of child processes is re-read (it scans /proc)
-_rss_warned = False  # the fallback to RSS is announced once per process, not per monitor
 
 
 class MemoryMonitor:
@@ -47,7 +45,7 @@ class MemoryMonitor:
 
     interval_s: seconds between samples, > 0 (default 0.05 = 20 samples a second).
     device_index: which GPU NVML watches, >= 0.
-    source: "auto" (NVML if a GPU answers, else RSS with one warning), "nvml" (raise if it
+    source: "auto" (NVML if a GPU answers, else RSS, the reason in `fallback`), "nvml" (raise if it
         cannot), or "rss" (always process memory).
 
     After (or during) a run: `samples` is a list of (t_seconds_since_start, used_bytes,
@@ -69,6 +67,7 @@ class MemoryMonitor:
             raise ValueError(f"source={source!r}: must be 'auto', 'nvml' or 'rss'")
         self.interval_s, self.device_index, self.requested_source = interval_s, device_index, source
         self.source: str | None = None  # "nvml" | "rss", decided by start()
+        self.fallback: str | None = None  # why "auto" fell back to RSS (no NVML, no GPU), or None
         self.samples: list[tuple[float, int, float | None]] = []  # (t_s, used_bytes, util_percent)
         self.process_bytes: list[int | None] = []  # alongside samples: our processes' bytes
         self.baseline_bytes: int | None = None
@@ -95,7 +94,6 @@ class MemoryMonitor:
 
     def _open(self, announce: bool = True) -> None:
         """Pick the source; set up NVML or psutil. Raises only when the caller's choice cannot be met."""
-        global _rss_warned
         reason = None
         if self.requested_source in ("auto", "nvml"):
             try:
@@ -117,10 +115,9 @@ class MemoryMonitor:
                 raise RuntimeError(f"MemoryMonitor(source='nvml') cannot read the GPU ({reason}); "
                                    "install nvidia-ml-py, check nvidia-smi works, or use source='auto'")
         self.source = "rss"
-        if reason is not None and announce and not _rss_warned:
-            _rss_warned = True
-            warnings.warn(f"MemoryMonitor: no GPU through NVML ({reason}); measuring process resident "
-                          "memory (RSS, CPU RAM) instead. mon.source == 'rss'.", RuntimeWarning, stacklevel=3)
+        # No warning: on a CPU machine this is the expected path, and a Result says so in its notes
+        # ("memory is this process's resident set size"); the reason stays here for whoever asks.
+        self.fallback = None if reason is None else f"no GPU through NVML ({reason}): measuring process RSS"
 
     def _refresh_pids(self) -> None:
         now = time.perf_counter()

@@ -16,8 +16,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers").utils.logging.set_verbosity_error()
 
 QUICK = BenchConfig(max_new_tokens=8, progress=False)
-pytestmark = [pytest.mark.usefixtures("one_thread"),  # torch on one thread (conftest.py)
-              pytest.mark.filterwarnings("ignore:MemoryMonitor. no GPU:RuntimeWarning")]  # the CPU fallback, expected here
+pytestmark = [pytest.mark.usefixtures("one_thread")]  # torch on one thread (conftest.py)
 
 
 @pytest.fixture(scope="module")

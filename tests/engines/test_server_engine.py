@@ -18,7 +18,6 @@ from lablib.engines.server import HOST, ServerEngine
 from lablib.models import embedded_path
 from lablib.workloads import load_workload
 
-pytestmark = pytest.mark.filterwarnings("ignore:MemoryMonitor. no GPU:RuntimeWarning")  # the CPU fallback
 
 FAKE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fake_vllm")
 KEY = "engine-key"
