@@ -8,7 +8,6 @@ import warnings
 
 import pytest
 
-from lablib.hardware import memory
 from lablib.hardware.memory import MemoryMonitor, monitor_overhead_s
 
 MB = 2**20
