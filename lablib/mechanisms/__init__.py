@@ -8,7 +8,8 @@ as modules, because their names overlap (each has its own roofline): `attention`
 the IO model of naive and tiled attention), `prefix` (lab 07, the hashed-block prefix cache),
 `speculative` (lab 08, acceptance maths and where speculation stops paying) and `parallel`
 (lab 09, one decode step under tensor and pipeline parallelism), e.g.
-`from lablib.mechanisms import attention`.
+`from lablib.mechanisms import attention`. `gpus` is the one spec-sheet table they (and the
+roofline above them) read.
 """
 
 from lablib.mechanisms.batching import (

@@ -49,6 +49,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from lablib.mechanisms._checks import require_int
+from lablib.mechanisms.gpus import GPU_PEAKS, HOPPER_SMEM_PER_BLOCK_BYTES, HOPPER_SMEM_PER_SM_BYTES, HOPPER_SXM_SMS
 from lablib.validate import choice, integers, number, refuse
 
 STATS_BYTES = 4  # row statistics (m, l, logsumexp) are fp32 in every flash kernel
@@ -74,10 +75,10 @@ class Gpu:
             require_int("Gpu", field, getattr(self, field), 1, fix)
 
 
-# Published spec-sheet numbers: NVIDIA H200 SXM datasheet (bf16 dense 989.5 TFLOP/s, i.e. 1,979
-# with sparsity halved; HBM3e 4.8 TB/s); NVIDIA Hopper tuning guide (228 KB shared memory per SM,
-# up to 227 KB per thread block, KB = 1024 bytes; 132 SMs on the SXM part).
-H200 = Gpu("H200 SXM", 989.5e12, 4.8e12, 227 * 1024, 228 * 1024, 132)
+# The H200 SXM from the project's spec-sheet table (mechanisms.gpus: bf16 dense 989.5 TFLOP/s, HBM3e 4.8 TB/s)
+# with Hopper's shared memory (228 KB per SM, up to 227 KB per thread block) and 132 SMs.
+H200 = Gpu("H200 SXM", GPU_PEAKS["H200"].bf16_flops, GPU_PEAKS["H200"].peak_bw, HOPPER_SMEM_PER_BLOCK_BYTES,
+           HOPPER_SMEM_PER_SM_BYTES, HOPPER_SXM_SMS)
 
 
 @dataclass(frozen=True)

@@ -46,6 +46,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from lablib.mechanisms.kv import kv_bytes_per_token
+from lablib.mechanisms.gpus import GPU_PEAKS
 from lablib.validate import integer, number, refuse
 
 GB = 1e9  # spec sheets count 1 GB as 10^9 bytes
@@ -120,14 +121,19 @@ class Gpu:
 NVLINK4 = Link("NVLink 4", 450 * GB, 5e-6)  # NVIDIA H100/H200 SXM datasheet: 900 GB/s bidirectional per GPU
 PCIE_GEN4_X16 = Link("PCIe Gen4 x16", 32 * GB, 15e-6)  # PCI-SIG: 16 GT/s x 16 lanes, ~31.5 GB/s per direction
 PCIE_GEN5_X16 = Link("PCIe Gen5 x16", 64 * GB, 15e-6)  # PCI-SIG: 32 GT/s x 16 lanes, ~63 GB/s per direction
-H200_HBM3E = Link("H200 HBM3e (for comparison: memory, not a link)", 4800 * GB, 0.0)  # H200 datasheet: 4.8 TB/s
+H200_HBM3E = Link("H200 HBM3e (for comparison: memory, not a link)", GPU_PEAKS["H200"].peak_bw, 0.0)
 LINKS = {link.name: link for link in (NVLINK4, PCIE_GEN4_X16, PCIE_GEN5_X16)}
 
-# GPUs: NVIDIA datasheet figures; FLOP/s are dense bf16 (the headline numbers assume 2:4 sparsity, twice these).
-H200 = Gpu("H200 SXM", 141 * GB, 4800 * GB, 989.5e12)  # H200 datasheet: 141 GB HBM3e, 4.8 TB/s, 1,979* TFLOPS
-H100_SXM = Gpu("H100 SXM", 80 * GB, 3350 * GB, 989.5e12)  # H100 datasheet: 80 GB, 3.35 TB/s, 1,979* TFLOPS
-A100_80GB = Gpu("A100 80GB SXM", 80 * GB, 2039 * GB, 312e12)  # A100 datasheet: 2,039 GB/s (~2.0 TB/s), 312 TFLOPS
-L40S = Gpu("L40S", 48 * GB, 864 * GB, 362.05e12)  # L40S datasheet: 48 GB GDDR6, 864 GB/s, 362.05 TFLOPS
+# GPUs from the project's spec-sheet table (mechanisms.gpus): capacity, HBM bandwidth, dense bf16 FLOP/s.
+def _from_table(key: str, name: str) -> Gpu:
+    peak = GPU_PEAKS[key]
+    return Gpu(name, peak.memory_gb * GB, peak.peak_bw, peak.bf16_flops)
+
+
+H200 = _from_table("H200", "H200 SXM")  # 141 GB HBM3e, 4.8 TB/s, 989.5 TFLOP/s
+H100_SXM = _from_table("H100 SXM", "H100 SXM")  # 80 GB, 3.35 TB/s, 989.5 TFLOP/s
+A100_80GB = _from_table("A100 80GB SXM", "A100 80GB SXM")  # 80 GB, 2,039 GB/s, 312 TFLOP/s
+L40S = _from_table("L40S", "L40S")  # 48 GB GDDR6, 864 GB/s, 362.05 TFLOP/s
 GPUS = {gpu.name: gpu for gpu in (H200, H100_SXM, A100_80GB, L40S)}
 
 # Published config.json shapes (meta-llama/Llama-3.1-8B and -70B), bf16.
