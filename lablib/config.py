@@ -79,7 +79,8 @@ class VLLMConfig:
     max_num_seqs: int = 256  # most sequences decoding at once (continuous batching's batch size cap)
     max_num_batched_tokens: int | None = None  # token budget per scheduler step (prefill chunks + decodes); None = vLLM's default
     max_model_len: int | None = None  # longest prompt + output; None = the model's own context
-    enable_prefix_caching: bool = False  # reuse KV blocks of prompts already seen (lab 06)
+    enable_prefix_caching: bool = False  # reuse KV blocks of prompts already seen (lab 07); vLLM 0.26 turns it on
+    # for Llama by default, the lab turns it off unless asked: the journey repeats its prompts, so hits would flatter
     enforce_eager: bool = False  # True: no CUDA graphs (faster start, slower decode)
     dtype: str = "auto"  # weights/activations dtype; "auto" = the checkpoint's
     quantization: str | None = None  # None, "fp8" (dynamic), or the checkpoint's scheme

@@ -190,6 +190,14 @@ class VLLMEngine:
                 bar.close()
         return [got[r.request_id] for r in requests]
 
+    def reset_prefix_cache(self) -> bool:
+        """Empty vLLM's prefix cache (`LLM.reset_prefix_cache()`), so the next run's hits are its own.
+
+        False when vLLM refused (blocks still in use). Starts the engine if it has not started."""
+        self.start()
+        self._conn.send(("reset_prefix_cache",))
+        return bool(self._receive(120, expect=("reset",))[1])
+
     def close(self, force: bool = False) -> None:
         """End the worker (and vLLM's engine-core process under it), then wait for VRAM to return to baseline."""
         if self._proc is None:  # never started: nothing holds the GPU

@@ -73,17 +73,20 @@ def _generate(llm: Any, requests: list[dict[str, Any]], conn: Any) -> None:
                              output_kind=RequestOutputKind.DELTA) for r in requests]
     prompts = [TokensPrompt(prompt_token_ids=list(r["prompt_ids"])) for r in requests]
     engine = llm.llm_engine
+    before = _metrics(llm)  # counters are cumulative: the run's own share is after - before
     t0 = time.monotonic()
     by_id: dict[str, tuple] = {}
     for i, (r, p, sp) in enumerate(zip(requests, prompts, params)):  # DELTA outputs: a time stamp for every token
-        state = (r, [], [])
+        state = (r, [], [], [None])  # request, token times, token ids, num_cached_tokens
         by_id[f"lab-{i}-{r['request_id']}"] = state  # outputs carry this id
         by_id[engine.add_request(f"lab-{i}-{r['request_id']}", p, sp) or f"lab-{i}-{r['request_id']}"] = state
     while engine.has_unfinished_requests():
         outs = engine.step()
         now = time.monotonic() - t0
         for o in outs:
-            r, times, toks = by_id[o.request_id]
+            r, times, toks, cached = by_id[o.request_id]
+            if cached[0] is None and getattr(o, "num_cached_tokens", None) is not None:
+                cached[0] = int(o.num_cached_tokens)  # set once the prompt is scheduled
             new = list(o.outputs[0].token_ids) if o.outputs else []
             times.extend([now] * len(new))
             toks.extend(new)
@@ -94,8 +97,10 @@ def _generate(llm: Any, requests: list[dict[str, Any]], conn: Any) -> None:
                     "request_id": r["request_id"], "prompt_tokens": len(r["prompt_ids"]), "output_tokens": len(toks),
                     "arrival": 0.0, "start": sched - t0 if sched else None,
                     "first_token": times[0] if times else None, "last_token": times[-1] if times else None,
-                    "finished": now, "token_times": times, "output_ids": toks}))
-    conn.send(("done", {"wall_s": time.monotonic() - t0, "metrics": _metrics(llm)}))
+                    "finished": now, "token_times": times, "output_ids": toks, "cached_tokens": cached[0]}))
+    after = _metrics(llm)
+    delta = {k: after[k] - before[k] for k in after if k in before and k != "error"}
+    conn.send(("done", {"wall_s": time.monotonic() - t0, "metrics": after, "metrics_delta": delta}))
 
 
 def worker_main(conn: Any, model: str, tokenizer: str | None, llm_kwargs: dict[str, Any], log_path: str,
@@ -120,6 +125,12 @@ def worker_main(conn: Any, model: str, tokenizer: str | None, llm_kwargs: dict[s
             break
         if msg[0] == "close":
             break
+        if msg[0] == "reset_prefix_cache":  # between measurements: the next run starts with an empty cache
+            try:
+                conn.send(("reset", bool(llm.reset_prefix_cache())))
+            except BaseException as e:
+                conn.send(("error", f"{type(e).__name__}: {e}", traceback.format_exc()))
+            continue
         try:
             _generate(llm, msg[1], conn)
         except BaseException as e:

@@ -48,6 +48,8 @@ class RequestRecord:
     finished: float | None = None  # when the response was handed back (defaults to last_token)
     token_times: list[float] | None = None  # every output token's time, where the engine gives them
     output_ids: list[int] | None = None  # generated token ids (kept for correctness checks)
+    cached_tokens: int | None = None  # prompt tokens served from the prefix cache, where the engine says (vLLM's
+    # RequestOutput.num_cached_tokens: whole blocks only, never the last prompt token)
 
     @property
     def ttft(self) -> float | None:

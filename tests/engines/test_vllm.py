@@ -470,3 +470,21 @@ def test_scheduler_sweep_restarts_one_engine_per_config_and_returns_to_baseline(
     assert all(len(r.requests) == 64 and r.summary["output_tokens"] == 256 for r in results)
     with pytest.raises(ValueError, match=r"VLLMConfig.max_num_batched_tokens=4: allowed >= max_num_seqs=8.*Fix"):
         scheduling.scheduler_sweep([8], [4])  # refused before any engine starts
+
+
+def test_prefix_cache_hits_per_request_and_per_run_and_the_reset(start):
+    """Each record carries vLLM's num_cached_tokens; each run its own counter deltas; the reset empties the cache."""
+    engine = start(VLLMConfig(max_num_seqs=1, enable_prefix_caching=True))
+    shared = list(range(1, 41))  # 40 tokens: two full 16-token blocks and a partial one
+    reqs = [PreparedRequest(f"r{i}", tuple(shared + [100 + i] * (i + 1)), 2) for i in range(3)]
+    first = engine.generate(reqs, progress=False)
+    assert [r.cached_tokens for r in first] == [0, 32, 32]  # the first computes the shared blocks, the others reuse
+    delta = engine.facts["last_run"]["metrics_delta"]
+    assert delta["vllm:prefix_cache_hits"] == 64 and delta["vllm:prefix_cache_queries"] == sum(41 + i for i in range(3))
+    again = engine.generate(reqs[:1], progress=False)
+    assert again[0].cached_tokens == 32 and engine.facts["last_run"]["metrics_delta"]["vllm:prefix_cache_hits"] == 32
+    assert engine.reset_prefix_cache() is True
+    cold = engine.generate(reqs[:1], progress=False)
+    assert cold[0].cached_tokens == 0 and engine.facts["last_run"]["metrics_delta"]["vllm:prefix_cache_hits"] == 0
+    off = start(VLLMConfig(max_num_seqs=1))  # the lab's default: off (its journey repeats prompts)
+    assert [r.cached_tokens for r in off.generate(reqs, progress=False)] == [None] * 3

@@ -46,6 +46,7 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     finished: bool
     metrics: Any = None  # set only with stats logging on (disable_log_stats=False)
+    num_cached_tokens: int | None = None  # prompt tokens the prefix cache served
 
 
 @dataclass
@@ -56,6 +57,7 @@ class _Request:
     arrival_time: float
     output: list[int] = field(default_factory=list)
     scheduled_ts: float = 0.0
+    cached: int = 0
 
 
 @dataclass
@@ -70,13 +72,16 @@ class Metric:
 class LLMEngine:
     """Continuous batching in miniature: up to max_num_seqs requests run, each gets one token per step."""
 
-    def __init__(self, vllm_config: SimpleNamespace, log_stats: bool):
+    def __init__(self, vllm_config: SimpleNamespace, log_stats: bool, prefix_caching: bool = True):
         self.vllm_config = vllm_config
         self.log_stats = log_stats
+        self.prefix_caching = prefix_caching  # on by default, as in vLLM 0.26 for Llama
+        self._prefixes: set[tuple[int, ...]] = set()  # every full-block prefix computed (no eviction in the fake)
         self._waiting: deque[_Request] = deque()
         self._running: list[_Request] = []
         self._finished = 0
-        self._counters = {"vllm:prompt_tokens": 0, "vllm:generation_tokens": 0, "vllm:request_success": 0}
+        self._counters = {"vllm:prompt_tokens": 0, "vllm:generation_tokens": 0, "vllm:request_success": 0,
+                          "vllm:prefix_cache_queries": 0, "vllm:prefix_cache_hits": 0}
         self._ttft: list[float] = []
         crash = os.environ.get("FAKE_VLLM_CRASH_AFTER")
         self._crash_after = int(crash) if crash else None
@@ -110,6 +115,13 @@ class LLMEngine:
             r = self._waiting.popleft()
             r.scheduled_ts = time.monotonic()
             self._counters["vllm:prompt_tokens"] += len(r.prompt)
+            if self.prefix_caching:  # full blocks only, never the last prompt token (vLLM's floors)
+                block = self.vllm_config.cache_config.block_size
+                top = (len(r.prompt) - 1) // block * block
+                r.cached = next((n for n in range(top, 0, -block) if tuple(r.prompt[:n]) in self._prefixes), 0)
+                self._prefixes.update(tuple(r.prompt[:n]) for n in range(block, len(r.prompt) + 1, block))
+                self._counters["vllm:prefix_cache_queries"] += len(r.prompt)
+                self._counters["vllm:prefix_cache_hits"] += r.cached
             self._running.append(r)
         outs = []
         for r in self._running:
@@ -125,7 +137,8 @@ class LLMEngine:
             ids = [token] if kind == RequestOutputKind.DELTA else list(r.output)
             metrics = (SimpleNamespace(arrival_time=r.arrival_time, scheduled_ts=r.scheduled_ts)
                        if self.log_stats else None)
-            outs.append(RequestOutput(r.request_id, [CompletionOutput(0, ids)], finished, metrics))
+            outs.append(RequestOutput(r.request_id, [CompletionOutput(0, ids)], finished, metrics,
+                                      r.cached if self.prefix_caching else None))
         done = [r for r in self._running if len(r.output) >= r.params.max_tokens]
         self._running = [r for r in self._running if len(r.output) < r.params.max_tokens]
         self._finished += len(done)
@@ -175,7 +188,14 @@ class LLM:
             model_config=SimpleNamespace(max_model_len=kwargs.get("max_model_len") or cfg["max_position_embeddings"],
                                          dtype=f"torch.{dtype}",  # vLLM holds a torch.dtype; str() reads the same
                                          enforce_eager=kwargs.get("enforce_eager", False)))
-        self.llm_engine = LLMEngine(config, log_stats=not disable_log_stats)
+        self.llm_engine = LLMEngine(config, log_stats=not disable_log_stats,
+                                    prefix_caching=kwargs.get("enable_prefix_caching", True) is not False)
 
     def get_metrics(self) -> list[Metric]:
         return self.llm_engine.get_metrics()
+
+    def reset_prefix_cache(self, reset_running_requests: bool = False, reset_connector: bool = False) -> bool:
+        if self.llm_engine._running:
+            return False  # vLLM refuses while blocks are in use
+        self.llm_engine._prefixes.clear()
+        return True
