@@ -20,6 +20,8 @@ Steps:
            scraped, and `vllm bench serve` on the same requests (serve-wide: up to 3x the burst's capacity)
   serve-check  the lab's client against `vllm bench serve`, three rounds on one server (synthetic 8B;
            serve-check-embedded: the embedded model, whose small steps stream tokens fastest)
+  prefix   lab 07: prefix caching on the embedded model, each shared-prefix set and variant from a reset cache,
+           vLLM's cached tokens against the simulator's (prefix-batch: 32 requests at once instead of one)
 """
 from __future__ import annotations
 
@@ -213,10 +215,31 @@ def step_serve_check(out: Path, store: ResultStore, facts: dict, model: str = BI
     log(out, f"serve-check ({model}): lab / vllm bench serve output tok/s per round {check['output_tok_s_ratios']}")
 
 
+def step_prefix(out: Path, store: ResultStore, facts: dict, max_num_seqs: int = 1) -> None:
+    """Lab 07: the embedded model with prefix caching on, each workload from a reset cache, vLLM's num_cached_tokens and
+    counter deltas next to the simulator's prediction (lablib.experiments.prefix.measure); one request at a time
+    (exact by construction) or, as prefix-batch, 32 at once (where the schedule decides what is cached when)."""
+    from lablib.experiments import prefix
+
+    rows = []
+    with VLLMEngine("embedded", VLLMConfig(gpu_memory_utilization=0.3, max_num_seqs=max_num_seqs,
+                                           enable_prefix_caching=True)) as eng:
+        sets = [load_workload(n) for n in prefix.SHARED_SETS]
+        sets += [prefix.variant(k, "shared-prefix-512", eng.tokenizer) for k in ("shared-after", "multi-turn")]
+        for wl in sets:
+            got = prefix.measure(eng, wl, lab=LAB, step=f"prefix-{wl.name}-seqs-{max_num_seqs}")
+            store.append(recorded(got.pop("result")))
+            got.pop("predicted")
+            rows.append({"workload": wl.name, "max_num_seqs": max_num_seqs, **got})
+            log(out, f"prefix {wl.name} (max_num_seqs {max_num_seqs}): {got['verdict']}")
+    facts[f"prefix_seqs_{max_num_seqs}"] = rows
+
+
 STEPS = {"smoke": step_smoke, "startup": step_startup, "big": step_big, "big-lab": lambda o, s, f: step_big(o, s, f, bench_cli=False), "hf-big": step_hf_big, "sweep": step_sweep,
          "knobs": step_knobs, "knobs-budget": lambda o, s, f: step_knobs(o, s, f, KNOBS_BUDGET), "serve": step_serve,
          "serve-wide": lambda o, s, f: step_serve(o, s, f, WIDE), "serve-check": step_serve_check,
-         "serve-check-embedded": lambda o, s, f: step_serve_check(o, s, f, "embedded")}
+         "serve-check-embedded": lambda o, s, f: step_serve_check(o, s, f, "embedded"), "prefix": step_prefix,
+         "prefix-batch": lambda o, s, f: step_prefix(o, s, f, 32)}
 
 
 def main() -> None:

@@ -77,3 +77,24 @@ def test_a_prediction_that_misses_says_which_requests(start, monkeypatch):  # no
     out = prefix.measure(engine, wl, max_new_tokens=2)
     assert out["exact"] is False and [d["request_id"] for d in out["differ"]] == [wl.requests[1].id]
     assert "1 of 3 requests differ" in out["verdict"]
+
+
+def test_the_recording_step_runs_every_set_and_variant(start, tmp_path):  # noqa: F811
+    """scripts/record_reference.py --steps prefix, on the fake vLLM: one recorded Result and one verdict per workload."""
+    import importlib.util
+    from pathlib import Path
+
+    from lablib.results import ResultStore
+
+    path = Path(__file__).resolve().parents[2] / "scripts" / "record_reference.py"
+    spec = importlib.util.spec_from_file_location("record_reference", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    store, facts = ResultStore(tmp_path / "r.jsonl"), {}
+    script.step_prefix(tmp_path, store, facts)
+    rows = facts["prefix_seqs_1"]
+    assert [r["workload"] for r in rows] == [*prefix.SHARED_SETS, "shared-prefix-512-shared-after",
+                                              "shared-prefix-512-multi-turn"]
+    assert all(r["exact"] for r in rows), [r["verdict"] for r in rows]
+    assert [r["vllm_hits"] == 0 for r in rows] == [False, False, False, True, False]
+    assert all(r.provenance == "recorded" for r in store.load())
