@@ -1,0 +1,161 @@
+"""The quantizer: every refusal before any work (each naming its field, in the project's message shape),
+the widths and default group size read from the embedded target with no torch, and one real GPTQ W4A16
+quantization of the embedded target (4 calibration windows, ~15-25 s on this CPU) that loads back in
+transformers and scores a finite perplexity.
+"""
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from lablib.models import embedded_path
+from lablib.models import quantize as q
+
+SHAPE = r"^{owner}\.{field}=.*: allowed .+; Fix: .+"
+TARGET = embedded_path("target")
+
+
+def refused(field: str, fn, *args, **kwargs) -> str:
+    with pytest.raises(ValueError) as err:
+        fn(*args, **kwargs)
+    msg = str(err.value)
+    assert re.match(SHAPE.format(owner="quantize", field=field), msg, re.S), msg
+    return msg
+
+
+@pytest.fixture
+def no_worker(monkeypatch):
+    """Any attempt to start the worker fails the test: refusals come before any work."""
+    def boom(*a, **k):
+        raise AssertionError("the worker was started before the refusal")
+
+    monkeypatch.setattr(q.subprocess, "Popen", boom)
+
+
+def test_the_embedded_targets_widths_come_from_the_safetensors_header():
+    widths = q.linear_widths(TARGET)
+    assert len(widths) == 35  # 5 layers x (q, k, v, o, gate, up, down); lm_head is tied and ignored
+    assert set(widths.values()) == {256, 704}
+    assert widths["model.layers.0.mlp.down_proj"] == 704
+    assert "lm_head" not in widths and q.linear_widths(TARGET, ())["lm_head"] == 256
+    assert len(q.linear_widths(TARGET, ("re:.*mlp.*", "lm_head"))) == 20
+
+
+def test_default_group_size_is_128_where_it_fits_and_64_on_the_embedded_target():
+    assert q.default_group_size({"a": 4096, "b": 14336}) == 128
+    assert q.default_group_size(q.linear_widths(TARGET)) == 64  # 704 = 11 x 64
+    assert q.default_group_size({"a": 48}) is None
+    assert q.plan(TARGET, "/tmp/unused-q", "gptq-w4a16", num_samples=2)["group_size"] == 64
+    assert q.plan(TARGET, "/tmp/unused-q", "fp8-dynamic")["group_size"] is None
+
+
+def test_an_unknown_scheme_is_refused_listing_the_allowed(tmp_path, no_worker):
+    msg = refused("scheme", q.quantize, TARGET, tmp_path / "out", "int3-magic")
+    assert all(name in msg for name in q.SCHEMES)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_group_size_that_does_not_divide_names_the_layer_its_width_and_the_sizes_that_work(tmp_path, no_worker):
+    msg = refused("group_size", q.quantize, TARGET, tmp_path / "out", "gptq-w4a16", group_size=128)
+    assert "down_proj takes 704" in msg and "[32, 64]" in msg and "group_size=64" in msg
+    refused("group_size", q.quantize, TARGET, tmp_path / "out", "awq-w4a16", group_size=0)
+    msg = refused("group_size", q.quantize, TARGET, tmp_path / "out", "fp8-dynamic", group_size=64)
+    assert "output channel" in msg
+
+
+def test_a_missing_calibration_set_is_refused(tmp_path, monkeypatch, no_worker):
+    refused("calibration", q.quantize, TARGET, tmp_path / "out", "gptq-w4a16", calibration="no-such-set")
+    refused("calibration", q.quantize, TARGET, tmp_path / "out", "gptq-w4a16", calibration=None)
+    refused("calibration", q.quantize, TARGET, tmp_path / "out", "awq-w4a16", calibration="evaluation")
+    data = tmp_path / "data"  # the manifest names calibration.jsonl, the file is gone
+    (data / "workloads").mkdir(parents=True)
+    shutil.copy(Path(q.__file__).parents[2] / "data" / "workloads" / "manifest.json", data / "workloads")
+    monkeypatch.setenv("LABLIB_DATA", str(data))
+    msg = refused("calibration", q.quantize, TARGET, tmp_path / "out", "w8a8-int8")
+    assert "missing" in msg
+    assert q.plan(TARGET, tmp_path / "out", "fp8-dynamic")["calibration"] is None  # FP8 needs none
+
+
+def test_num_samples_beyond_the_set_is_refused(tmp_path, no_worker):
+    msg = refused("num_samples", q.quantize, TARGET, tmp_path / "out", "gptq-w4a16", num_samples=65)
+    assert "1..64" in msg
+
+
+def test_an_output_folder_that_is_not_empty_is_refused_an_empty_one_is_not(tmp_path, no_worker):
+    out = tmp_path / "out"
+    out.mkdir()
+    assert q.plan(TARGET, out, "fp8-dynamic")["out_dir"] == str(out.resolve())
+    (out / "old.txt").write_text("keep me")
+    refused("out_dir", q.quantize, TARGET, out, "fp8-dynamic")
+    assert (out / "old.txt").read_text() == "keep me"
+
+
+def test_an_already_quantized_or_missing_model_folder_is_refused(tmp_path, no_worker):
+    model = tmp_path / "model"
+    shutil.copytree(TARGET, model)
+    cfg = json.loads((model / "config.json").read_text())
+    cfg["quantization_config"] = {"quant_method": "compressed-tensors"}
+    (model / "config.json").write_text(json.dumps(cfg))
+    msg = refused("model_dir", q.quantize, model, tmp_path / "out", "gptq-w4a16")
+    assert "already quantized" in msg and "compressed-tensors" in msg
+    msg = refused("model_dir", q.quantize, tmp_path / "nowhere", tmp_path / "out", "fp8-dynamic")
+    assert "does not exist" in msg
+
+
+def test_ignoring_every_linear_or_a_bad_ignore_is_refused(tmp_path, no_worker):
+    refused("ignore", q.quantize, TARGET, tmp_path / "out", "fp8-dynamic", ignore=("re:.*",))
+    refused("ignore", q.quantize, TARGET, tmp_path / "out", "fp8-dynamic", ignore=("",))
+
+
+def test_an_interpreter_without_llm_compressor_is_refused(tmp_path, monkeypatch, no_worker):
+    refused("python", q.quantize, TARGET, tmp_path / "out", "fp8-dynamic", python=str(tmp_path / "no-python"))
+    monkeypatch.setattr(q.importlib.util, "find_spec", lambda name: None)
+    msg = refused("python", q.quantize, TARGET, tmp_path / "out", "fp8-dynamic")
+    assert "lablib[quant]" in msg
+    assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".out.partial-*"))
+
+
+def test_the_quantizer_loads_nothing_heavy_and_the_worker_no_other_lablib_module():
+    code = ("import sys\nclass B:\n    def find_spec(self, name, path=None, target=None):\n"
+            "        if name.split('.')[0] in {'torch', 'transformers', 'numpy', 'llmcompressor', 'datasets'}:\n"
+            "            raise ImportError(name)\nsys.meta_path.insert(0, B())\n"
+            "import lablib.models.quantize, lablib.models.quantize_worker\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=q.ROOT)
+    assert p.returncode == 0, p.stderr[-1500:]
+    source = Path(q.__file__).with_name("quantize_worker.py").read_text()
+    assert not re.search(r"^\s*(from|import) (\.|lablib)", source, re.M)
+
+
+def test_a_real_gptq_w4a16_quantization_loads_back_and_scores_a_finite_perplexity(tmp_path):
+    pytest.importorskip("llmcompressor", reason="install lablib[quant]")
+    from lablib.experiments.quantization import evaluation_set, load_model, perplexity
+
+    out = tmp_path / "gptq"
+    facts = q.quantize(TARGET, out, "gptq-w4a16", num_samples=4, threads=1)
+    names = {p.name for p in out.iterdir()}
+    assert {"config.json", "model.safetensors", "recipe.yaml", "quantization.json", "quantize.log",
+            "tokenizer.json", "tokenizer_config.json"} <= names
+    assert not list(tmp_path.glob(".gptq.partial-*"))  # the work folder is gone
+    cfg = json.loads((out / "config.json").read_text())["quantization_config"]
+    weights = cfg["config_groups"]["group_0"]["weights"]
+    assert (cfg["quant_method"], weights["num_bits"], weights["group_size"], weights["symmetric"]) == \
+        ("compressed-tensors", 4, 64, True)
+    assert cfg["ignore"] == ["lm_head"]
+    assert "GPTQModifier" in (out / "recipe.yaml").read_text()
+    assert json.loads((out / "quantization.json").read_text()) == facts
+    assert facts["calibration"] == {"workload": "calibration@v1[:4]", "samples": 4, "tokens": 4 * 512}
+    assert facts["versions"]["llmcompressor"].startswith("0.14") and facts["seconds"] > 0
+    assert facts["weight_bytes"] < 0.5 * (TARGET / "model.safetensors").stat().st_size
+
+    import torch
+    from transformers import AutoTokenizer
+
+    torch.set_num_threads(1)
+    tok = AutoTokenizer.from_pretrained(str(out))
+    ppl = perplexity(load_model(out), tok, [r.prompt for r in evaluation_set(2).requests])
+    assert ppl.tokens == 2 * 511 and 1.0 < ppl.ppl < 100.0  # the bf16 model scores ~16.6 on these two
+    refused("model_dir", q.quantize, out, tmp_path / "again", "fp8-dynamic")  # a quantized folder, for real
