@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from ..config import VLLMConfig
+from ..mechanisms import parallel
+from ..mechanisms.gpus import GPU_PEAKS
 from ..models.architecture import architectures, kv_bytes_per_token, parameter_count
 from ..models.spec import ModelSpec
 from .device import device_facts
@@ -61,6 +63,12 @@ def check_fit(spec: ModelSpec, config: VLLMConfig, total_bytes: int, free_bytes:
     Needs a local checkpoint (embedded, synthetic or a folder): a hub preset's shape is only known after download.
     """
     kv_per_tok = spec.kv_bytes_per_token(1 if config.kv_cache_dtype.startswith("fp8") else 2) or 0
+    t = config.tensor_parallel_size
+    if t > 1 and kv_per_tok:  # each GPU holds kv_heads / t heads, never fewer than one (replicated below that)
+        arch = spec.architecture()
+        kv_heads = arch.get("kv_heads") or arch.get("num_key_value_heads")
+        if kv_heads:
+            kv_per_tok = kv_per_tok * max(kv_heads // t, 1) // kv_heads
     max_len = config.max_model_len or spec.architecture()["context"] or 2048
     budget = int(config.gpu_memory_utilization * total_bytes)
     weights = weight_bytes(spec, config) // config.tensor_parallel_size
@@ -104,4 +112,59 @@ def fit_table(gpu_memory_bytes: int | None = None, contexts: tuple[int, ...] = (
             need = weights + kv * c + CONTEXT_OVERHEAD + ACTIVATION_OVERHEAD + GRAPH_OVERHEAD
             row[f"fits_{c}"] = None if gpu_memory_bytes is None else need <= 0.9 * gpu_memory_bytes
         rows.append(row)
+    return rows
+
+
+# Bytes per weight of the linear layers under each scheme; embeddings and lm_head stay 16-bit in all of them (vLLM's
+# online fp8 and llm-compressor's recipes leave lm_head out; the embedding is a lookup). W4A16: 4 bits plus one 16-bit
+# scale per group of 128 (vLLM's Marlin/Machete default group size).
+SCHEME_BYTES = {"bf16": 2.0, "fp8": 1.0, "w4a16": 0.5 + 2 / 128}
+FIT_GPUS = ("H200", "H100 SXM", "A100 80GB SXM", "A100 40GB", "L40S", "L4", "T4")
+RESERVE_BYTES = int(CONTEXT_OVERHEAD + ACTIVATION_OVERHEAD + GRAPH_OVERHEAD)  # what check_fit keeps back
+
+
+def _shape_for(cfg: dict[str, Any], scheme: str, kv_bytes: int = 2) -> parallel.DenseShape:
+    """The TP cost model's shape with one average byte count per weight: linear layers at the scheme's bytes,
+    embeddings and lm_head at 2 bytes (so memory_fit's weights/t is the scheme's real per-GPU size)."""
+    total = parameter_count(cfg)
+    embed = cfg["vocab_size"] * cfg["hidden_size"] * (1 if cfg.get("tie_word_embeddings") else 2)
+    average = ((total - embed) * SCHEME_BYTES[scheme] + embed * 2) / total
+    return parallel.DenseShape.from_config(cfg, weight_bytes=average, kv_bytes=kv_bytes)
+
+
+def tp_fit_table(models: tuple[str, ...] = ("llama-3.1-8b", "llama-3.1-70b", "qwen2.5-72b"),
+                 schemes: tuple[str, ...] = ("bf16", "fp8", "w4a16"), gpus: tuple[str, ...] = FIT_GPUS,
+                 tps: tuple[int, ...] = (1, 2, 4, 8), context: int = 8192, batch: int = 1) -> list[dict[str, Any]]:
+    """Which shapes fit on 1, 2, 4, 8 GPUs of each kind at each scheme, before anyone rents them.
+
+    One row per (model, scheme, GPU): the whole model's weight bytes, per t whether weights / t plus `batch`
+    sequences of `context` tokens (KV heads split by t, replicated below one per GPU) plus the engine's reserve
+    fit in 90% of one GPU (`mechanisms.parallel.memory_fit`, with check_fit's reserve), and the smallest t that
+    does (None: not even 8). A t the shape cannot split into (heads, intermediate, KV heads) reads None.
+    Memory only: whether a GPU runs the scheme at all (no bf16 on a T4, FP8 weights only through Marlin before
+    Ada/Hopper) is the vLLM engine's preflight to say.
+    """
+    from .. import validate
+
+    for s_ in schemes:
+        validate.choice("tp_fit_table", "schemes", s_, tuple(SCHEME_BYTES))
+    for g in gpus:
+        validate.choice("tp_fit_table", "gpus", g, tuple(GPU_PEAKS))
+    archs = architectures()
+    for m in models:
+        validate.choice("tp_fit_table", "models", m, tuple(archs))
+    rows = []
+    for m in models:
+        for scheme in schemes:
+            shape = _shape_for(archs[m], scheme)
+            allowed = parallel.valid_tp_sizes(shape)
+            for g in gpus:
+                peak = GPU_PEAKS[g]
+                gpu = parallel.Gpu(g, peak.memory_gb * 1e9, peak.peak_bw, peak.bf16_flops or peak.fp16_flops or 1.0)
+                fits = {t: (parallel.memory_fit(shape, batch, context, t, gpu, reserve_bytes=RESERVE_BYTES).fits
+                            if t in allowed else None) for t in tps}
+                rows.append({"model": m, "scheme": scheme, "gpu": g, "gpu_GB": peak.memory_gb,
+                             "weights_GB": parallel.params_per_gpu(shape, 1) * shape.weight_bytes / 1e9,
+                             **{f"tp{t}": fits[t] for t in tps},
+                             "smallest_tp": next((t for t in tps if fits[t]), None)})
     return rows

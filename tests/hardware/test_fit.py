@@ -107,3 +107,28 @@ def test_vllm_kv_capacity_grows_by_one_token_per_kv_bytes_per_token():
     extra_budget = (hi["gpu_memory_utilization"] - lo["gpu_memory_utilization"]) * H200_TOTAL
     bytes_per_token = extra_budget / (hi["kv_tokens"] - lo["kv_tokens"])
     assert bytes_per_token == pytest.approx(resolve_model("embedded").kv_bytes_per_token(), rel=0.02)
+
+
+def test_tensor_parallel_splits_the_kv_heads_and_replicates_below_one_per_gpu():
+    spec = llama8b()  # 8 KV heads
+    per_tok = {t: check_fit(spec, VLLMConfig(max_model_len=8192, tensor_parallel_size=t), 80 * GiB).kv_bytes_per_token
+               for t in (1, 2, 8, 16)}
+    assert per_tok == {1: 128 * 1024, 2: 64 * 1024, 8: 16 * 1024, 16: 16 * 1024}  # t=16: one KV head each, replicated
+
+
+def test_tp_fit_table_says_how_many_gpus_each_shape_needs():
+    from lablib.hardware.fit import RESERVE_BYTES, tp_fit_table
+
+    rows = {(r["model"], r["scheme"], r["gpu"]): r for r in tp_fit_table()}
+    assert RESERVE_BYTES == CONTEXT_OVERHEAD + ACTIVATION_OVERHEAD + GRAPH_OVERHEAD  # check_fit's allowances
+    big = rows[("llama-3.1-70b", "bf16", "H200")]
+    assert 141.0 < big["weights_GB"] < 141.2 and big["tp1"] is False and big["smallest_tp"] == 2  # 141 GB > 0.9 x 141
+    assert rows[("llama-3.1-70b", "fp8", "H200")]["smallest_tp"] == 1  # ~73 GB of weights: one H200
+    assert rows[("llama-3.1-70b", "w4a16", "A100 80GB SXM")]["smallest_tp"] == 1
+    assert rows[("llama-3.1-70b", "bf16", "A100 80GB SXM")]["smallest_tp"] == 4
+    assert rows[("qwen2.5-72b", "bf16", "L4")]["smallest_tp"] == 8 and rows[("qwen2.5-72b", "bf16", "T4")]["smallest_tp"] is None
+    assert all(rows[("llama-3.1-8b", s, "H200")]["smallest_tp"] == 1 for s in ("bf16", "fp8", "w4a16"))
+    # embeddings and lm_head stay 16-bit: int4 weights are more than a quarter of bf16's
+    assert rows[("llama-3.1-8b", "w4a16", "H200")]["weights_GB"] > rows[("llama-3.1-8b", "bf16", "H200")]["weights_GB"] / 4
+    with pytest.raises(ValueError, match=r"tp_fit_table.schemes='int3': allowed"):
+        tp_fit_table(schemes=("int3",))
