@@ -19,7 +19,9 @@ def test_fit_table_follows_memory():
     big = {r["architecture"]: r for r in fit_table(141 * GiB)}
     small = {r["architecture"]: r for r in fit_table(16 * GiB)}
     assert big["llama-3.1-8b"]["kv_KiB_per_token"] == 128  # 2 x 32 layers x 8 KV heads x 128 x 2 bytes
-    assert all(r["fits_2048"] and r["fits_8192"] for r in big.values())
+    huge = {"llama-3.1-70b", "qwen2.5-72b"}  # bf16 weights alone exceed 90% of one H200 (lab 09: TP or quantize)
+    assert all(r["fits_2048"] and r["fits_8192"] for name, r in big.items() if name not in huge)
+    assert not any(big[name]["fits_2048"] for name in huge)
     assert not small["llama-3.1-8b"]["fits_2048"] and small["qwen2.5-0.5b"]["fits_8192"]
     assert abs(big["llama-3.1-8b"]["weights_GiB"] - 8.03e9 * 2 / GiB) < 0.05
     assert all(r["fits_2048"] is None for r in fit_table())  # no GPU here: nothing to fit into

@@ -10,6 +10,12 @@ ragged front (requests join and leave every step).
 The same picture serves the simulators (`lablib.mechanisms.batching.ScheduleResult.rows()`,
 time in the cost model's units) and real runs (`result_gantt_rows(result)`, seconds since
 the run started): both give rows with request_id, arrival, start, first_token, finish.
+A run's bars take its rung's colour (`style.colour`); a simulated policy takes the colour of the
+engine that implements it (static: HF's, continuous: vLLM's).
+
+`schedule_tradeoff` and `scheduler_figure` put one point per setting, each its own legend entry
+(labels written beside points collide where two settings land close together), on log axes where
+the tail latencies span decades.
 """
 from __future__ import annotations
 
@@ -19,7 +25,19 @@ from typing import Any
 import plotly.graph_objects as go
 
 from ..results.record import Result
-from .style import _synthetic
+from .style import (
+    _rows_synthetic,
+    colour,
+    finish,
+    ordered_colours,
+    palette_for,
+    provenance,
+    rows_provenance,
+    spans_decades,
+    time_axis,
+)
+
+SIMULATED = "simulated on this machine (lablib.mechanisms.batching cost model: no engine ran)"
 
 ROW_KEYS = ("request_id", "arrival", "start", "first_token", "finish")
 
@@ -28,7 +46,7 @@ def result_gantt_rows(result: Result) -> list[dict[str, Any]]:
     """One Gantt row per request of a real run; the bar ends at `finished`, else at `last_token`.
 
     Requests with no first token (an interrupted run) are left out. Each row carries `label`
-    (Result.label, so a recorded run says where it was recorded) and `last_token`.
+    (the step: the legend's name), `provenance` (where it was measured, said once in the title) and `last_token`.
     """
     rows = []
     for q in result.requests:
@@ -37,7 +55,8 @@ def result_gantt_rows(result: Result) -> list[dict[str, Any]]:
             continue
         rows.append({"request_id": q.request_id, "arrival": q.arrival,
                      "start": q.start if q.start is not None else q.arrival, "first_token": q.first_token,
-                     "last_token": q.last_token, "finish": end, "label": result.label})
+                     "last_token": q.last_token, "finish": end, "label": result.step,
+                     "provenance": provenance([result]), "synthetic": result.model.get("synthetic") or None})
     return rows
 
 
@@ -59,9 +78,11 @@ def gantt(rows: Sequence[dict[str, Any]], title: str = "Request timeline", time_
     earlier than `finish` (static batching holding finished requests) it is marked too.
     Rows from several runs (different `label` or `policy`) get their own traces. time_unit
     labels the axis: by default "s" for real runs' rows, "cost-model units" for the simulators'.
+    The provenance (the rows' own, or "simulated") is the title's second line unless `title` says it already.
     """
     rows = _check_rows(rows)
-    time_unit = time_unit or ("s" if "label" in rows[0] else "cost-model units")
+    real = "label" in rows[0]
+    time_unit = time_unit or ("s" if real else "cost-model units")
     groups: dict[str, list[dict[str, Any]]] = {}
     for row in rows:
         groups.setdefault(str(row.get("label") or row.get("policy") or ""), []).append(row)
@@ -76,7 +97,7 @@ def gantt(rows: Sequence[dict[str, Any]], title: str = "Request timeline", time_
                         name=prefix + "waiting", marker_color="rgba(150,150,150,0.35)",
                         hovertemplate="%{y}: waited %{x:.3g} " + time_unit + "<extra></extra>")
         fig.add_bar(y=ys, x=[r["finish"] - r["start"] for r in group], base=[r["start"] for r in group],
-                    orientation="h", name=prefix + "running (start to finish)",
+                    orientation="h", name=prefix + "running (start to finish)", marker_color=colour(label or "running"),
                     hovertemplate="%{y}: ran %{x:.3g} " + time_unit + "<extra></extra>")
         fig.add_scatter(y=ys, x=[r["first_token"] for r in group], mode="markers", name=prefix + "first token",
                         marker={"symbol": "diamond", "size": 8, "color": "black"},
@@ -88,36 +109,67 @@ def gantt(rows: Sequence[dict[str, Any]], title: str = "Request timeline", time_
                             mode="markers", name=prefix + "last token (returned later)",
                             marker={"symbol": "line-ns-open", "size": 12, "color": "crimson"},
                             hovertemplate="%{y}: last token at %{x:.3g} " + time_unit + "<extra></extra>")
-    fig.update_yaxes(type="category", autorange="reversed", title_text="request")
+    fig.update_yaxes(type="category", autorange="reversed", title_text="request (id)")
     fig.update_xaxes(title_text=f"time ({time_unit})")
-    fig.update_layout(title=title, barmode="overlay", showlegend=True, height=max(300, 22 * len(rows) + 150))
-    return fig
+    fig.update_layout(barmode="overlay")
+    where = "; ".join(dict.fromkeys(str(r["provenance"]) for r in rows if r.get("provenance"))) or (
+        "" if real else SIMULATED)
+    return finish(fig, title, where, synthetic=any(r.get("synthetic") for r in rows),
+                  height=max(320, 22 * len(rows) + 230), legend_below=True)
+
+
+def _tradeoff(fig: go.Figure, labels: list[str], xs: list[float], ys: list[float], colours: dict[str, str],
+              x_unit: str, y_unit: str) -> None:
+    """The settings as one grey line in the order given (hover names each point), then one marker per setting
+    in the legend: no text on the plot to collide where two settings land close together."""
+    fig.add_scatter(x=xs, y=ys, text=labels, mode="lines", line={"color": "lightgray"}, showlegend=False,
+                    name="in the order given", hovertemplate="%{text}: p99 TTFT %{x:.3g} " + x_unit
+                    + ", %{y:.3g} " + y_unit + "<extra></extra>")
+    for label, x, y in zip(labels, xs, ys):
+        fig.add_scatter(x=[x], y=[y], mode="markers", name=label, marker={"size": 12, "color": colours[label]},
+                        hovertemplate=label + ": p99 TTFT %{x:.3g} " + x_unit + ", %{y:.3g} " + y_unit
+                        + "<extra></extra>")
 
 
 def schedule_tradeoff(schedules: dict[str, Any], ttft_target: float | None = None) -> go.Figure:
-    """Throughput vs p99 TTFT for several scheduler settings (simulator ScheduleResults), with a TTFT target line."""
+    """Throughput vs p99 TTFT for several scheduler settings (simulator ScheduleResults), with a TTFT target line.
+
+    Settings are coloured in the order given (a sweep: dark to light); the TTFT axis is logarithmic
+    when the settings' tails span decades.
+    """
     if not schedules:
         raise ValueError("schedule_tradeoff: no schedules. Fix: pass {label: ScheduleResult}.")
-    fig = go.Figure(go.Scatter(
-        x=[s.summary.p99_ttft for s in schedules.values()], y=[s.summary.throughput for s in schedules.values()],
-        text=list(schedules), mode="lines+markers+text", textposition="top center", name="simulated"))
+    labels = list(schedules)
+    xs = [s.summary.p99_ttft for s in schedules.values()]
+    fig = go.Figure()
+    _tradeoff(fig, labels, xs, [s.summary.throughput for s in schedules.values()],
+              dict(zip(labels, ordered_colours(len(labels)))), "units", "tokens/unit")
     if ttft_target is not None:
-        fig.add_vline(x=ttft_target, line_dash="dash", annotation_text=f"TTFT target {ttft_target:g}")
-    fig.update_layout(title="Throughput vs tail latency (simulator, cost-model units)",
-                      xaxis_title="p99 TTFT", yaxis_title="output tokens per unit time", showlegend=True)
-    return fig
+        fig.add_vline(x=ttft_target, line_dash="dash", annotation_text=f"TTFT target {ttft_target:g}",
+                      annotation_position="top left")
+    log = spans_decades(xs + ([ttft_target] if ttft_target else []))
+    fig.update_xaxes(title_text="p99 TTFT (cost-model units" + (", log scale)" if log else ")"),
+                     type="log" if log else "linear")
+    fig.update_yaxes(title_text="throughput (output tokens per cost-model unit)")
+    return finish(fig, "Throughput vs tail latency", SIMULATED, legend_below=True)
 
 
 def scheduler_figure(rows: list[dict[str, Any]], ttft_target_s: float | None = None) -> go.Figure:
     """Measured throughput vs p99 TTFT, one point per vLLM engine configuration, with a TTFT target line."""
     if not rows:
         raise ValueError("scheduler_figure: no rows. Fix: run lablib.experiments.sweeps.scheduler_rows().")
-    prov = rows[0].get("provenance", "live")
-    text = [f"seqs={r['max_num_seqs']}, tokens={r.get('max_num_batched_tokens') or 'default'}" for r in rows]
-    fig = go.Figure(go.Scatter(x=[(r["ttft_p99_s"] or 0) * 1e3 for r in rows], y=[r["output_tok_s"] for r in rows],
-                               text=text, mode="markers+text", textposition="top center", name=f"vLLM ({prov})"))
+    rows = sorted(rows, key=lambda r: (r["max_num_seqs"], r.get("max_num_batched_tokens") or 0))
+    labels = [f"max_num_seqs={r['max_num_seqs']}, budget={r.get('max_num_batched_tokens') or 'default'}"
+              for r in rows]
+    ttft = [r["ttft_p99_s"] for r in rows]
+    unit, scale, log = time_axis(ttft + ([ttft_target_s] if ttft_target_s else []))
+    fig = go.Figure()
+    _tradeoff(fig, labels, [(t or 0) * scale for t in ttft], [r["output_tok_s"] for r in rows], palette_for(labels),
+              unit, "tok/s")
     if ttft_target_s is not None:
-        fig.add_vline(x=ttft_target_s * 1e3, line_dash="dash", annotation_text=f"TTFT target {ttft_target_s * 1e3:g} ms")
-    fig.update_layout(title=f"Scheduler knobs on vLLM: throughput vs tail latency ({prov})" + _synthetic(rows),
-                      xaxis_title="p99 TTFT (ms)", yaxis_title="output tokens/s", showlegend=True)
-    return fig
+        fig.add_vline(x=ttft_target_s * scale, line_dash="dash", annotation_position="top left",
+                      annotation_text=f"TTFT target {ttft_target_s * scale:g} {unit}")
+    fig.update_xaxes(title_text=f"p99 TTFT ({unit}{', log scale' if log else ''})", type="log" if log else "linear")
+    fig.update_yaxes(title_text="output throughput (tok/s)")
+    return finish(fig, "Scheduler knobs on vLLM: throughput vs tail latency", rows_provenance(rows),
+                  synthetic=_rows_synthetic(rows), legend_below=True)

@@ -6,7 +6,9 @@ and inter-token latency on y. Past the server's capacity TTFT's tail climbs (req
 queue) while TPOT stays nearly flat: the queue, not the GPU, is what users feel.
 
 `server_metrics_figure` draws the `/metrics` gauges each load test scraped (KV-cache
-usage, running and waiting requests) against the load test's own clock, one line per rate.
+usage, running and waiting requests) against the load test's own clock, one line per rate, in
+one colour per rate in every row (`rate_colours`: the sweep's order, the burst in red), its legend
+entry once.
 `LiveServerMetrics` draws the same gauges while the test runs (a FigureWidget fed by the
 scraper's thread); without anywidget it collects the samples and draws them at the end.
 
@@ -24,12 +26,21 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from ..bench.client import CLUMP_S, clumped_share, read_gaps
-from .style import synthetic_note
 from ..bench.prom import DEFAULT_GAUGES
 from ..results.record import Result
+from .style import (
+    colour,
+    finish,
+    is_synthetic,
+    ordered_colours,
+    provenance,
+    spans_decades,
+)
 
-GAUGE_TITLES = {"vllm:kv_cache_usage_perc": "KV-cache usage (fraction)",
-                "vllm:num_requests_running": "requests running", "vllm:num_requests_waiting": "requests waiting"}
+GAUGE_TITLES = {"vllm:kv_cache_usage_perc": "KV cache used (%)",
+                "vllm:num_requests_running": "running (requests)", "vllm:num_requests_waiting": "waiting (requests)"}
+GAUGE_SCALE = {"vllm:kv_cache_usage_perc": 100.0}  # vLLM reports a fraction; drawn in percent
+BURST_COLOUR = "#d62728"
 
 
 def _rate(r: Result) -> float:
@@ -39,35 +50,66 @@ def _rate(r: Result) -> float:
     return float(rate)
 
 
-def _provenance(results: list[Result]) -> str:
-    rec = [r for r in results if r.provenance == "recorded"]
-    return f"recorded on {rec[0].hardware.get('gpu')}, {rec[0].recorded_at[:10]}" if rec else "live"
+def rate_name(rate: float) -> str:
+    """A load test's legend name: "13.8 req/s", or "burst (all at once)" for rate=inf."""
+    return f"{rate:.3g} req/s" if math.isfinite(rate) else "burst (all at once)"
+
+
+def rate_colours(rates: list[float]) -> dict[float, str]:
+    """One colour per offered rate: finite rates along a sequential scale in increasing order, the burst red.
+
+    Depends only on the set of rates, so the rows of one figure (and the live figure, once every rate has
+    arrived) agree with each other and with the legend."""
+    finite = sorted({r for r in rates if math.isfinite(r)})
+    out = dict(zip(finite, ordered_colours(len(finite))))
+    out.update({r: BURST_COLOUR for r in rates if not math.isfinite(r)})
+    return out
+
+
+def _rate_axis(results: list[Result]) -> tuple[list[float], list[float], list[str]]:
+    """x of each Result (the burst one step past the largest finite rate), and the axis' ticks and their text."""
+    finite = [_rate(r) for r in results if math.isfinite(_rate(r))]
+    burst_x = max(finite) * 1.3 if finite else 1.0
+    xs = [_rate(r) if math.isfinite(_rate(r)) else burst_x for r in results]
+    ticks = sorted(set(xs))
+    return xs, ticks, [f"{t:.3g}" if t in finite else "burst" for t in ticks]
+
+
+METRIC_NAMES = {"ttft_s": "TTFT", "tpot_s": "TPOT", "itl_s": "ITL"}
 
 
 def latency_vs_rate(results: list[Result], target_ttft_s: float | None = None) -> go.Figure:
-    """p50/p99 TTFT, TPOT and ITL (ms) against the offered rate; the burst (rate=inf) is drawn at the far right."""
+    """p50/p99 TTFT, TPOT and ITL (ms) against the offered rate; the burst (rate=inf) is drawn at the far right.
+
+    One colour per metric, p50 solid and p99 dashed; a panel's y axis is logarithmic when its values span decades
+    (TTFT from a prefill at low load to a queue at the burst)."""
     results = sorted(results, key=_rate)
     if not results:
         raise ValueError("latency_vs_rate: no Results. Fix: pass what lablib.experiments.serving.rate_sweep returned, or "
                          "lablib.results.reference.load_reference(prefix='serve-rate-').")
-    finite = [_rate(r) for r in results if math.isfinite(_rate(r))]
-    burst_x = max(finite) * 1.3 if finite else 1.0
-    xs = [_rate(r) if math.isfinite(_rate(r)) else burst_x for r in results]
-    prov = _provenance(results)
-    fig = make_subplots(rows=1, cols=3, subplot_titles=("TTFT (ms)", "TPOT (ms)", "inter-token latency (ms)"))
-    for col, key in enumerate(("ttft_s", "tpot_s", "itl_s"), start=1):
+    xs, ticks, ticktext = _rate_axis(results)
+    fig = make_subplots(rows=1, cols=3, horizontal_spacing=0.09,
+                        subplot_titles=("time to first token", "time per output token", "inter-token latency"))
+    for col, key in enumerate(METRIC_NAMES, start=1):
+        metric = METRIC_NAMES[key]
+        values = []
         for q, dash in (("p50", "solid"), ("p99", "dash")):
             ys = [(r.summary[key][q] or 0) * 1e3 for r in results]
-            fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines+markers", name=f"{key[:-2].upper()} {q} ({prov})",
-                                     line={"dash": dash}), 1, col)
+            values += ys
+            fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines+markers", name=f"{metric} {q}",
+                                     line={"dash": dash, "color": colour(metric)},
+                                     hovertemplate=f"%{{x:.3g}} req/s: {metric} {q} %{{y:.1f}} ms<extra></extra>"), 1, col)
+        if target_ttft_s is not None and col == 1:
+            values.append(target_ttft_s * 1e3)
+        log = spans_decades(values)
+        fig.update_yaxes(title_text=f"{metric} ({'ms, log scale' if log else 'ms'})", type="log" if log else "linear",
+                         row=1, col=col)
     if target_ttft_s is not None:
-        fig.add_hline(y=target_ttft_s * 1e3, line_dash="dot", annotation_text=f"TTFT target {target_ttft_s * 1e3:g} ms",
-                      row=1, col=1)
-    if any(not math.isfinite(_rate(r)) for r in results):
-        fig.add_vline(x=burst_x, line_dash="dot", line_color="gray", annotation_text="all at once (rate=inf)")
-    fig.update_xaxes(title_text="offered load (requests/s)")
-    fig.update_layout(title=f"Latency under load: {prov}" + synthetic_note(results), showlegend=True)
-    return fig
+        fig.add_hline(y=target_ttft_s * 1e3, line_dash="dot", annotation_text=f"target {target_ttft_s * 1e3:g} ms",
+                      annotation_position="top left", row=1, col=1)
+    fig.update_xaxes(title_text="offered load (requests/s)", tickvals=ticks, ticktext=ticktext, tickangle=-45)
+    return finish(fig, "Latency under load", provenance(results), synthetic=any(map(is_synthetic, results)),
+                  legend_below=True, height=470)
 
 
 def throughput_vs_rate(results: list[Result]) -> go.Figure:
@@ -76,51 +118,65 @@ def throughput_vs_rate(results: list[Result]) -> go.Figure:
     finite = [r for r in results if math.isfinite(_rate(r))]
     if not finite:
         raise ValueError("throughput_vs_rate: no Result with a finite rate. Fix: run rate_sweep with fractions.")
-    prov = _provenance(results)
+    engine = finite[0].engine
     fig = go.Figure(go.Scatter(x=[_rate(r) for r in finite], y=[r.summary["output_tok_s"] for r in finite],
-                               mode="lines+markers", name=f"achieved output tok/s ({prov})"))
+                               mode="lines+markers", name=f"{engine}: achieved", line={"color": colour(engine)},
+                               hovertemplate="%{x:.3g} req/s offered: %{y:,.0f} output tok/s<extra></extra>"))
     burst = [r for r in results if not math.isfinite(_rate(r))]
     if burst:
-        fig.add_hline(y=burst[0].summary["output_tok_s"], line_dash="dash",
-                      annotation_text="capacity: everything at once (rate=inf)")
-    fig.update_layout(title=f"Throughput follows the load until the server saturates: {prov}" + synthetic_note(results),
-                      xaxis_title="offered load (requests/s)", yaxis_title="output tokens/s", showlegend=True)
-    return fig
+        fig.add_hline(y=burst[0].summary["output_tok_s"], line_dash="dash", line_color=BURST_COLOUR,
+                      annotation_text="capacity: everything at once (rate=inf)", annotation_position="bottom right")
+    fig.update_xaxes(title_text="offered load (requests/s)")
+    fig.update_yaxes(title_text="output throughput (tok/s)", rangemode="tozero")
+    return finish(fig, "Throughput follows the load until the server saturates", provenance(results),
+                  synthetic=any(map(is_synthetic, results)))
 
 
-def _gauge_grid(names: tuple[str, ...], title: str, height: int, xtitle: str) -> go.Figure:
+def _gauge_grid(names: tuple[str, ...], height: int, xtitle: str) -> go.Figure:
     """One row per gauge on a shared time axis: the frame of the static and the live /metrics figures."""
-    fig = make_subplots(rows=len(names), cols=1, shared_xaxes=True, subplot_titles=[GAUGE_TITLES.get(n, n) for n in names])
+    fig = make_subplots(rows=len(names), cols=1, shared_xaxes=True, vertical_spacing=0.06)
+    for row, name in enumerate(names, start=1):
+        fig.update_yaxes(title_text=GAUGE_TITLES.get(name, f"{name} (value)"), rangemode="tozero", row=row, col=1)
     fig.update_xaxes(title_text=xtitle, row=len(names), col=1)
-    fig.update_layout(title=title, height=height, showlegend=True)
+    fig.update_layout(height=height, showlegend=True)
     return fig
 
 
-def _gauge_line(rate: float, samples: list[dict[str, Any]], name: str, row: int) -> go.Scatter:
-    """One load test's line in one gauge's row (its legend entry on the first row only)."""
-    return go.Scatter(x=[s["t"] for s in samples], y=[s.get(name) for s in samples], mode="lines",
-                      name=f"{rate:g} req/s", legendgroup=str(rate), showlegend=row == 1)
+def _gauge_line(rate: float, samples: list[dict[str, Any]], name: str, row: int, colour: str) -> go.Scatter:
+    """One load test's line in one gauge's row, in its rate's colour (its legend entry on the first row only)."""
+    scale = GAUGE_SCALE.get(name, 1.0)
+    return go.Scatter(x=[s["t"] for s in samples], y=[_scaled(s.get(name), scale) for s in samples], mode="lines",
+                      name=rate_name(rate), legendgroup=str(rate), showlegend=row == 1, line={"color": colour},
+                      hovertemplate=f"{rate_name(rate)}, %{{x:.1f}} s: %{{y:.3g}}<extra></extra>")
+
+
+def _scaled(v: float | None, scale: float) -> float | None:
+    return None if v is None else v * scale
 
 
 def server_metrics_figure(results: list[Result], names: tuple[str, ...] = DEFAULT_GAUGES) -> go.Figure:
-    """The scraped gauges against each load test's clock, one line per rate."""
+    """The scraped gauges against each load test's clock, one line per rate, one colour per rate in every row."""
     with_metrics = [r for r in results if (r.engine_facts.get("server_metrics") or {}).get("samples")]
     if not with_metrics:
         raise ValueError("server_metrics_figure: none of these Results carries scraped /metrics samples. Fix: run "
                          "run_online with metrics on (the default).")
-    fig = _gauge_grid(names, f"The server's view (/metrics): {_provenance(with_metrics)}" + synthetic_note(with_metrics),
-                      220 * len(names) + 120, "seconds since the load test started")
+    fig = _gauge_grid(names, 200 * len(names) + 160, "seconds since the load test started (s)")
+    colours = rate_colours([_rate(r) for r in with_metrics])
     for r in sorted(with_metrics, key=_rate):
         for row, name in enumerate(names, start=1):
-            fig.add_trace(_gauge_line(_rate(r), r.engine_facts["server_metrics"]["samples"], name, row), row, 1)
-    return fig
+            fig.add_trace(_gauge_line(_rate(r), r.engine_facts["server_metrics"]["samples"], name, row,
+                                      colours[_rate(r)]), row, 1)
+    return finish(fig, "The server's view (/metrics)", provenance(with_metrics),
+                  synthetic=any(map(is_synthetic, with_metrics)))
 
 
 class LiveServerMetrics:
     """A figure of the /metrics gauges that grows while a load test runs: pass `.update` as `on_metrics`.
 
-    `update(rate, sample)` is called from the scraper's thread; a lock keeps traces whole.
-    Without anywidget (no live FigureWidget) the samples are kept and `.figure` is drawn on demand.
+    `update(rate, sample)` is called from the scraper's thread; a lock keeps traces whole. Each new rate
+    recolours every line (`rate_colours`), so rows and legend always agree. Without anywidget (no live
+    FigureWidget) the samples are kept and `.figure` is drawn on demand. A FigureWidget does not survive a
+    browser refresh: after one, `.figure` (or `server_metrics_figure` of the results) draws the same gauges.
     """
 
     def __init__(self, names: tuple[str, ...] = DEFAULT_GAUGES):
@@ -134,32 +190,38 @@ class LiveServerMetrics:
             self.widget = None
 
     def _base(self) -> go.Figure:
-        return _gauge_grid(self.names, "The server's gauges, live (/metrics every scrape)", 200 * len(self.names) + 100,
-                           "seconds since this load test started")
+        fig = _gauge_grid(self.names, 200 * len(self.names) + 140, "seconds since this load test started (s)")
+        return finish(fig, "The server's gauges as they arrive (/metrics every scrape)", "live on this machine's vLLM server")
 
     def update(self, rate: float, sample: dict[str, Any]) -> None:
         with self._lock:
+            new_rate = rate not in self.samples
             self.samples.setdefault(rate, []).append(dict(sample))
             if self.widget is None:
                 return
+            colours = rate_colours(list(self.samples))
             with self.widget.batch_update():
                 for row, name in enumerate(self.names, start=1):
                     key = (rate, name)
                     if key not in self._traces:
-                        self.widget.add_trace(_gauge_line(rate, [], name, row), row, 1)
+                        self.widget.add_trace(_gauge_line(rate, [], name, row, colours[rate]), row, 1)
                         self._traces[key] = len(self.widget.data) - 1
                     trace = self.widget.data[self._traces[key]]
                     trace.x = tuple(trace.x or ()) + (sample["t"],)
-                    trace.y = tuple(trace.y or ()) + (sample.get(name),)
+                    trace.y = tuple(trace.y or ()) + (_scaled(sample.get(name), GAUGE_SCALE.get(name, 1.0)),)
+                if new_rate:
+                    for (r, _), i in self._traces.items():
+                        self.widget.data[i].line.color = colours[r]
 
     @property
     def figure(self) -> go.Figure:
         """A static figure of everything received so far."""
         fig = self._base()
         with self._lock:
+            colours = rate_colours(list(self.samples))
             for rate, samples in self.samples.items():
                 for row, name in enumerate(self.names, start=1):
-                    fig.add_trace(_gauge_line(rate, samples, name, row), row, 1)
+                    fig.add_trace(_gauge_line(rate, samples, name, row, colours[rate]), row, 1)
         return fig
 
     def display(self) -> Any:
@@ -180,10 +242,10 @@ def token_gaps(results: list[Result]) -> go.Figure:
             raise ValueError(f"token_gaps: {r.step!r} has no per-token times: pass streamed load-test Results.")
         share = clumped_share(gaps)
         fig.add_trace(go.Histogram(x=[math.log10(max(g, floor) * 1e3) for g in gaps], nbinsx=60, opacity=0.6,
-                                   name=f"{r.step}: {share:.0%} read in clumps"))
+                                   name=f"{r.step}: {share:.0%} read in clumps", marker_color=colour(r.step)))
     fig.add_vline(x=math.log10(CLUMP_S * 1e3), line_dash="dash", annotation_text="0.2 ms: read together")
-    fig.update_layout(barmode="overlay", title=f"Gaps between token events as the client read them ({_provenance(results)})"
-                      + synthetic_note(results), xaxis_title="gap between token events (ms, log scale; 0 drawn at 0.02)",
-                      yaxis_title="gaps", xaxis={"tickvals": list(range(-2, 4)),
-                                                 "ticktext": ["0.01", "0.1", "1", "10", "100", "1000"]})
-    return fig
+    fig.update_layout(barmode="overlay", xaxis_title="gap between token events (ms, log scale; 0 drawn at 0.02)",
+                      yaxis_title="token gaps (count)", xaxis={"tickvals": list(range(-2, 4)),
+                                                         "ticktext": ["0.01", "0.1", "1", "10", "100", "1000"]})
+    return finish(fig, "Gaps between token events as the client read them", provenance(results),
+                  synthetic=any(map(is_synthetic, results)))

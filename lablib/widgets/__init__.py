@@ -1,5 +1,10 @@
-"""Interactive panels (ipywidgets), one file per lab topic; every handler is one call into lablib."""
+"""Interactive panels (ipywidgets), one file per lab topic; every handler is one call into lablib.
+
+Their figures are static plotly figures redrawn into an `ipywidgets.Output` (`figure.FigureArea`), so a
+panel still draws after a browser refresh (a plotly FigureWidget does not).
+"""
 from .batching import BatchingPanel
+from .figure import FigureArea
 from .kv import KVCalculator, VRAMChart
 
-__all__ = ["BatchingPanel", "KVCalculator", "VRAMChart"]
+__all__ = ["BatchingPanel", "FigureArea", "KVCalculator", "VRAMChart"]

@@ -1,23 +1,24 @@
-"""Interactive panels for the labs: set the knobs, press Run, watch the numbers arrive.
+"""Lab 01's panel: set the knobs, press Run, watch the numbers arrive.
 
 A panel is wiring, not logic: every handler makes one call into lablib (bench.run, the
-figure builders in `lablib.plots`, the arithmetic in `lablib.mechanisms.kv`), so what a
-user does with the controls is exactly what a notebook cell or the CLI would do, and the
-panels are tested by calling their handlers directly, with no browser.
+figure builders in `lablib.plots`), so what a user does with the controls is exactly what a
+notebook cell or the CLI would do, and the panels are tested by calling their handlers
+directly, with no browser.
 
-- `BatchingPanel` runs a workload on Hugging Face `generate`, naive or statically batched,
-  draws each request as it finishes (so a slow run is visibly alive), then the throughput
-  of every run made in the panel against batch size. Each Result is appended to a
-  ResultStore the moment it exists. Settings that cannot work (a batch of 0, an output
-  length of 0) are refused with the config's own message, shown in the panel, before any
-  model loads.
-- `KVCalculator` shows the KV-cache size arithmetic live: bytes per token and the total
-  for a batch of sequences, with presets of real architectures.
-- `VRAMChart` draws the GPU's memory in use (NVML) while engines start, run and close,
-  with a mark where each one closed: the picture of "back to baseline" during a sweep.
+`BatchingPanel` runs a workload on Hugging Face `generate`, naive or statically batched,
+draws each request as it finishes (so a slow run is visibly alive), then the throughput of
+every run against batch size. It opens on the runs already in its ResultStore (the lab's
+own journey cell writes to the same file), not on empty axes, and each new Result is
+appended the moment it exists. Controls that do not apply are hidden: the batch size in
+naive mode (naive generate is batch 1), the output length unless it is fixed. Settings
+that cannot work (a batch of 0, an output length of 0) are refused with the config's own
+message, shown in the panel, before any model loads.
 
-The live figure is a `plotly.graph_objects.FigureWidget` (it needs the `anywidget` package);
-without it the panel falls back to a static figure redrawn in an Output area.
+Why the figure survives a browser refresh: it is a static plotly figure redrawn whole into
+an `ipywidgets.Output` on every change (`widgets.figure.FigureArea`), not a plotly
+`FigureWidget`. An Output's content is kernel-side widget state that a reloaded page fetches
+again and draws with the ordinary plotly renderer; a FigureWidget's front end (anywidget)
+cannot be rebuilt after a reload and stays empty while the kernel keeps updating it.
 """
 from __future__ import annotations
 
@@ -34,20 +35,25 @@ from ..bench.offline import run as bench_run
 from ..config import HF_MODES, BenchConfig, HFConfig
 from ..engines.hf import HFEngine
 from ..models import EMBEDDED, PRESETS
+from ..plots.style import colour, finish
 from ..results.record import RequestRecord, Result
 from ..results.store import ResultStore
+from ..session import live_label
 from ..workloads import list_workloads, load_workload
+from .figure import FigureArea
 
 GIB = 2**30
+HF_ENGINES = ("hf-naive", "hf-static")
+HIDDEN, SHOWN = "none", None  # widget.layout.display: a control that does not apply is not drawn at all
 
 
-def _figure() -> tuple[go.Figure, widgets.Widget, bool]:
-    """(figure, the widget that shows it, whether it updates live by itself)."""
-    try:
-        fig = go.FigureWidget()
-        return fig, fig, True
-    except ImportError:  # plotly's FigureWidget needs anywidget
-        return go.Figure(), widgets.Output(), False
+def empty_figure(title: str, xtitle: str, ytitle: str, message: str) -> go.Figure:
+    """Labelled axes with a message in the middle: what a panel shows before it has anything to draw."""
+    fig = go.Figure()
+    fig.add_annotation(text=message, xref="paper", yref="paper", x=0.5, y=0.5, showarrow=False, font={"size": 14})
+    fig.update_xaxes(title_text=xtitle, range=[0, 1], showticklabels=False)
+    fig.update_yaxes(title_text=ytitle, range=[0, 1], showticklabels=False)
+    return finish(fig, title, "")
 
 
 class BatchingPanel:
@@ -57,10 +63,11 @@ class BatchingPanel:
                  requests: int = 8, max_new_tokens: int | None = 16, max_engines: int = 4):
         self.lab = lab
         self.store = ResultStore(store if store is not None else Path("results") / f"{lab}.jsonl")
-        self.results: list[Result] = []  # every run made in this panel, in order
+        self.results: list[Result] = []  # what the throughput figure draws: earlier runs, then this panel's, in order
         self.last_error: str | None = None
         self.max_engines = max_engines
         self._engines: OrderedDict[tuple[str, str, int], HFEngine] = OrderedDict()
+        self._running, self._total = "", 0
         names = list_workloads()
         self.model = widgets.Combobox(value=model, options=sorted(EMBEDDED) + sorted(PRESETS),
                                       ensure_option=False, description="model")
@@ -68,31 +75,63 @@ class BatchingPanel:
                                          description="workload")
         self.requests = widgets.IntSlider(value=requests, min=1, max=64, description="requests")
         self.mode = widgets.ToggleButtons(options=list(HF_MODES), value="naive", description="engine")
-        self.batch_size = widgets.IntSlider(value=1, min=1, max=64, description="batch size", disabled=True)
+        self.batch_size = widgets.IntSlider(value=1, min=1, max=64, description="batch size")
         self.override = widgets.Checkbox(value=max_new_tokens is not None, description="fixed output length")
-        self.max_new_tokens = widgets.IntText(value=max_new_tokens or 16, description="max new tokens",
-                                              disabled=max_new_tokens is None)
+        self.max_new_tokens = widgets.IntText(value=max_new_tokens or 16, description="max new tokens")
         self.run_button = widgets.Button(description="Run", button_style="primary", icon="play")
         self.status = widgets.HTML()
         self.errors = widgets.Output()
-        self.figure, self.plot_area, self._live = _figure()
+        self.area = FigureArea(min_interval_s=0.25, height="450px")
+        self.plot_area = self.area.output
         self.run_button.on_click(self.run_clicked)
         self.mode.observe(self.mode_changed, names="value")
         self.override.observe(self.override_changed, names="value")
+        self._apply(self.mode.value, self.override.value)
         self.widget = widgets.VBox([
             widgets.HBox([self.model, self.workload]), widgets.HBox([self.mode, self.batch_size]),
             widgets.HBox([self.requests, self.override, self.max_new_tokens]),
             widgets.HBox([self.run_button, self.status]), self.errors, self.plot_area])
+        self.load_earlier()
+
+    @property
+    def figure(self) -> go.Figure:
+        """The figure the panel shows now (a plain plotly Figure; the browser gets it whole on every change)."""
+        return self.area.figure
+
+    def load_earlier(self) -> list[Result]:
+        """Start from the runs already in the store: the latest HF run of each step on this model, drawn at once."""
+        latest: dict[str, Result] = {}
+        for r in self.store.load():
+            if r.engine in HF_ENGINES and r.model.get("name") == self.model.value:
+                latest.pop(r.step, None)
+                latest[r.step] = r
+        self.results = list(latest.values())
+        if self.results:
+            self.show(plots.throughput_vs_batch(self.results))
+            self.status.value = (f"{len(self.results)} earlier runs of <b>{self.model.value}</b> from "
+                                 f"{self.store.path.name}; press Run to add one")
+        else:
+            self.show(empty_figure("Throughput vs batch size", "batch size (sequences decoding together)",
+                                   "output throughput (tok/s)", "no runs yet: choose the settings and press Run"))
+            self.status.value = f"no runs of <b>{self.model.value}</b> in {self.store.path.name} yet"
+        return self.results
 
     # handlers: one call each
     def run_clicked(self, _button: Any) -> Result | None:
         return self.run()
 
     def mode_changed(self, change: dict) -> None:
-        self.batch_size.disabled = change["new"] == "naive"
+        self._apply(change["new"], self.override.value)
 
     def override_changed(self, change: dict) -> None:
-        self.max_new_tokens.disabled = not change["new"]
+        self._apply(self.mode.value, change["new"])
+
+    def _apply(self, mode: str, fixed_length: bool) -> None:
+        """Show only the controls that apply: no batch size for naive generate, no length unless it is fixed."""
+        self.batch_size.disabled = mode == "naive"
+        self.batch_size.layout.display = HIDDEN if mode == "naive" else SHOWN
+        self.max_new_tokens.disabled = not fixed_length
+        self.max_new_tokens.layout.display = SHOWN if fixed_length else HIDDEN
 
     def settings(self) -> dict[str, Any]:
         """The run the controls describe (naive generate always runs batch 1)."""
@@ -132,23 +171,18 @@ class BatchingPanel:
         return result
 
     def record_finished(self, rec: RequestRecord) -> None:
-        """on_record for bench.run: add one finished request to the live figure."""
+        """on_record for bench.run: add one finished request to the live figure (redrawn at most 4 times a second)."""
         ttft, e2e = self.figure.data[0], self.figure.data[1]
         n = len(e2e.x or ()) + 1
-        with self._batch():
-            ttft.x, ttft.y = (*(ttft.x or ()), n), (*(ttft.y or ()), rec.ttft)
-            e2e.x, e2e.y = (*(e2e.x or ()), n), (*(e2e.y or ()), rec.e2e)
-            self.figure.layout.title.text = f"{self._running}: {n}/{self._total} requests finished"
+        ttft.x, ttft.y = (*(ttft.x or ()), n), (*(ttft.y or ()), rec.ttft)
+        e2e.x, e2e.y = (*(e2e.x or ()), n), (*(e2e.y or ()), rec.e2e)
+        self.figure.layout.title.text = self._live_title(n)
         self.status.value = f"running <b>{self._running}</b>: {n}/{self._total} requests finished"
-        self._redraw()
+        self.area.show(force=n >= self._total)
 
     def show(self, fig: go.Figure) -> None:
-        """Replace what the panel's figure shows with fig."""
-        with self._batch():
-            self.figure.data = ()
-            self.figure.add_traces(fig.data)
-            self.figure.layout = fig.layout
-        self._redraw()
+        """Make fig what the panel's figure shows (the whole figure goes to the browser)."""
+        self.area.show(fig)
 
     def display(self) -> widgets.VBox:
         """The panel; as the last line of a cell it shows itself."""
@@ -175,24 +209,16 @@ class BatchingPanel:
     def _start_live(self, step: str, total: int) -> None:
         self._running, self._total = step, total
         live = go.Figure()
-        live.add_scatter(x=[], y=[], mode="markers", name=f"{step}: time to first token")
-        live.add_scatter(x=[], y=[], mode="lines+markers", name=f"{step}: end-to-end latency")
-        live.update_layout(title=f"{step}: 0/{total} requests finished", xaxis_title="requests finished",
-                           yaxis_title="seconds since the run started", yaxis_rangemode="tozero")
+        for name, mode in (("time to first token", "markers"), ("end-to-end latency", "lines+markers")):
+            live.add_scatter(x=[], y=[], mode=mode, name=name, line={"color": colour(name)},
+                             hovertemplate="request %{x}: %{y:.2f} s<extra></extra>")
+        live.update_xaxes(title_text="requests finished (count)", rangemode="tozero")
+        live.update_yaxes(title_text="time since the run started (s)", rangemode="tozero")
+        finish(live, f"{step}: 0/{total} requests finished", live_label())
         self.show(live)
 
-    def _batch(self) -> Any:
-        from contextlib import nullcontext
-
-        return self.figure.batch_update() if self._live else nullcontext()
-
-    def _redraw(self) -> None:
-        if not self._live:
-            from IPython.display import display
-
-            with self.plot_area:
-                self.plot_area.clear_output(wait=True)
-                display(self.figure)
+    def _live_title(self, n: int) -> str:
+        return f"{self._running}: {n}/{self._total} requests finished<br><sup>{live_label()}</sup>"
 
     def _fail(self, message: str, details: str | None = None) -> None:  # returns None for run()
         self.last_error = message
@@ -208,5 +234,4 @@ class BatchingPanel:
         ttft = s["ttft_s"]["p50"]
         return (f"<b>{r.label}</b>: {s['output_tok_s']:.1f} output tok/s over {s['requests']} requests, "
                 f"TTFT p50 {ttft * 1e3:.0f} ms" if ttft is not None else f"<b>{r.label}</b> done")
-
 

@@ -1,12 +1,19 @@
 """Lab 03's panels: the KV-cache calculator, and the GPU's memory while engines start and close.
 
-- `KVCalculator` shows the KV-cache size arithmetic live: bytes per token and the total
-  for a batch of sequences, with presets of real architectures.
+- `KVCalculator` shows the KV-cache size arithmetic live: bytes per token and the total for a
+  batch of sequences, for every architecture the project ships (each real shape in
+  `data/synthetic/architectures.json`, read at import, and the two embedded models) or a custom one, and the answer
+  against the memory of the GPUs people run on (T4 16 GB to H200 141 GB): the KV cache's share of
+  each, and whether bf16 weights + that KV cache + the fit estimator's overheads fit vLLM's default
+  budget (90% of the GPU), the same arithmetic as `lablib.hardware.fit`.
 - `VRAMChart` draws the GPU's memory in use (NVML) while engines start, run and close,
-  with a mark where each one closed: the picture of "back to baseline" during a sweep.
+  with a mark where each one closed: the picture of "back to baseline" during a sweep. Like
+  lab 01's panel it redraws a static figure into an Output (`widgets.figure`), so it survives a
+  browser refresh.
 """
 from __future__ import annotations
 
+import json
 import threading
 import time
 from typing import Any
@@ -15,34 +22,92 @@ import ipywidgets as widgets
 import plotly.graph_objects as go
 
 from ..hardware.device import nvml_memory
+from ..hardware.fit import ACTIVATION_OVERHEAD, CONTEXT_OVERHEAD, GRAPH_OVERHEAD
 from ..mechanisms import kv
-from .batching import _figure
+from ..mechanisms.gpus import GPU_PEAKS
+from ..models import architectures, embedded_path, parameter_count, shape
+from ..plots.style import finish
+from .figure import FigureArea
 
 GIB = 2**30
+DEFAULT_BUDGET = 0.9  # vLLM's default gpu_memory_utilization
+OVERHEAD = CONTEXT_OVERHEAD + ACTIVATION_OVERHEAD + GRAPH_OVERHEAD
+# (what the table calls it, its GPU_PEAKS entry): the GPUs of a free Colab, a cloud L4, the A100s and the Hoppers
+GPUS: list[tuple[str, str]] = [("T4 16 GB", "T4"), ("L4 24 GB", "L4"), ("A100 40 GB", "A100 40GB"),
+                               ("A100 80 GB", "A100 80GB SXM"), ("H100 80 GB", "H100 SXM"), ("H200 141 GB", "H200")]
+
+
+def _display_name(key: str, cfg: dict[str, Any]) -> str:
+    """"Llama-3.1-8B" from the config's source ("meta-llama/Llama-3.1-8B config.json"), else the key."""
+    source = str(cfg.get("_source") or "")
+    return source.split("/")[-1].split(" ")[0] if "/" in source else key
+
+
+def _shipped() -> tuple[dict[str, tuple[int, int, int]], dict[str, int], dict[str, str]]:
+    """Every shipped architecture: (layers, KV heads, head dim), parameter counts, and lower-case aliases."""
+    shapes: dict[str, tuple[int, int, int]] = {}
+    params: dict[str, int] = {}
+    aliases: dict[str, str] = {}
+    configs = {_display_name(k, c): (k, c) for k, c in architectures().items()}
+    for which in ("target", "draft"):
+        path = embedded_path(which) / "config.json"
+        if path.exists():
+            configs[f"embedded {which}"] = (f"embedded-{which}", json.loads(path.read_text()))
+    for name, (key, cfg) in configs.items():
+        sh = shape(cfg)
+        shapes[name] = (sh["layers"], sh["kv_heads"], sh["head_dim"])
+        params[name] = parameter_count(cfg)
+        aliases[key.lower()] = aliases[name.lower()] = name
+    aliases["embedded"] = "embedded target"
+    return shapes, params, aliases
+
+
+ARCHITECTURES, PARAMETERS, _ALIASES = _shipped()  # name: (layers, KV heads, head dim), from config.json
+
+
+def gpu_rows(kv_bytes: int, weight_bytes: int | None) -> list[dict[str, Any]]:
+    """The answer against each GPU in GPUS: the KV cache's share of its memory, and whether weights + KV fit.
+
+    Capacity is the datasheet's GB taken as GiB (as lab 00's fit table does); the fit allows the
+    overheads `lablib.hardware.fit` allows and vLLM's default budget of 90%. Without the weights (a custom
+    shape) the fit is of the KV cache and overheads alone."""
+    rows = []
+    for label, key in GPUS:
+        memory = GPU_PEAKS[key].memory_gb * GIB
+        need = kv_bytes + OVERHEAD + (weight_bytes or 0)
+        rows.append({"gpu": label, "memory_GiB": memory / GIB, "kv_share": kv_bytes / memory,
+                     "need_GiB": need / GIB, "fits": need <= DEFAULT_BUDGET * memory})
+    return rows
 
 
 class KVCalculator:
     """Live KV-cache size: 2 (K, V) x layers x KV heads x head dim x bytes, per token, then x context x batch."""
 
     def __init__(self, preset: str = "Llama-3.1-8B", dtype: str = "bfloat16", context: int = 8192, batch: int = 8):
-        if preset not in ARCHITECTURES:
-            raise ValueError(f"KVCalculator: preset={preset!r}; allowed {', '.join(map(repr, ARCHITECTURES))}.")
-        layers, heads, dim = ARCHITECTURES[preset]
-        self.preset = widgets.Dropdown(options=[*ARCHITECTURES, "custom"], value=preset, description="model")
+        name = _ALIASES.get(str(preset).lower())
+        if name is None:
+            raise ValueError(f"KVCalculator: preset={preset!r}; allowed {', '.join(map(repr, ARCHITECTURES))} "
+                             "(or their lower-case keys, e.g. 'llama-3.1-8b').")
+        layers, heads, dim = ARCHITECTURES[name]
+        self.preset = widgets.Dropdown(options=[*ARCHITECTURES, "custom"], value=name, description="model")
         self.layers = widgets.IntSlider(value=layers, min=1, max=128, description="layers")
         self.kv_heads = widgets.IntSlider(value=heads, min=1, max=64, description="KV heads")
-        self.head_dim = widgets.Dropdown(options=[32, 64, 80, 96, 128, 192, 256], value=dim, description="head dim")
+        dims = sorted({32, 64, 80, 96, 128, 192, 256} | {d for _, _, d in ARCHITECTURES.values()})
+        self.head_dim = widgets.Dropdown(options=dims, value=dim, description="head dim")
         self.dtype = widgets.Dropdown(options=list(kv.DTYPE_BYTES), value=dtype, description="KV dtype")
         self.context = widgets.IntSlider(value=context, min=128, max=131072, step=128, description="context")
         self.batch = widgets.IntSlider(value=batch, min=1, max=256, description="batch")
         self.text = widgets.HTML()
+        self.gpu_table = widgets.HTML()
         self.bytes_per_token = self.total_bytes = 0
+        self.weight_bytes: int | None = None
+        self.gpus: list[dict[str, Any]] = []
         self._applying = False
         self.preset.observe(self.preset_changed, names="value")
         for w in (self.layers, self.kv_heads, self.head_dim, self.dtype, self.context, self.batch):
             w.observe(self.value_changed, names="value")
         self.widget = widgets.VBox([self.preset, widgets.HBox([self.layers, self.kv_heads, self.head_dim]),
-                                    widgets.HBox([self.dtype, self.context, self.batch]), self.text])
+                                    widgets.HBox([self.dtype, self.context, self.batch]), self.text, self.gpu_table])
         self.refresh()
 
     def preset_changed(self, change: dict) -> None:
@@ -62,7 +127,7 @@ class KVCalculator:
         self.refresh()
 
     def refresh(self) -> None:
-        """Recompute from the controls (lablib.mechanisms.kv) and rewrite the text."""
+        """Recompute from the controls (lablib.mechanisms.kv) and rewrite the text and the GPU table."""
         arch = (self.layers.value, self.kv_heads.value, self.head_dim.value)
         if not self._applying and self.preset.value != "custom" and ARCHITECTURES[self.preset.value] != arch:
             self.preset.value = "custom"
@@ -70,12 +135,31 @@ class KVCalculator:
             return
         self.bytes_per_token = kv.kv_bytes_per_token(*arch, self.dtype.value)
         self.total_bytes = kv.kv_cache_bytes(*arch, self.dtype.value, self.context.value, self.batch.value)
+        params = PARAMETERS.get(self.preset.value)
+        self.weight_bytes = None if params is None else 2 * params
         self.text.value = (
             f"<b>{self.bytes_per_token:,} bytes per token</b> ({self.bytes_per_token / 1024:.1f} KiB) = 2 (K and V) "
             f"&times; {arch[0]} layers &times; {arch[1]} KV heads &times; {arch[2]} head dim &times; "
             f"{kv.bytes_per_element(self.dtype.value)} bytes ({self.dtype.value})<br>"
             f"<b>{self.total_bytes / GIB:.2f} GiB</b> of KV cache for {self.batch.value} sequences &times; "
             f"{self.context.value:,} tokens")
+        self.gpus = gpu_rows(self.total_bytes, self.weight_bytes)
+        self.gpu_table.value = self._table()
+
+    def _table(self) -> str:
+        weights = (f"bf16 weights {self.weight_bytes / GIB:.2f} GiB + " if self.weight_bytes is not None
+                   else "a custom shape, weights unknown: ")
+        head = (f"<p style='margin:4px 0'>On common GPUs: {weights}KV {self.total_bytes / GIB:.2f} GiB + "
+                f"{OVERHEAD / GIB:.2f} GiB overhead, against vLLM's default budget "
+                f"(gpu_memory_utilization={DEFAULT_BUDGET})</p>")
+        cells = "".join(
+            f"<tr><td>{r['gpu']}</td><td style='text-align:right'>{r['kv_share']:.0%}</td>"
+            f"<td style='text-align:right'>{r['need_GiB']:.1f} GiB</td>"
+            f"<td style='color:{'#2a7' if r['fits'] else '#c00'}'>{'fits' if r['fits'] else 'does not fit'}</td></tr>"
+            for r in self.gpus)
+        return (head + "<table style='border-collapse:collapse'><tr><th style='text-align:left'>GPU</th>"
+                "<th>KV cache / memory</th><th>needs</th><th style='text-align:left'>at 90%</th></tr>"
+                + cells + "</table>")
 
     def display(self) -> widgets.VBox:
         """The calculator; as the last line of a cell it shows itself."""
@@ -93,6 +177,7 @@ class VRAMChart:
     `with chart: <start and close engines>`; `chart.mark(text)` puts a labelled marker at
     the current time (e.g. when an engine closed). NVML needs no CUDA context, so watching
     costs the notebook no GPU memory. Without a GPU (no NVML) it records nothing and says so.
+    The figure is redrawn whole into an Output at most once a second, and at every mark and stop.
     """
 
     def __init__(self, interval_s: float = 0.5, device_index: int = 0, title: str = "GPU memory in use (NVML)"):
@@ -108,9 +193,13 @@ class VRAMChart:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
-        self.figure, self.widget, self._live = _figure()
-        self.figure.add_trace(go.Scatter(x=[], y=[], mode="lines", name="used (GiB)"))
-        self.figure.update_layout(title=title, xaxis_title="seconds", yaxis_title="GiB", showlegend=True)
+        self.area = FigureArea(self.static_figure(), min_interval_s=1.0)
+        self.widget = self.area.output
+
+    @property
+    def figure(self) -> go.Figure:
+        """What the chart shows now (a plain figure, redrawn whole on each change)."""
+        return self.area.figure
 
     @property
     def available(self) -> bool:
@@ -125,16 +214,15 @@ class VRAMChart:
             self.t.append(time.perf_counter() - self._t0)
             self.used_gib.append(mem[0] / 2**30)
             self.total_gib = mem[2] / 2**30
-            if self._live:
-                self.figure.data[0].x, self.figure.data[0].y = tuple(self.t), tuple(self.used_gib)
+        if self.area.due():
+            self.area.show(self.static_figure(), force=False)
         return True
 
     def mark(self, text: str) -> None:
         """A labelled vertical marker at the current time."""
-        x = time.perf_counter() - self._t0
-        self.marks.append((x, text))
-        if self._live:
-            self.figure.add_vline(x=x, line_dash="dot", annotation_text=text)
+        with self._lock:
+            self.marks.append((time.perf_counter() - self._t0, text))
+        self.area.show(self.static_figure())
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval_s):
@@ -156,6 +244,7 @@ class VRAMChart:
             self._thread.join(timeout=5)
             self._thread = None
             self.sample()
+            self.area.show(self.static_figure())
 
     def __enter__(self) -> VRAMChart:
         return self.start()
@@ -164,12 +253,19 @@ class VRAMChart:
         self.stop()
 
     def static_figure(self) -> go.Figure:
-        """The whole timeline with its marks, as a plain figure (for a report, or without anywidget)."""
-        fig = go.Figure(go.Scatter(x=self.t, y=self.used_gib, mode="lines", name="used (GiB)"))
-        for x, text in self.marks:
-            fig.add_vline(x=x, line_dash="dot", annotation_text=text)
-        fig.update_layout(title=self.title, xaxis_title="seconds", yaxis_title="GiB", showlegend=True)
-        return fig
+        """The whole timeline with its marks, as a plain figure (what the chart shows; for a report too)."""
+        with self._lock:
+            t, used, marks, total = list(self.t), list(self.used_gib), list(self.marks), self.total_gib
+        fig = go.Figure(go.Scatter(x=t, y=used, mode="lines", name="used", line={"color": "#1f77b4"},
+                                   hovertemplate="%{x:.1f} s: %{y:.2f} GiB<extra></extra>"))
+        for x, text in marks:
+            fig.add_vline(x=x, line_dash="dot", annotation_text=text, annotation_textangle=-90)
+        fig.update_xaxes(title_text="time since the chart started (s)")
+        fig.update_yaxes(title_text="GPU memory used (GiB)", rangemode="tozero",
+                         range=[0, total * 1.02] if total else None)
+        from ..session import live_label
+
+        return finish(fig, self.title, live_label())
 
     def display(self) -> Any:
         """The live chart when vLLM runs on this machine; otherwise one line saying why it stays empty."""
@@ -179,11 +275,3 @@ class VRAMChart:
         if not m["live"]:
             return f"VRAM chart not live ({m['why']}): the recorded VRAM before and after each engine is in the table below"
         return self.widget
-
-
-ARCHITECTURES: dict[str, tuple[int, int, int]] = {  # name: (layers, KV heads, head dim), from config.json
-    "Llama-3.1-8B": (32, 8, 128),
-    "Llama-3.2-1B": (16, 8, 64),
-    "Qwen2.5-7B": (28, 4, 128),
-    "embedded target": (5, 2, 64),
-}

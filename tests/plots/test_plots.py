@@ -50,10 +50,13 @@ def test_throughput_vs_batch_lines_roofline_and_unknown_note(live, recorded):
     assert list(fig.data[0].x) == [1, 4, 8]
     by_batch = {r.config["batch_size"]: r.summary["output_tok_s"] for r in live}
     assert list(fig.data[0].y) == [by_batch[1], by_batch[4], by_batch[8]]
-    assert "recorded on NVIDIA H200" in names[1] and "recorded on NVIDIA H200" in names[2]
+    # live and recorded runs of one engine: one colour, the recorded line marked, provenance once in the title
+    assert names[1] == "hf-static" + plots.RECORDED_MARK and names[2].endswith(plots.RECORDED_MARK)
+    assert fig.data[0].line.color == fig.data[1].line.color == plots.colour("hf-static")
+    assert not any("recorded" in n for n in names)
     assert list(fig.data[2].y) == [300.0, 2400.0] and fig.data[2].line.dash == "dash"
     assert any(a.text == plots.ROOFLINE_UNKNOWN for a in fig.layout.annotations)
-    assert "recorded on NVIDIA H200" in fig.layout.title.text
+    assert "* recorded on NVIDIA H200, 2026-11-01; the rest live on this CPU" in fig.layout.title.text
 
 
 def test_throughput_vs_batch_known_roofline_has_no_unknown_note_and_skips_runs_without_batch(recorded):
@@ -80,7 +83,18 @@ def test_latency_cdf_each_metric_ends_at_one(live, recorded, metric):
             assert len(trace.x) == sum(len(q.itls) for q in r.requests)
         else:
             assert list(trace.x) == pytest.approx(sorted(getattr(q, metric) * 1e3 for q in r.requests))
-    assert "recorded on NVIDIA H200" in fig.data[3].name
+    assert fig.data[3].name == "h200-b1" + plots.RECORDED_MARK and "recorded on NVIDIA H200" in fig.layout.title.text
+    assert fig.layout.xaxis.title.text.endswith("(ms)") or fig.layout.xaxis.title.text.endswith("log scale)")
+
+
+def test_latency_cdf_switches_to_seconds_and_a_log_axis_when_values_span_decades(live):
+    slow = _result("hf-naive", 1, engine="hf-naive")
+    for i, q in enumerate(slow.requests):
+        q.first_token = 0.05 * 10 ** i  # 50 ms, 0.5 s, 5 s: the queue ahead of naive generate's last request
+    fig = plots.latency_cdf([slow], "ttft")
+    assert fig.layout.xaxis.type == "log" and "(s, log scale)" in fig.layout.xaxis.title.text
+    assert list(fig.data[0].x) == pytest.approx([0.05, 0.5, 5.0])
+    assert "live on this CPU" in fig.layout.title.text
 
 
 def test_latency_cdf_rejects_unknown_metric(live):
@@ -97,7 +111,8 @@ def test_memory_timeline_units_and_source_in_title():
                   memory={"source": "nvml", "t_s": [0, 1], "used_bytes": [2 * 2**30, 3 * 2**30]})
     fig = plots.memory_timeline([gpu, _result("no-memory", 1)])
     assert "GPU memory" in fig.layout.title.text and fig.layout.yaxis.title.text == "used (GiB)"
-    assert list(fig.data[0].y) == [2.0, 3.0] and "recorded on NVIDIA H200" in fig.data[0].name
+    assert list(fig.data[0].y) == [2.0, 3.0] and fig.data[0].name == "h200" + plots.RECORDED_MARK
+    assert "* recorded on NVIDIA H200" in fig.layout.title.text
     assert fig.layout.showlegend  # one trace: the legend (and the recorded label) must still show
     assert any("no-memory" in a.text for a in fig.layout.annotations)
 
@@ -108,7 +123,9 @@ def test_phase_breakdown_stacks_prefill_and_decode(live, recorded):
     assert fig.layout.barmode == "stack" and [t.name for t in fig.data] == ["prefill (s)", "decode (s)"]
     assert list(fig.data[0].y) == pytest.approx([r.summary["prefill_s"] for r in results])
     assert list(fig.data[1].y) == pytest.approx([r.summary["decode_s"] for r in results])
-    assert any("recorded on NVIDIA H200" in x for x in fig.data[0].x)
+    assert list(fig.data[0].x) == ["hf-static-b8", "hf-static-b1", "hf-static-b4", "h200-b1 *", "h200-b8 *"]
+    assert fig.data[0].text[0] == f"{results[0].summary['prefill_s'] / (results[0].summary['prefill_s'] + results[0].summary['decode_s']):.0%}"
+    assert "recorded on NVIDIA H200" in fig.layout.title.text and fig.layout.yaxis.title.text.endswith("(s)")
 
 
 def test_journey_throughput_and_ttft_panels(live, recorded):
@@ -142,7 +159,8 @@ def test_gantt_from_a_real_result_marks_tokens_returned_late():
     rows = plots.result_gantt_rows(r)
     assert [row["finish"] for row in rows] == [q.finished for q in r.requests]
     fig = plots.gantt(rows, "static batching on the H200")
-    assert all("recorded on NVIDIA H200" in t.name for t in fig.data)
+    assert all(t.name.startswith("h200-static: ") for t in fig.data)
+    assert fig.layout.title.text.count("recorded on NVIDIA H200, 2026-11-01") == 1
     assert any("last token" in t.name for t in fig.data)
     assert fig.layout.xaxis.title.text == "time (s)"
     r.requests[0].finished = None

@@ -1,12 +1,26 @@
-"""The panels, headless: set the controls, call the handlers, check the store and the figure.
+"""The panels, headless: set the controls, call the handlers, check the store, the figure and what the browser gets.
 
-The real HFEngine runs the embedded model on the CPU: two requests, four new tokens.
+The real HFEngine runs the embedded model on the CPU: two requests, four new tokens. What a browser draws is
+the panel's Output widget state (`outputs`: one display_data with plotly's JSON), the same state a page
+reloaded after a refresh fetches from the kernel; the tests read it back from there.
 """
+import ipywidgets
 import pytest
 
 from lablib import widgets
-from lablib.widgets import batching as batching_widgets
+from lablib.models import architectures
+from lablib.plots.style import colour
 from lablib.results import RequestRecord, ResultStore
+from lablib.widgets import batching as batching_widgets
+from lablib.widgets import kv as kv_widgets
+from lablib.widgets.figure import PLOTLY_MIME, FigureArea
+
+
+def _shown(area_output: ipywidgets.Output) -> dict:
+    """The plotly figure an Output widget holds, from its synced state (what a reloaded page receives)."""
+    state = area_output.get_state()
+    assert len(state["outputs"]) == 1 and state["outputs"][0]["output_type"] == "display_data"
+    return state["outputs"][0]["data"][PLOTLY_MIME]
 
 
 @pytest.fixture(scope="module")
@@ -15,37 +29,81 @@ def panel(tmp_path_factory):
     return widgets.BatchingPanel(lab="test_widgets", store=path, requests=2, max_new_tokens=4)
 
 
+def test_before_any_run_the_panel_shows_labelled_axes_and_says_what_to_do(panel):
+    shown = _shown(panel.plot_area)
+    assert shown["data"] == [] and "press Run" in shown["layout"]["annotations"][0]["text"]
+    assert shown["layout"]["xaxis"]["title"]["text"] == "batch size (sequences decoding together)"
+    assert shown["layout"]["yaxis"]["title"]["text"] == "output throughput (tok/s)"
+    assert "no runs" in panel.status.value
+
+
+def test_controls_that_do_not_apply_are_hidden(panel):
+    assert panel.mode.value == "naive" and panel.batch_size.layout.display == "none"  # naive generate is batch 1
+    panel.mode.value = "static"
+    assert panel.batch_size.layout.display is None and not panel.batch_size.disabled
+    panel.mode.value = "naive"
+    assert panel.batch_size.layout.display == "none" and panel.settings()["batch_size"] == 1
+    panel.override.value = False
+    assert panel.max_new_tokens.layout.display == "none" and panel.settings()["max_new_tokens"] is None
+    panel.override.value = True
+    assert panel.max_new_tokens.layout.display is None and panel.settings()["max_new_tokens"] == 4
+
+
 def test_runs_store_results_and_draw_throughput_vs_batch(panel):
-    assert panel.batch_size.disabled  # naive generate is always batch 1
     result = panel.run_clicked(None)
     assert panel.last_error is None and result is not None
     stored = ResultStore(panel.store.path).load()
     assert [r.step for r in stored] == ["hf-naive"] and stored[0].summary["output_tokens"] == 2 * 4
-    assert [t.name for t in panel.figure.data] == ["hf-naive"]
+    assert [t["name"] for t in _shown(panel.plot_area)["data"]] == ["hf-naive"]
 
     panel.mode.value = "static"
-    assert not panel.batch_size.disabled
     panel.batch_size.value = 2
     panel.run_clicked(None)
     panel.mode.value = "naive"
     panel.run_clicked(None)  # the cached naive engine is reused, not reloaded
     assert [r.step for r in ResultStore(panel.store.path).load()] == ["hf-naive", "hf-static-b2", "hf-naive"]
     assert len(panel._engines) == 2
-    names = [t.name for t in panel.figure.data]
-    assert names == ["hf-naive", "hf-static"]
-    assert list(panel.figure.data[1].x) == [2]
-    assert panel.figure.data[1].y[0] == pytest.approx(panel.results[1].summary["output_tok_s"])
+    shown = _shown(panel.plot_area)
+    assert [t["name"] for t in shown["data"]] == ["hf-naive", "hf-static"]
+    assert shown["data"][1]["x"] == [2]
+    assert shown["data"][1]["y"][0] == pytest.approx(panel.results[1].summary["output_tok_s"])
+    assert shown["data"][1]["line"]["color"] == colour("hf-static")  # the engine's colour in every figure
+    assert "live on this CPU" in shown["layout"]["title"]["text"]
     assert "output tok/s" in panel.status.value
 
 
-def test_live_figure_grows_one_point_per_finished_request(panel):
+def test_live_figure_grows_one_point_per_finished_request_and_the_browser_gets_it(panel):
     panel._start_live("hf-static-b2", total=2)
+    assert [t["x"] for t in _shown(panel.plot_area)["data"]] == [[], []]  # axes up before the first request ends
     for i, done in enumerate((0.4, 0.5)):
         panel.record_finished(RequestRecord(f"r{i}", 5, 4, first_token=0.1 * (i + 1), last_token=done, finished=done))
     ttft, e2e = panel.figure.data
     assert list(ttft.x) == [1, 2] and list(ttft.y) == pytest.approx([0.1, 0.2])
     assert list(e2e.y) == pytest.approx([0.4, 0.5])
-    assert "2/2 requests finished" in panel.figure.layout.title.text
+    shown = _shown(panel.plot_area)  # the last request is always sent, whatever the throttle
+    assert shown["data"][1]["y"] == pytest.approx([0.4, 0.5]) and shown["data"][0]["x"] == [1, 2]
+    assert "2/2 requests finished" in shown["layout"]["title"]["text"]
+    assert shown["layout"]["yaxis"]["title"]["text"] == "time since the run started (s)"
+
+
+def test_the_figure_is_widget_state_that_a_reloaded_page_fetches(panel):
+    """No FigureWidget (its anywidget model cannot be rebuilt after a refresh): an Output holding a static figure."""
+    assert isinstance(panel.plot_area, ipywidgets.Output)
+    assert not any(isinstance(w, ipywidgets.DOMWidget) and type(w).__name__ == "FigureWidget"
+                   for w in panel.widget.children)
+    before = panel.area.renders
+    panel.show(panel.figure)
+    assert panel.area.renders == before + 1 and _shown(panel.plot_area)["data"][0]["name"] == "time to first token"
+
+
+def test_a_new_panel_starts_from_the_runs_already_in_its_store(panel):
+    again = widgets.BatchingPanel(lab="test_widgets", store=panel.store.path, requests=2, max_new_tokens=4)
+    assert [r.step for r in again.results] == ["hf-static-b2", "hf-naive"]  # the latest run of each step
+    shown = _shown(again.plot_area)
+    assert sorted(t["name"] for t in shown["data"]) == ["hf-naive", "hf-static"]
+    assert "2 earlier runs" in again.status.value
+    other = widgets.BatchingPanel(lab="test_widgets", store=panel.store.path, model="embedded-draft")
+    assert other.results == [] and _shown(other.plot_area)["data"] == []  # runs of another model are not mixed in
 
 
 @pytest.mark.parametrize("overrides, message", [
@@ -63,24 +121,26 @@ def test_bad_settings_are_shown_not_raised(panel, overrides, message):
     assert not panel.run_button.disabled
 
 
-def test_fixed_output_length_control(panel):
-    panel.override.value = False
-    assert panel.max_new_tokens.disabled and panel.settings()["max_new_tokens"] is None
-    panel.override.value = True
-    assert panel.settings()["max_new_tokens"] == 4
-
-
-def test_without_anywidget_the_panel_draws_a_static_figure(monkeypatch, tmp_path):
-    def no_anywidget():
+def test_the_panel_needs_no_anywidget(monkeypatch, tmp_path):
+    def no_anywidget(*a, **k):
         raise ImportError("Please install anywidget to use the FigureWidget class")
 
     monkeypatch.setattr(batching_widgets.go, "FigureWidget", no_anywidget)
     p = widgets.BatchingPanel(store=tmp_path / "r.jsonl")
-    assert not p._live and p.plot_area is not p.figure
     p._start_live("hf-naive", total=1)
     p.record_finished(RequestRecord("r0", 5, 4, first_token=0.1, last_token=0.3))
-    assert list(p.figure.data[1].y) == [pytest.approx(0.3)]
+    assert _shown(p.plot_area)["data"][1]["y"] == [pytest.approx(0.3)]
     assert p.display() is p.widget
+
+
+def test_figure_area_throttles_but_never_drops_a_forced_draw():
+    import plotly.graph_objects as go
+
+    area = FigureArea(go.Figure(), min_interval_s=60)
+    assert area.renders == 1
+    area.figure.add_scatter(x=[1], y=[2], name="a")
+    assert area.show(force=False) is False and _shown(area.output)["data"] == []  # throttled: the old figure stays
+    assert area.show() is True and _shown(area.output)["data"][0]["name"] == "a"
 
 
 def test_kv_calculator_presets_and_live_numbers():
@@ -94,12 +154,40 @@ def test_kv_calculator_presets_and_live_numbers():
     assert calc.bytes_per_token == 2 * 5 * 2 * 64
     calc.layers.value = 6
     assert calc.preset.value == "custom" and calc.bytes_per_token == 2 * 6 * 2 * 64
+    assert calc.weight_bytes is None and "weights unknown" in calc.gpu_table.value
     calc.preset.value = "Qwen2.5-7B"
     calc.dtype.value = "bfloat16"
     assert calc.bytes_per_token == 2 * 28 * 4 * 128 * 2 and "28 layers" in calc.text.value
     assert calc.display() is calc.widget
+    assert widgets.KVCalculator(preset="llama-3.1-8b").preset.value == "Llama-3.1-8B"  # the architectures' keys too
     with pytest.raises(ValueError, match="allowed 'Llama-3.1-8B'"):
         widgets.KVCalculator(preset="GPT-5")
+
+
+def test_kv_calculator_covers_every_shipped_architecture():
+    calc = widgets.KVCalculator()
+    options = set(calc.preset.options) - {"custom"}
+    assert len(options) == len(architectures()) + 2 and {"embedded target", "embedded draft"} <= options
+    for key, cfg in architectures().items():
+        calc.preset.value = kv_widgets._ALIASES[key]
+        heads = cfg["num_attention_heads"]
+        dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
+        assert calc.bytes_per_token == 2 * cfg["num_hidden_layers"] * cfg.get("num_key_value_heads", heads) * dim * 2, key
+        assert calc.preset.value != "custom", key  # every shape is reachable with the controls
+
+
+def test_kv_calculator_shows_the_answer_against_common_gpus():
+    calc = widgets.KVCalculator(preset="Llama-3.1-8B", context=8192, batch=8)  # 8 GiB of KV, 14.96 GiB of weights
+    rows = {r["gpu"]: r for r in calc.gpus}
+    assert list(rows) == ["T4 16 GB", "L4 24 GB", "A100 40 GB", "A100 80 GB", "H100 80 GB", "H200 141 GB"]
+    assert [r["memory_GiB"] for r in rows.values()] == [16, 24, 40, 80, 80, 141]
+    assert rows["T4 16 GB"]["kv_share"] == pytest.approx(0.5) and rows["H200 141 GB"]["kv_share"] == pytest.approx(8 / 141)
+    assert not rows["T4 16 GB"]["fits"] and not rows["L4 24 GB"]["fits"] and rows["A100 40 GB"]["fits"]
+    assert all(name in calc.gpu_table.value for name in rows) and "does not fit" in calc.gpu_table.value
+    calc.batch.value = 64  # 64 GiB of KV: only the H200 holds it
+    assert [r["gpu"] for r in calc.gpus if r["fits"]] == ["H200 141 GB"]
+    calc.preset.value = "embedded target"
+    assert all(r["fits"] for r in calc.gpus)
 
 
 def test_vram_chart_draws_nvml_samples_and_marks(fake_pynvml):
@@ -118,8 +206,9 @@ def test_vram_chart_draws_nvml_samples_and_marks(fake_pynvml):
     assert len(chart.t) == n  # stopped: no more samples
     fig = chart.static_figure()
     assert list(fig.data[0].x) == chart.t and fig.layout.shapes  # the mark is a vertical line
-    if chart._live:
-        assert list(chart.figure.data[0].y) == chart.used_gib
+    shown = _shown(chart.widget)  # stop() sends the whole timeline to the browser
+    assert shown["data"][0]["y"] == pytest.approx(chart.used_gib) and shown["layout"]["shapes"]
+    assert shown["layout"]["yaxis"]["title"]["text"] == "GPU memory used (GiB)"
 
 
 def test_vram_chart_without_a_gpu_says_so(no_gpu):

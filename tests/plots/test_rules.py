@@ -1,0 +1,267 @@
+"""The figure rules (`lablib.plots.style`), checked on every builder in lablib/plots/ but journey.py.
+
+Each builder is drawn the way the labs draw it, from the runs recorded on the H200 in data/reference/
+(and the simulators on the journey's lengths), then checked for what can be checked without a browser:
+a trace name has one colour in every figure, whatever order the traces come in; every axis that shows
+numbers has a title with its unit in parentheses or brackets; no legend entry carries provenance, and
+each figure states its provenance exactly once (title or annotation); no legend name repeats; values
+spanning three decades or more sit on a log axis; text drawn outside bars is not clipped.
+"""
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import math
+import re
+from collections import defaultdict
+
+import plotly.graph_objects as go
+import pytest
+
+from lablib import mechanisms
+from lablib.experiments.kv import gpu_memory_utilization_rows
+from lablib.experiments.scheduling import scheduler_rows
+from lablib.plots import batching, kv, scheduling, serving, style
+from lablib.results.reference import load_reference
+from lablib.workloads import load_workload
+
+MODULES = (batching, kv, scheduling, serving)
+PROVENANCE = re.compile(r"recorded|\blive\b|measured|simulated|synthetic weights", re.IGNORECASE)
+UNIT = re.compile(r"\(.+\)|\[.+\]")
+
+
+def _live(r, step: str, engine: str, batch: int):
+    """A recorded run standing in for one made here (a live run of lab 01), to draw a mixed figure."""
+    return dataclasses.replace(r, step=step, engine=engine, config={"batch_size": batch}, provenance="live",
+                               hardware={"gpu": None}, roofline={"ceiling_tok_s": "unknown"})
+
+
+def _figures() -> dict[str, go.Figure]:
+    runs = {r.step: r for r in load_reference()}
+    offline = [runs["hf-static-b64-8b-journey"], runs["vllm-8b-journey"], runs["vllm-8b-single"]]
+    sweep = [runs[s] for s in ("vllm-seqs8-tokNone", "vllm-seqs64-tokNone", "vllm-seqs256-tokNone")]
+    here = [_live(runs[f"vllm-gmu-0.{k}"], f"hf-static-b{b}", "hf-static", b) for k, b in ((1, 2), (2, 4), (3, 8))]
+    here.append(_live(runs["vllm-gmu-0.4"], "hf-naive", "hf-naive", 1))
+    served = load_reference(prefix="serve-rate-")
+    wl = load_workload("journey")
+    report = mechanisms.simulate_fragmentation(wl.lengths, budget_tokens=65536, block_size=16, max_model_len=2048)
+    snaps = mechanisms.replay_block_allocation(wl.lengths[:12], num_blocks=160, block_size=16, max_num_seqs=6)
+    static = mechanisms.static_batching(wl.lengths[:24], batch_size=8)
+    continuous = mechanisms.continuous_batching(wl.lengths[:24], max_num_seqs=8)
+    seqs = {f"max_num_seqs={n}": mechanisms.continuous_batching(wl.lengths, max_num_seqs=n) for n in (1, 4, 16, 64)}
+    budget = {f"budget={b}": mechanisms.continuous_batching(wl.lengths, max_num_seqs=64, max_num_batched_tokens=b)
+              for b in (128, 512, 2048, 8192)}
+    live_gauges = serving.LiveServerMetrics()
+    for r in served:
+        for sample in r.engine_facts["server_metrics"]["samples"][:40]:
+            live_gauges.update(r.config["rate"], sample)
+    vllm = runs["vllm-8b-journey"]
+    lab04_title = ("vLLM continuous batching on the journey  [recorded on NVIDIA H200, 2026-11-29]"
+                   + style.synthetic_note([vllm]))
+    figs = {
+        "throughput_vs_batch": batching.throughput_vs_batch(offline + sweep, batch_keys=("batch_size", "max_num_seqs")),
+        "throughput_vs_batch/mixed": batching.throughput_vs_batch(here + [runs["hf-static-b64-8b-journey"]]),
+        "phase_breakdown": batching.phase_breakdown(offline),
+        "phase_breakdown/mixed": batching.phase_breakdown(here + offline),
+        "memory_timeline": batching.memory_timeline(offline),
+        "memory_timeline/mixed": batching.memory_timeline(here + offline),
+        "fragmentation_bars": kv.fragmentation_bars(report),
+        "block_table_heatmap": kv.block_table_heatmap(snaps[len(snaps) // 3]),
+        "gpu_memory_utilization_figure": kv.gpu_memory_utilization_figure(gpu_memory_utilization_rows(force=False).value),
+        "gantt/simulated": scheduling.gantt(static.rows(), title="Static batching, 8 per batch (simulated)"),
+        "gantt/simulated-both": scheduling.gantt(static.rows() + continuous.rows()),
+        "gantt/recorded": scheduling.gantt(scheduling.result_gantt_rows(vllm)),
+        "gantt/recorded-lab04-title": scheduling.gantt(scheduling.result_gantt_rows(vllm), title=lab04_title),
+        "schedule_tradeoff/seqs": scheduling.schedule_tradeoff(seqs),
+        "schedule_tradeoff/budget": scheduling.schedule_tradeoff(budget, ttft_target=1000),
+        "scheduler_figure": scheduling.scheduler_figure(scheduler_rows(force=False).value, ttft_target_s=1.0),
+        "latency_vs_rate": serving.latency_vs_rate(served, target_ttft_s=1.0),
+        "throughput_vs_rate": serving.throughput_vs_rate(served),
+        "server_metrics_figure": serving.server_metrics_figure(served),
+        "token_gaps": serving.token_gaps([next(r for r in served if r.config["rate"] == math.inf)]),
+        "LiveServerMetrics": live_gauges.figure,
+    }
+    for metric in batching.LATENCY_METRICS:
+        figs[f"latency_cdf/{metric}"] = batching.latency_cdf(offline, metric)
+        figs[f"latency_cdf/{metric}/mixed"] = batching.latency_cdf(here + offline, metric)
+    return figs
+
+
+@pytest.fixture(scope="module")
+def figures() -> dict[str, go.Figure]:
+    return _figures()
+
+
+def _builders() -> set[str]:
+    """Every public function of the plots modules (journey.py aside) that returns a figure, and LiveServerMetrics."""
+    found = {"LiveServerMetrics"}
+    for module in MODULES:
+        for name, fn in inspect.getmembers(module, inspect.isfunction):
+            if fn.__module__ == module.__name__ and not name.startswith("_") and "Figure" in str(
+                    inspect.signature(fn).return_annotation):
+                found.add(name)
+    return found
+
+
+def test_every_builder_is_drawn(figures):
+    drawn = {name.split("/")[0] for name in figures}
+    assert _builders() <= drawn, f"builders with no case here: {sorted(_builders() - drawn)}"
+
+
+def _legend(fig: go.Figure) -> list:
+    return [t for t in fig.data if t.showlegend is not False and t.type != "heatmap" and t.name]
+
+
+def _trace_colour(t) -> str | None:
+    for c in (getattr(getattr(t, "line", None), "color", None), getattr(getattr(t, "marker", None), "color", None)):
+        if isinstance(c, str):
+            return c
+    return None
+
+
+def test_legend_traces_have_their_own_colour_and_names_do_not_repeat(figures):
+    for key, fig in figures.items():
+        names = [t.name for t in _legend(fig)]
+        assert len(names) == len(set(names)), f"{key}: a legend name repeats: {names}"
+        uncoloured = [t.name for t in _legend(fig) if _trace_colour(t) is None]
+        assert not uncoloured, f"{key}: traces coloured by the order they were added: {uncoloured}"
+
+
+def test_a_name_has_one_colour_in_every_figure(figures):
+    seen: dict[str, set[tuple[str, str]]] = defaultdict(set)
+    for key, fig in figures.items():
+        for t in fig.data:
+            c = _trace_colour(t)
+            if c is not None and t.name and t.type != "heatmap":
+                seen[style.base_name(t.name)].add((c, key))
+    clashes = {n: sorted(v) for n, v in seen.items() if len({c for c, _ in v}) > 1}
+    assert not clashes, f"names drawn in more than one colour: {clashes}"
+
+
+def test_runs_drawn_side_by_side_get_distinct_colours(figures):
+    for key, fig in figures.items():
+        if key.startswith(("latency_cdf", "memory_timeline")):
+            colours = [_trace_colour(t) for t in _legend(fig)]
+            assert len(colours) == len(set(colours)), f"{key}: two runs share a colour: {[t.name for t in fig.data]}"
+
+
+def test_colours_do_not_depend_on_the_order_runs_are_drawn():
+    runs = load_reference()
+    offline = [r for r in runs if r.step in ("hf-static-b64-8b-journey", "vllm-8b-journey", "vllm-8b-single")]
+    for build in (batching.latency_cdf, batching.memory_timeline,
+                  lambda rs: batching.throughput_vs_batch(rs, batch_keys=("batch_size", "max_num_seqs"))):
+        forward, backward = build(offline), build(offline[::-1])
+        assert {t.name: _trace_colour(t) for t in forward.data} == {t.name: _trace_colour(t) for t in backward.data}
+    assert style.colour("hf-static-b8") == style.colour("hf-static-b8" + style.RECORDED_MARK)
+    assert style.colour("vllm") != style.colour("hf-naive") != style.colour("hf-static")
+    assert len({style.colour(f"hf-static-b{b}") for b in (1, 2, 4, 8, 16, 32, 64)}) == 7
+
+
+def _axes(fig: go.Figure):
+    """(layout name, axis, values) of every axis a visible trace draws on."""
+    used = defaultdict(list)
+    for t in fig.data:
+        for letter in "xy":
+            ref = getattr(t, f"{letter}axis", None) or letter
+            values = getattr(t, letter, None)
+            used[f"{letter}axis{ref[1:]}"].extend(list(values) if values is not None else [])
+    for name, values in used.items():
+        yield name, fig.layout[name], values
+
+
+def _numeric(axis, values) -> bool:
+    if axis.type == "category" or axis.showticklabels is False:
+        return False
+    return any(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values) or not values
+
+
+def test_every_axis_showing_numbers_says_its_unit(figures):
+    missing = []
+    for key, fig in figures.items():
+        for name, axis, values in _axes(fig):
+            if not _numeric(axis, values):
+                continue
+            if axis.matches and axis.showticklabels is not True:  # a shared axis: titled once, on the bottom row
+                continue
+            text = axis.title.text or ""
+            if not UNIT.search(text):
+                missing.append(f"{key}.{name}: {text!r}")
+    assert not missing, "axes without a unit:\n" + "\n".join(missing)
+
+
+def test_no_legend_entry_carries_provenance(figures):
+    bad = [f"{key}: {t.name!r}" for key, fig in figures.items() for t in _legend(fig) if PROVENANCE.search(t.name)]
+    assert not bad, "provenance in legend entries:\n" + "\n".join(bad)
+
+
+def test_each_figure_states_its_provenance_once(figures):
+    for key, fig in figures.items():
+        texts = [fig.layout.title.text or ""] + [a.text or "" for a in fig.layout.annotations]
+        stating = [t for t in texts if re.search(r"recorded on|live on|simulated", t)]
+        assert len(stating) == 1, f"{key}: provenance stated {len(stating)} times: {stating}"
+        for phrase in ("recorded on", "live on", "simulated"):
+            assert stating[0].count(phrase) <= 1, f"{key}: {phrase!r} repeated in {stating[0]!r}"
+
+
+def test_the_synthetic_label_appears_once_where_runs_are_synthetic(figures):
+    label = "synthetic weights: speed and memory are real, the text is not"
+    for key in ("throughput_vs_batch", "latency_vs_rate", "server_metrics_figure", "scheduler_figure",
+                "gantt/recorded", "gantt/recorded-lab04-title"):
+        assert figures[key].layout.title.text.count(label) == 1, key
+    assert label not in figures["gpu_memory_utilization_figure"].layout.title.text  # the embedded model
+
+
+def test_values_spanning_decades_sit_on_a_log_axis(figures):
+    flat = []
+    for key, fig in figures.items():
+        for name, axis, values in _axes(fig):
+            pos = [v for v in values if isinstance(v, (int, float)) and v > 0 and math.isfinite(v)]
+            if _numeric(axis, values) and pos and max(pos) / min(pos) >= 1000 and axis.type != "log":
+                title = axis.title.text or ""
+                if re.search(r"since|^time \(|log scale", title) or axis.tickformat == ".0%":
+                    continue  # a timeline starts at zero; a log already taken; shares
+                if name.startswith("yaxis") and fig.layout.barmode == "stack":
+                    continue  # stacked bars add up: a log axis cannot stack them
+                flat.append(f"{key}.{name}: {min(pos):.3g} to {max(pos):.3g}")
+    assert not flat, "values spanning decades on a linear axis:\n" + "\n".join(flat)
+
+
+def test_labels_are_not_clipped_and_categories_stay_short(figures):
+    for key, fig in figures.items():
+        for t in fig.data:
+            if getattr(t, "textposition", None) == "outside":
+                assert t.cliponaxis is False, f"{key}: {t.name} draws text outside its bars but clips it"
+        for name, axis, values in _axes(fig):
+            if axis.type == "category" or any(isinstance(v, str) for v in values):
+                long = [v for v in values if isinstance(v, str) and len(v) > 40]
+                assert not long, f"{key}.{name}: category labels too long to sit side by side: {long[:2]}"
+        assert fig.layout.xaxis.automargin and fig.layout.yaxis.automargin, f"{key}: axes do not grow their margins"
+
+
+def test_metrics_figure_colours_each_rate_alike_in_every_row_and_lists_it_once(figures):
+    fig = figures["server_metrics_figure"]
+    by_rate = defaultdict(set)
+    for t in fig.data:
+        by_rate[t.legendgroup].add(t.line.color)
+    assert all(len(c) == 1 for c in by_rate.values()), by_rate  # the burst's spike is drawn in the burst's colour
+    assert len({next(iter(c)) for c in by_rate.values()}) == len(by_rate)  # and no two rates share one
+    legend = [t.name for t in _legend(fig)]
+    assert len(legend) == len(by_rate) == 6 and "burst (all at once)" in legend
+    burst = [t for t in fig.data if t.name == "burst (all at once)"]
+    assert {t.line.color for t in burst} == {serving.BURST_COLOUR}
+    live = figures["LiveServerMetrics"]
+    assert {t.name: t.line.color for t in live.data} == {t.name: t.line.color for t in fig.data}
+
+
+def test_gmu_sweep_shows_the_baseline_at_its_own_scale(figures):
+    fig = figures["gpu_memory_utilization_figure"]
+    rows = gpu_memory_utilization_rows(force=False).value
+    before = next(t for t in fig.data if t.name == "before engine start")
+    after = next(t for t in fig.data if t.name == "after close")
+    assert list(before.y) == pytest.approx([r["vram_before_bytes"] / 2**20 for r in rows])
+    assert list(after.y) == pytest.approx([r["vram_after_close_bytes"] / 2**20 for r in rows])
+    lo, hi = fig.layout[f"yaxis{before.yaxis[1:]}"].range
+    assert lo > 0 and hi - lo < 2048  # a MiB-scale panel: the 618 MiB baseline fills it, not a sliver of 120 GiB
+    peak = next(t for t in fig.data if t.name == "peak during run")
+    assert peak.yaxis != before.yaxis and max(peak.y) > 100  # the peaks (GiB) in their own panel
+    assert any(a.text == "back to baseline<br>after all 10 engines" for a in fig.layout.annotations)
