@@ -64,8 +64,15 @@ class Shown(Generic[T]):
     label: str  # "live on NVIDIA H200" or "recorded on NVIDIA H200, 2026-11-29"
     why: str = ""  # why recorded (no GPU, no vLLM), empty when live
 
+    @property
+    def recorded_yet(self) -> bool:
+        """False when nothing was measured here and nothing is recorded (the label says which step records it)."""
+        return self.value is not None
+
     def line(self, template: str) -> str:
         """`template.format(**value)` (or `.format(value)` for a non-dict) followed by the label."""
+        if self.value is None:
+            return f"[{self.label}]"
         text = template.format(**self.value) if isinstance(self.value, dict) else template.format(self.value)
         return f"{text}  [{self.label}]"
 
@@ -76,6 +83,8 @@ class Shown(Generic[T]):
         from .results.compare import table
         from .results.record import Result
 
+        if self.value is None:  # not recorded yet: an empty table that still says why
+            return pd.DataFrame([{"provenance": self.label}])
         rows = self.value if isinstance(self.value, list) else [self.value]
         if rows and isinstance(rows[0], Result):
             rows = [{**row, "provenance": r.label if r.provenance == "recorded" else self.label}
@@ -96,11 +105,16 @@ def live_or_recorded(live: Callable[[], T], recorded: Callable[[], T], *, force:
 
     `force=True/False` overrides the machine's mode (tests; a GPU user who wants the recording).
     """
+    from .results.reference import NotRecorded
+
     m = mode()
     use_live = m["live"] if force is None else force
     if use_live:
         return Shown(live(), True, live_label())
-    return Shown(recorded(), False, m["recorded"], m["why"])
+    try:
+        return Shown(recorded(), False, m["recorded"], m["why"])
+    except NotRecorded as e:  # a lab newer than the shipped recordings: say so, show nothing invented
+        return Shown(None, False, str(e), m["why"])  # type: ignore[arg-type]
 
 
 def display_if_live(widget: Any, instead: str) -> Any:
@@ -133,7 +147,7 @@ class Checks:
 
     def live(self, shown: Shown, claim: str, test: Callable[[Any], bool], detail: Callable[[Any], Any] | None = None
              ) -> None:
-        if not shown.live:
+        if not shown.live or shown.value is None:
             self.not_here.append(f"{claim} ({shown.label})")
             return
         self.that(claim, test(shown.value), detail(shown.value) if detail else None)

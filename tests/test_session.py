@@ -66,3 +66,21 @@ def test_request_count_sweep_reuses_one_engine():
     assert [r.step for r in results] == ["hf-static-n2", "hf-static-n4"]
     with pytest.raises(ValueError, match=r"request_count_sweep\.counts=\[0\]: allowed a non-empty list of integers 1\.\.64"):
         sweeps.request_count_sweep(engine, [0])
+
+
+def test_a_lab_newer_than_the_recordings_says_so_instead_of_failing():
+    from lablib.results.reference import NotRecorded, recorded_facts
+
+    def not_yet():
+        return recorded_facts("prefix_seqs_1", "prefix")
+
+    shown = session.live_or_recorded(lambda: 1 / 0, not_yet, force=False)
+    assert shown.value is None and not shown.live and not shown.recorded_yet
+    assert "prefix_seqs_1 is not recorded yet" in shown.label and "--steps prefix" in shown.label
+    assert shown.line("{hits} hits") == f"[{shown.label}]"
+    assert list(shown.table()["provenance"]) == [shown.label]
+    checks = session.Checks("07_prefix_caching")
+    checks.live(shown, "hits equal the simulator's", lambda v: False)  # not asserted: nothing measured
+    assert checks.not_here and "not checked here" in checks.done()
+    with pytest.raises(NotRecorded, match="--steps prefix"):
+        not_yet()

@@ -32,6 +32,26 @@ def reference_steps() -> list[str]:
     return [r.step for r in _all()]
 
 
+class NotRecorded(LookupError):
+    """What a lab asks for has not been recorded on the GPU yet (a lab newer than the shipped recordings).
+
+    `session.live_or_recorded` turns it into a Shown with no value whose label names the recording step,
+    so the notebook says so instead of failing."""
+
+    def __init__(self, what: str, step: str):
+        super().__init__(f"{what} is not recorded yet: a GPU session records it with "
+                         f"`scripts/record_reference.py --steps {step}` (then scripts/pack_reference.py)")
+        self.what, self.step = what, step
+
+
+def recorded_facts(key: str, step: str) -> Any:
+    """facts[key] of the recordings, or NotRecorded naming the step that records it."""
+    facts = reference_facts()
+    if key not in facts:
+        raise NotRecorded(key, step)
+    return facts[key]
+
+
 def load_reference(*steps: str, prefix: str | None = None) -> list[Result]:
     """Recorded Results by step name (or every step starting with `prefix`; all when neither is given)."""
     runs = {r.step: r for r in _all()}
