@@ -13,7 +13,7 @@ the imports to keep it so):
     session                                     the one live-or-recorded switch and its labels
     experiments/                                one module per lab's multi-run experiment
     plots/, widgets/                            presentation, from Results only
-    report, cli                                 the main job (`lablab`) and its HTML report
+    report, cli, instructor/                    the main job (`lablab`), its HTML report, the instructor's run-all
 
 Names are re-exported lazily (PEP 562): `import lablib` loads nothing heavy, and
 `import lablib.mechanisms` or the vLLM worker never load plotly or ipywidgets.
@@ -36,7 +36,7 @@ _EXPORTS = {
     "run_journey": "experiments.journey", "live_or_recorded": "session", "Checks": "session",
 }
 _MODULES = ("validate", "stats", "config", "models", "workloads", "mechanisms", "hardware", "engines", "bench",
-            "results", "session", "experiments", "plots", "widgets", "report", "cli")
+            "results", "session", "experiments", "plots", "widgets", "report", "cli", "instructor")
 __all__ = sorted([*_EXPORTS, *_MODULES])
 
 

@@ -1,22 +1,50 @@
-"""Every lab's first cell: `%run bootstrap.py` makes lablib importable and says how this machine runs the labs.
+"""Every lab's first cell runs this file: lablib importable from this clone, figures that survive export, the mode banner.
 
-Opened from a clone that is not installed yet (e.g. Colab), lablib is not importable: find the
-clone's root (the folder with pyproject.toml, above this file or the working directory),
-`pip install -e` it and put it on sys.path. Then print the mode banner: live (an NVIDIA GPU
-and vLLM: the vLLM cells measure here) or recorded (they show runs recorded on an H200, labelled).
+1. The repository. The clone this file belongs to (the folder above `labs/` holding pyproject.toml)
+   goes first on sys.path, so a notebook runs the lablib beside it even where another copy is
+   installed. In Colab the notebook's working directory is `/content` and the clone is
+   `/content/<repo>`: the first cell finds this file there (`*/labs/bootstrap.py` below the working
+   directory) and runs it, and `__file__` leads back to the clone. A clone whose package is not
+   installed yet (a fresh Colab runtime) is installed once with `pip install -e`, for its dependencies.
+   Without a clone around (notebooks copied elsewhere) an installed lablib is used as it is.
+2. Figures. plotly's default in Jupyter is `plotly_mimetype` alone: JupyterLab draws it, but
+   `jupyter nbconvert --to html` has no renderer for that type and drops every figure. With
+   `plotly_mimetype+notebook` each figure carries both the mimetype (JupyterLab's live figure) and a
+   `text/html` div that nbconvert keeps. The divs need plotly.js in the page: this cell's output holds it,
+   inline (not a CDN), once per notebook. plotly's `notebook` renderer would add it itself at the first
+   figure, but also again each time a renderer is named explicitly, as `fig._repr_mimebundle_()` does
+   (lablib.widgets' figure areas call it on every redraw): so it is loaded here, and the renderer's own
+   loading is turned off. Colab, Kaggle, VS Code or an explicit $PLOTLY_RENDERER keep what plotly chose
+   for them (Colab draws each output in its own frame, so its renderer loads plotly.js per figure).
+3. The banner: live (an NVIDIA GPU and vLLM: the vLLM cells measure here) or recorded (they show
+   runs recorded on an H200, labelled).
 """
-import importlib.util
+import importlib.metadata
+import os
 import pathlib
 import subprocess
 import sys
 
-if importlib.util.find_spec("lablib") is None:
-    _here = pathlib.Path(globals().get("__file__", "bootstrap.py")).resolve().parent
-    _root = next((p for p in (_here, *_here.parents, pathlib.Path.cwd(), *pathlib.Path.cwd().parents)
-                  if (p / "pyproject.toml").exists()), None)
-    assert _root is not None, "lablib is not installed and no clone of the lab is around: see README.md (Colab section)"
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "-e", str(_root)], check=True)
+_here = pathlib.Path(globals().get("__file__") or "bootstrap.py").resolve().parent
+_cwd = pathlib.Path.cwd()
+_root = next((p for p in (*_here.parents, _cwd, *_cwd.parents)
+              if (p / "pyproject.toml").is_file() and (p / "lablib" / "__init__.py").is_file()), None)
+if _root is not None and str(_root) not in sys.path:
     sys.path.insert(0, str(_root))
+try:
+    importlib.metadata.distribution("lablib")
+except importlib.metadata.PackageNotFoundError:  # a fresh clone (Colab): its dependencies are not installed yet
+    assert _root is not None, (f"lablib is not installed and no clone of the lab is around {_here} or {_cwd}: "
+                               "clone the repository and open the notebook from its labs/ folder (README.md)")
+    print(f"installing {_root} (pip install -e, once per runtime) ...")
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "-e", str(_root)], check=True)
+
+import plotly.io  # noqa: E402
+
+if plotly.io.renderers.default == "plotly_mimetype" and not os.environ.get("PLOTLY_RENDERER"):
+    plotly.io.renderers["notebook"].activate()  # plotly.js into this cell's output, once
+    plotly.io.renderers["notebook"].global_init = False  # its later activations load nothing
+    plotly.io.renderers.default = "plotly_mimetype+notebook"
 
 import lablib.session  # noqa: E402
 

@@ -26,7 +26,7 @@ LAYERS = [
     ("session", ["session"]),
     ("experiments", ["experiments"]),
     ("presentation", ["plots", "widgets"]),
-    ("top", ["report", "cli"]),
+    ("top", ["report", "cli", "instructor"]),
 ]
 
 

@@ -1,0 +1,164 @@
+"""The committed form of a lab notebook: the Colab badge, the first cell, metadata JupyterLab will not rewrite, no outputs.
+
+Three things every lab shares are written here, from one place, by `python -m lablib.instructor.notebooks`
+(`--check` says what is out of date and exits 1, which tests/test_colab.py and tests/test_notebooks_clean.py run):
+
+- The "Open in Colab" badge, the second paragraph of the first markdown cell, pointing at
+  `COLAB_REPO` on GitHub. The repository's address is not known yet: `COLAB_REPO` is a placeholder,
+  change it here and rerun the command (the README's badges are rewritten with the notebooks').
+- The first code cell. `%run bootstrap.py` alone works only where the working directory is `labs/`
+  (JupyterLab, nbval, papermill). Colab opens a notebook straight from GitHub with the working directory
+  `/content`: the cell looks for `labs/bootstrap.py` below the working directory (`/content/<repo>`, a
+  clone made earlier) and, in Colab with no clone there yet, clones `COLAB_REPO` beside it first.
+- The notebook metadata. On opening a notebook JupyterLab writes the kernel's own `kernelspec` and
+  `language_info` into it, and any difference marks the notebook modified before a cell has run (seen in
+  JupyterLab 4.6 under headless Chromium: the labs' `display_name` "Python 3" against ipykernel's
+  "Python 3 (ipykernel)", and a `language_info` of only its name). The labs store exactly what the kernel
+  reports, for the Python that runs this command (the project's `.venv`); on another Python version
+  JupyterLab still rewrites `language_info.version`, which no file can match for every version.
+
+Outputs, execution counts and volatile metadata are kept out of git by the nbstripout filter
+(`.gitattributes`, `.nbstripout.gitconfig`); `CLEAN_NOTEBOOK_KEYS` and `CLEAN_CELL_KEYS` are what a
+committed lab may hold, and `problems` names anything else.
+"""
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+COLAB_REPO = "OWNER/REPO"  # the repository on GitHub ("owner/name"): a placeholder until the project has one
+COLAB_BRANCH = "main"  # the branch the badges open
+ROOT = Path(__file__).resolve().parents[2]
+LABS_DIR = ROOT / "labs"
+README = ROOT / "README.md"
+BADGE_IMAGE = "https://colab.research.google.com/assets/colab-badge.svg"
+BADGE_LINE = re.compile(r"^\[!\[Open In Colab\]\(.*\)\]\(.*\)$", re.MULTILINE)
+README_BEGIN, README_END = "<!-- colab-badges: written by python -m lablib.instructor.notebooks -->", "<!-- /colab-badges -->"
+
+CLEAN_NOTEBOOK_KEYS = {"kernelspec", "language_info"}  # notebook metadata a committed lab may hold
+CLEAN_CELL_KEYS = {"tags"}  # cell metadata a committed lab may hold (papermill's "parameters" tag, nbval's)
+
+FIRST_CELL = """\
+import pathlib, subprocess, sys  # labs/bootstrap.py: beside this notebook, or in a clone below the working directory (Colab: /content/<repo>)
+found = [p for p in (pathlib.Path('bootstrap.py'), pathlib.Path('labs/bootstrap.py'), *sorted(pathlib.Path().glob('*/labs/bootstrap.py'))) if p.is_file()]
+if not found and 'google.colab' in sys.modules:  # opened from GitHub in Colab: clone the repository beside it, once
+    subprocess.run(['git', 'clone', '-q', 'https://github.com/{repo}'], check=True)
+    found = [pathlib.Path('{name}/labs/bootstrap.py')]
+assert found, 'labs/bootstrap.py not found: open this notebook from a clone of the repository (README.md, "Opening the labs")'
+%run "{{found[0]}}\""""
+
+
+def colab_url(notebook: str, repo: str = COLAB_REPO, branch: str = COLAB_BRANCH) -> str:
+    """Colab's address for `labs/<notebook>` in `repo` on GitHub."""
+    return f"https://colab.research.google.com/github/{repo}/blob/{branch}/labs/{notebook}"
+
+
+def badge(notebook: str, repo: str = COLAB_REPO) -> str:
+    """The markdown line of the "Open in Colab" badge for `labs/<notebook>`."""
+    return f"[![Open In Colab]({BADGE_IMAGE})]({colab_url(notebook, repo)})"
+
+
+def first_cell(repo: str = COLAB_REPO) -> str:
+    """The source of every lab's first code cell."""
+    return FIRST_CELL.format(repo=repo, name=repo.split("/")[-1])
+
+
+def kernel_metadata() -> dict[str, Any]:
+    """The `kernelspec` and `language_info` JupyterLab writes on opening a lab with this Python's ipykernel."""
+    from ipykernel.ipkernel import IPythonKernel
+    from jupyter_client.kernelspec import KernelSpecManager
+
+    spec = KernelSpecManager().get_kernel_spec("python3")
+    return {"kernelspec": {"display_name": spec.display_name, "language": spec.language, "name": "python3"},
+            "language_info": dict(IPythonKernel.language_info)}
+
+
+def lab_notebooks(labs_dir: Path = LABS_DIR) -> list[Path]:
+    """The labs, in order."""
+    return sorted(labs_dir.glob("[0-9][0-9]_*.ipynb"))
+
+
+def with_badge(markdown: str, notebook: str, repo: str = COLAB_REPO) -> str:
+    """`markdown` with its badge line replaced, or inserted as the paragraph after the title."""
+    line = badge(notebook, repo)
+    if BADGE_LINE.search(markdown):
+        return BADGE_LINE.sub(lambda _: line, markdown, count=1)
+    title, _, rest = markdown.partition("\n")
+    return f"{title}\n\n{line}\n\n{rest.lstrip(chr(10))}" if rest else f"{title}\n\n{line}"
+
+
+def synced(nb: Any, notebook: str, repo: str = COLAB_REPO, metadata: dict[str, Any] | None = None) -> Any:
+    """A copy of `nb` with its badge, first code cell and kernel metadata as they should be; nothing else changes."""
+    import copy
+
+    nb = copy.deepcopy(nb)
+    first_md = next(c for c in nb.cells if c.cell_type == "markdown")
+    first_md.source = with_badge(first_md.source, notebook, repo)
+    next(c for c in nb.cells if c.cell_type == "code").source = first_cell(repo)
+    nb.metadata.update(metadata or kernel_metadata())
+    return nb
+
+
+def problems(nb: Any, name: str) -> list[str]:
+    """What keeps `nb` from being a clean committed lab: outputs, counts, metadata outside the allowed keys."""
+    found = [f"{name}: notebook metadata {k!r} (allowed: {sorted(CLEAN_NOTEBOOK_KEYS)})"
+             for k in nb.metadata if k not in CLEAN_NOTEBOOK_KEYS]
+    for i, cell in enumerate(nb.cells):
+        where = f"{name} cell {i} ({cell.source.splitlines()[0][:50] if cell.source else 'empty'!r})"
+        if cell.get("outputs"):
+            found.append(f"{where}: {len(cell.outputs)} outputs")
+        if cell.get("execution_count") is not None:
+            found.append(f"{where}: execution_count {cell.execution_count}")
+        found += [f"{where}: cell metadata {k!r} (allowed: {sorted(CLEAN_CELL_KEYS)})"
+                  for k in cell.get("metadata", {}) if k not in CLEAN_CELL_KEYS]
+    return found
+
+
+def readme_badges(labs: list[Path], repo: str = COLAB_REPO) -> str:
+    """The README's block of badges, one line per lab, between its markers."""
+    lines = [f"- `{p.stem}` {badge(p.name, repo)}" for p in labs]
+    return "\n".join([README_BEGIN, *lines, README_END])
+
+
+def sync(labs_dir: Path = LABS_DIR, readme: Path | None = README, check: bool = False) -> list[str]:
+    """Write (or with `check`, only compare) every lab's badge, first cell and metadata, and the README's badges.
+
+    Returns what was (or would be) changed, one line per file.
+    """
+    import nbformat
+
+    changed, labs, meta = [], lab_notebooks(labs_dir), kernel_metadata()
+    for path in labs:
+        nb = nbformat.read(path, as_version=4)
+        new = synced(nb, path.name, metadata=meta)
+        if new != nb:
+            changed.append(f"{path}: badge, first cell or kernel metadata out of date")
+            if not check:
+                nbformat.write(new, path)
+    if readme is not None and readme.exists():
+        text = readme.read_text()
+        pattern = re.compile(re.escape(README_BEGIN) + ".*?" + re.escape(README_END), re.DOTALL)
+        if pattern.search(text):
+            new_text = pattern.sub(lambda _: readme_badges(labs), text)
+            if new_text != text:
+                changed.append(f"{readme}: Colab badges out of date")
+                if not check:
+                    readme.write_text(new_text)
+    return changed
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m lablib.instructor.notebooks", description=__doc__.split("\n")[0])
+    ap.add_argument("--check", action="store_true", help="only report what is out of date; exit 1 if anything is")
+    ap.add_argument("--labs-dir", type=Path, default=LABS_DIR)
+    args = ap.parse_args(argv)
+    changed = sync(args.labs_dir, README if args.labs_dir == LABS_DIR else None, check=args.check)
+    print("\n".join(changed) or "every lab's badge, first cell and kernel metadata are up to date")
+    return 1 if args.check and changed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

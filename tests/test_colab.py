@@ -1,0 +1,110 @@
+"""Colab: every lab carries its badge, and its first cell works from Colab's working directory.
+
+Colab opens a notebook from GitHub with the working directory `/content`; a clone made there lives in
+`/content/<repo>`. The tests lay out such a clone under tmp_path (`content/REPO/` with pyproject.toml,
+lablib/, data/ and labs/) and run, from `content/`, first labs/bootstrap.py in a plain Python process, then
+a lab's real first cell in a kernel. On this machine lablib is also installed (editable, from the
+working copy): the checks are that the clone's own lablib is the one imported, and that nothing is
+installed (pip runs only where the clone's package is not installed at all, a fresh Colab runtime).
+Cloning from GitHub needs the network and Colab: not tested here.
+"""
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from lablib.instructor import notebooks
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def colab(tmp_path_factory):
+    """`content/` holding a clone `REPO/` laid out as Colab's `git clone` leaves it (data/ linked, not copied)."""
+    content = tmp_path_factory.mktemp("colab") / "content"
+    clone = content / "REPO"
+    shutil.copytree(ROOT / "lablib", clone / "lablib", ignore=shutil.ignore_patterns("__pycache__"))
+    (clone / "labs").mkdir()
+    for f in ("labs/bootstrap.py", "labs/00_setup.ipynb", "pyproject.toml", "README.md"):
+        shutil.copy(ROOT / f, clone / f)
+    (clone / "data").symlink_to(ROOT / "data", target_is_directory=True)
+    (content / "sample_data").mkdir()  # what a fresh Colab runtime has beside the clone
+    return content
+
+
+def test_bootstrap_puts_the_clones_lablib_first_from_colabs_working_directory(colab):
+    code = ("import json, runpy, sys; runpy.run_path(sys.argv[1]); import lablib; "
+            "print(json.dumps({'lablib': lablib.__file__, 'path0': sys.path[0]}))")
+    p = subprocess.run([sys.executable, "-c", code, "REPO/labs/bootstrap.py"], cwd=colab, capture_output=True,
+                       text=True, timeout=120, check=False)
+    assert p.returncode == 0, p.stderr[-2000:]
+    lines = p.stdout.strip().splitlines()
+    got = json.loads(lines[-1])
+    assert Path(got["lablib"]).resolve() == (colab / "REPO" / "lablib" / "__init__.py").resolve()
+    assert Path(got["path0"]).resolve() == (colab / "REPO").resolve()
+    assert lines[-2].startswith(("RECORDED:", "LIVE:")), lines  # the mode banner
+    assert "installing" not in p.stdout  # lablib is installed here: bootstrap must not pip install the tmp clone
+
+
+def test_bootstrap_without_a_clone_around_uses_the_installed_lablib(tmp_path):
+    shutil.copy(ROOT / "labs" / "bootstrap.py", tmp_path / "bootstrap.py")  # notebooks copied out of the clone
+    code = "import runpy, sys; runpy.run_path(sys.argv[1]); import lablib; print(lablib.__file__)"
+    p = subprocess.run([sys.executable, "-c", code, str(tmp_path / "bootstrap.py")], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=120, check=False)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert Path(p.stdout.split()[-1]).resolve() == (ROOT / "lablib" / "__init__.py").resolve()
+
+
+def _run_cells(cells: list[str], cwd: Path) -> list[list[dict]]:
+    from nbclient import NotebookClient
+
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
+    NotebookClient(nb, kernel_name="python3", timeout=180, allow_errors=True,
+                   resources={"metadata": {"path": str(cwd)}}).execute()
+    return [c.outputs for c in nb.cells]
+
+
+def _text(outputs: list[dict]) -> str:
+    return "".join(o.get("text", "") + "".join(o.get("data", {}).get("text/plain", "")) for o in outputs)
+
+
+def test_the_first_cell_runs_from_content_and_says_what_to_do_without_a_clone(colab, tmp_path):
+    first = nbformat.read(colab / "REPO" / "labs" / "00_setup.ipynb", as_version=4).cells[1].source
+    assert first == notebooks.first_cell()
+    outs = _run_cells([f"%cd {tmp_path}", first,  # a folder with no clone below it, outside Colab
+                       f"%cd {colab}", first,
+                       "import lablib, plotly.io; print(lablib.__file__); print(plotly.io.renderers.default)"], colab)
+    missing = [o for o in outs[1] if o.get("output_type") == "error"]
+    assert missing and missing[0]["ename"] == "AssertionError" and "labs/bootstrap.py not found" in missing[0]["evalue"]
+    assert not [o for o in outs[3] if o.get("output_type") == "error"], outs[3]
+    assert "RECORDED:" in _text(outs[3]) or "LIVE:" in _text(outs[3])
+    where, renderer = _text(outs[4]).split()
+    assert Path(where).resolve() == (colab / "REPO" / "lablib" / "__init__.py").resolve()
+    assert renderer == "plotly_mimetype+notebook"  # what bootstrap sets in a plain Jupyter kernel
+
+
+def test_every_lab_carries_its_badge_and_first_cell_from_COLAB_REPO():
+    assert notebooks.sync(check=True) == [], "run: python -m lablib.instructor.notebooks"
+    for path in notebooks.lab_notebooks():
+        nb = nbformat.read(path, as_version=4)
+        md = next(c for c in nb.cells if c.cell_type == "markdown").source
+        assert notebooks.badge(path.name) in md.splitlines()[2], md[:300]  # the paragraph after the title
+        assert f"github/{notebooks.COLAB_REPO}/blob/{notebooks.COLAB_BRANCH}/labs/{path.name}" in md
+        assert next(c for c in nb.cells if c.cell_type == "code").source == notebooks.first_cell()
+    readme = (ROOT / "README.md").read_text()
+    assert notebooks.readme_badges(notebooks.lab_notebooks()) in readme
+
+
+def test_the_badge_goes_after_the_title_once_and_follows_the_repository():
+    md = "# Lab 09 — Something\n\n**Objectives**\n- one"
+    once = notebooks.with_badge(md, "09_x.ipynb", "me/lab")
+    assert once.splitlines()[:4] == ["# Lab 09 — Something", "", notebooks.badge("09_x.ipynb", "me/lab"), ""]
+    moved = notebooks.with_badge(once, "09_x.ipynb", "you/fork")
+    assert moved.count("colab-badge.svg") == 1 and "github/you/fork/blob/main/labs/09_x.ipynb" in moved
+    assert notebooks.with_badge(moved, "09_x.ipynb", "you/fork") == moved
+    cell = notebooks.first_cell("you/fork")
+    assert "https://github.com/you/fork'" in cell and "'fork/labs/bootstrap.py'" in cell and len(cell.splitlines()) <= 10
