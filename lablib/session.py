@@ -167,8 +167,15 @@ LABS = [
     ("03_kv_cache", "KV-cache sizes, fragmentation and paging, the gpu_memory_utilization sweep", "vllm"),
     ("04_continuous_batching", "static vs continuous batching (Gantt), HF vs vLLM on the journey, scheduler knobs",
      "vllm"),
+    ("02_attention", "the IO model of attention, naive vs FlashAttention kernels against sequence length", "vllm"),
     ("05_serving", "the OpenAI server under Poisson load, /metrics, vllm bench serve as referee", "vllm"),
+    ("06_quantization", "GPTQ/AWQ W4A16, FP8, W8A8 with llm-compressor: memory, speed and quality", "vllm"),
+    ("07_prefix_caching", "hashed KV blocks: the simulator's hits against vLLM's counters, TTFT vs shared prefix",
+     "vllm"),
+    ("08_speculative_decoding", "draft, n-gram and EAGLE: acceptance maths, the loop, where it stops paying", "vllm"),
+    ("09_tensor_parallelism", "the TP cost model, what fits on 1/2/4/8 GPUs, TP=1 measured as the baseline", "vllm"),
 ]
+LABS.sort(key=lambda lab: lab[0])  # in the labs' order
 
 
 def lab_plan() -> list[dict[str, str]]:
