@@ -1,50 +1,221 @@
-"""A self-contained HTML report of a set of Results: the figures, the table, the provenance.
+"""The main job's HTML report: the whole road at a glance, then the numbers, then where they came from.
 
-One file, plotly.js inlined once, so it opens anywhere offline (a workshop laptop, an
-email attachment). Every run's hardware, versions and provenance are listed, so a number
-in the report can always be traced to the machine that measured it.
+The page reads top to bottom as a newcomer needs it:
+1. one picture of the whole road (`plots.journey.whole_road`): output tok/s per rung, log scale,
+   the rungs run live on this machine next to those recorded on the H200, each bar labelled;
+2. why the live rungs look the way they do here (on a CPU, naive generate can match static
+   batching), in sentences whose every number is computed from the Results on the page;
+3. every rung in numbers a person reads (tok/s, seconds, ms, GiB, GB/s, % of roofline);
+4. the steps this machine could not run, and this machine's runs in detail (latency, memory);
+5. provenance: each rung's hardware, versions, model, workload and config, collapsed
+   (`<details>`), so any number can be traced to the machine that measured it.
+
+One file that works offline: plotly.js is inlined once, in the first figure, and nothing is
+loaded from a CDN (an email attachment or a workshop laptop without a network opens it).
 """
 from __future__ import annotations
 
 import html
 import json
 from pathlib import Path
+from typing import Any
 
 from . import plots
-from .results.compare import table
+from .plots.journey import model_name, tok_s_text, where, whole_road
 from .results.record import Result
 
+GIB = 2**30
+CSS = """body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1200px;padding:0 1em;line-height:1.45}
+table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #ccc;padding:3px 7px;font-size:13px;text-align:left}
+th{background:#f3f3f3}td.n{text-align:right;font-variant-numeric:tabular-nums}.lede{font-size:1.1em}
+details{margin:.3em 0}summary{cursor:pointer}pre{background:#f6f6f6;padding:1em;overflow:auto;font-size:12px}
+.gloss{color:#555;font-size:13px}"""
 
-def _fmt(v: object) -> str:
-    if isinstance(v, float):
-        return f"{v:.4g}"
+
+def _e(v: object) -> str:
     return html.escape(str(v))
 
 
-def write_report(results: list[Result], path: str | Path, title: str = "LLM inference journey",
+def _ms(seconds: float | None) -> str:
+    if seconds is None:
+        return "—"
+    ms = seconds * 1e3
+    return f"{ms:,.0f}" if ms >= 100 else f"{ms:.1f}"
+
+
+def _latency(seconds: float | None) -> str:
+    """A latency with its unit: ms below 10 s ("358 ms"), seconds above ("20.1 s"), never "228,550 ms"."""
+    if seconds is None:
+        return "—"
+    return f"{_ms(seconds)} ms" if seconds < 10 else f"{seconds:,.1f} s"
+
+
+def _mbu(r: Result) -> str:
+    mbu = r.roofline.get("mbu")
+    if isinstance(mbu, (int, float)) and not isinstance(mbu, bool):
+        return f"{mbu * 100:.1f}%"
+    if mbu == "unknown":
+        return "unknown (no peak bandwidth for this hardware)"
+    return "—"
+
+
+def _memory(r: Result) -> str:
+    peak = r.memory.get("peak_bytes")
+    if peak is None:
+        return "—"
+    src = {"nvml": "GPU", "rss": "process RSS"}.get(r.memory.get("source"), r.memory.get("source") or "?")
+    gmu = r.config.get("gpu_memory_utilization")
+    return f"{peak / GIB:.2f} ({src}{f', reserved by gpu_memory_utilization={gmu}' if gmu else ''})"
+
+
+def rung_rows(results: list[Result]) -> list[dict[str, str]]:
+    """One row per rung, every value formatted in the unit named by its column."""
+    rows = []
+    for r in results:
+        s, bw = r.summary, r.roofline.get("achieved_bw")
+        rows.append({
+            "rung": r.step, "measured": where(r), "model": model_name(r),
+            "workload": f"{r.workload.get('name', '?')} ({s['requests']} requests)",
+            "output tok/s": tok_s_text(s["output_tok_s"]), "wall time (s)": f"{s['wall_s']:.1f}",
+            "TTFT p50 / p99": f"{_latency(s['ttft_s']['p50'])} / {_latency(s['ttft_s']['p99'])}",
+            "TPOT p50 (ms)": _ms(s["tpot_s"]["p50"]), "peak memory (GiB)": _memory(r),
+            "decode bandwidth (GB/s)": f"{bw / 1e9:.1f}" if isinstance(bw, (int, float)) else "—",
+            "% of roofline (MBU)": _mbu(r)})
+    return rows
+
+
+def idle_slot_fraction(r: Result) -> float | None:
+    """Static batching's waste: the share of a batch's decode slots spent on requests already finished.
+
+    A batch (the requests that started together) decodes until its longest member is done, so it runs
+    b x max(outputs) slots for sum(outputs) tokens. None when the run has no batches of more than one.
+    """
+    batches: dict[float, list[int]] = {}
+    for q in r.requests:
+        if q.start is not None:
+            batches.setdefault(q.start, []).append(q.output_tokens)
+    slots = sum(len(b) * max(b) for b in batches.values() if len(b) > 1)
+    return None if not slots else 1 - sum(sum(b) for b in batches.values() if len(b) > 1) / slots
+
+
+def _best(results: list[Result], engine: str) -> Result | None:
+    runs = [r for r in results if r.engine == engine]
+    return max(runs, key=lambda r: r.summary["output_tok_s"]) if runs else None
+
+
+def _story(results: list[Result]) -> str:
+    """Why the live rungs look as they do here and what the recorded ones add, every number from the data."""
+    live = [r for r in results if r.provenance == "live"]
+    rec = [r for r in results if r.provenance == "recorded"]
+    out = []
+    naive, static = _best(live, "hf-naive"), _best(live, "hf-static")
+    if naive and static:
+        a, b = naive.summary["output_tok_s"], static.summary["output_tok_s"]
+        text = (f"On this machine, <b>{_e(naive.step)}</b> made {tok_s_text(a)} output tok/s and the fastest static "
+                f"batch, <b>{_e(static.step)}</b>, {tok_s_text(b)} ({b / a:.2f}&times; naive).")
+        if not naive.hardware.get("gpu") and b / a < 2:
+            m, t1, tb = naive.model, naive.summary["tpot_s"]["p50"], static.summary["tpot_s"]["p50"]
+            batch, idle = static.config.get("batch_size"), idle_slot_fraction(static)
+            text += " Static batching is slower here than one request at a time." if b <= a else (
+                f" Batches of {batch} gained far less than {batch}&times;." if batch else "")
+            size = (f"{m['parameters'] / 1e6:.1f}M parameters, " if m.get("parameters") else "") + (
+                f"{m['weight_bytes'] / 1e6:.0f} MB of weights" if m.get("weight_bytes") else "")
+            text += (" On a CPU that is expected, and it is not a fault of batching. Batching pays by sharing what "
+                     "one decode step costs between the requests of a batch. On a GPU most of that cost is reading the "
+                     f"weights; this model is tiny{f' ({size})' if size else ''}, so on this CPU a step is compute and "
+                     "fixed per-step overhead instead.")
+            if t1 and tb and batch:
+                text += (f" Here one request's decode step took {_ms(t1)} ms and a step of {batch} requests "
+                         f"{_ms(tb)} ms ({tb / t1:.1f}&times; as long, for at most {batch}&times; the tokens)")
+                text += (": the cost grew with the batch, so there was little to share." if tb / t1 >= batch / 2 else
+                         ", so the batch did share the step's fixed cost, and lost it elsewhere.")
+            if idle is not None:
+                text += (" Static batching wastes work of its own: each batch decodes until its longest member is "
+                         f"done, so {idle:.0%} of {_e(static.step)}'s decode slots went to requests already finished.")
+        out.append(text)
+    hf = _best(rec, "hf-static")
+    same = [r for r in rec if hf and r.model.get("name") == hf.model.get("name")]  # one model: a fair ratio
+    vllm = _best(same, "vllm")
+    if hf and vllm:
+        x, y = hf.summary["output_tok_s"], vllm.summary["output_tok_s"]
+        weights, gpu = vllm.model.get("weight_bytes"), vllm.hardware.get("gpu") or "GPU"
+        size = f", {weights / GIB:.1f} GiB of weights" if weights else ""
+        text = (f"The speedups show where each step must read the whole model's weights: the recorded rungs, "
+                f"{_e(where(vllm))}, on {_e(model_name(vllm))}{size}."
+                f" There HF static batching (<b>{_e(hf.step)}</b>) made {tok_s_text(x)} output tok/s and vLLM "
+                f"(<b>{_e(vllm.step)}</b>) {tok_s_text(y)}, {y / x:.1f}&times; as many")
+        mbu = vllm.roofline.get("mbu")
+        text += f", at {mbu:.0%} of the {_e(gpu)}'s memory-bandwidth roofline (MBU)." if isinstance(mbu, float) else "."
+        server = _best(same, "vllm-server")
+        if server:
+            text += (f" Behind its OpenAI server (<b>{_e(server.step)}</b>, {server.summary['requests']} requests "
+                     f"streamed over HTTP at once) the same engine made {tok_s_text(server.summary['output_tok_s'])}.")
+        out.append(text)
+    return "".join(f"<p>{p}</p>" for p in out)
+
+
+def _kv_table(pairs: list[tuple[str, Any]]) -> str:
+    return "<table>" + "".join(f"<tr><th>{_e(k)}</th><td>{_e(v)}</td></tr>" for k, v in pairs
+                               if v not in (None, "", [], {})) + "</table>"
+
+
+def _provenance(r: Result) -> str:
+    hw, m = r.hardware, r.model
+    machine = ", ".join(str(x) for x in (
+        hw.get("gpu") and f"GPU {hw['gpu']}", hw.get("driver_version") and f"driver {hw['driver_version']}",
+        hw.get("cpu") and f"CPU {hw['cpu']}", hw.get("cpu_cores_logical") and f"{hw['cpu_cores_logical']} cores",
+        hw.get("ram_bytes") and f"{hw['ram_bytes'] / GIB:.0f} GiB RAM", hw.get("platform")) if x)
+    pairs = [("measured", f"{where(r)}, at {r.recorded_at}"), ("machine", machine),
+             ("versions", ", ".join(f"{k} {v}" for k, v in r.versions.items() if v)),
+             ("model", f"{model_name(r)}, {m.get('dtype', '?')}, {m.get('path', '')}"),
+             ("synthetic", m.get("synthetic") if isinstance(m.get("synthetic"), str) else None),
+             ("workload", ", ".join(f"{k} {v}" for k, v in r.workload.items())),
+             ("engine and config", f"{r.engine}: " + ", ".join(f"{k}={v}" for k, v in r.config.items())),
+             ("lab", r.lab), ("notes", "; ".join(r.notes))]
+    record = {k: v for k, v in r.to_dict().items() if k not in ("requests", "memory")}
+    record["memory"] = {k: v for k, v in r.memory.items() if not isinstance(v, list)}
+    return (f"<details><summary><b>{_e(r.step)}</b>: {_e(where(r))}</summary>{_kv_table(pairs)}"
+            f"<details><summary>the whole record (JSON, without per-request timings and the memory timeline)"
+            f"</summary><pre>{_e(json.dumps(record, indent=1, default=str))}</pre></details></details>")
+
+
+def write_report(results: list[Result], path: str | Path, title: str = "LLM inference: the whole road",
                  skipped: list[dict[str, str]] | None = None) -> Path:
-    """Write the report and return its path."""
+    """Write the report of `results` (the road, in order: `experiments.journey.road`) and return its path."""
+    results = list(results)
     if not results:
         raise ValueError("write_report: no Results to report. Fix: run at least one step first.")
-    figs = [plots.journey(results), plots.throughput_vs_batch(results), plots.latency_cdf(results, "ttft"),
-            plots.latency_cdf(results, "tpot"), plots.phase_breakdown(results), plots.memory_timeline(results)]
-    parts = [f.to_html(full_html=False, include_plotlyjs=(i == 0)) for i, f in enumerate(figs)]
-    rows = table(results)
-    head = "".join(f"<th>{html.escape(k)}</th>" for k in rows[0])
-    body = "".join("<tr>" + "".join(f"<td>{_fmt(v)}</td>" for v in row.values()) + "</tr>" for row in rows)
-    skipped_html = "".join(f"<li><b>{html.escape(s['step'])}</b>: {html.escape(s['why'])}</li>" for s in skipped or [])
-    prov = {r.step: {"provenance": r.provenance, "recorded_at": r.recorded_at, "hardware": r.hardware,
-                     "versions": r.versions, "model": r.model, "workload": r.workload, "config": r.config,
-                     "notes": r.notes} for r in results}
-    page = f"""<!doctype html><html><head><meta charset="utf-8"><title>{html.escape(title)}</title>
-<style>body{{font-family:system-ui,sans-serif;margin:2em;max-width:1200px}}table{{border-collapse:collapse}}
-td,th{{border:1px solid #ccc;padding:3px 6px;font-size:13px}}pre{{background:#f6f6f6;padding:1em;overflow:auto}}</style>
-</head><body><h1>{html.escape(title)}</h1>
-<p>{len(results)} runs. Every number below was measured by lablib; recorded runs are labelled with the GPU and date.</p>
-<table><tr>{head}</tr>{body}</table>
+    live = [r for r in results if r.provenance == "live"]
+    places = list(dict.fromkeys(where(r) for r in results))
+    counts = ", ".join(f"{sum(where(r) == p for r in results)} {p}" for p in places)
+    figs = [whole_road(results)]
+    if live:
+        figs += [plots.throughput_vs_batch(live), plots.latency_cdf(live, "ttft"), plots.latency_cdf(live, "tpot"),
+                 plots.phase_breakdown(live), plots.memory_timeline(live)]
+    divs = [f.to_html(full_html=False, include_plotlyjs=(i == 0)) for i, f in enumerate(figs)]
+    rows = rung_rows(results)
+    head = "".join(f"<th>{_e(k)}</th>" for k in rows[0])
+    numeric = {"output tok/s", "wall time (s)", "TPOT p50 (ms)", "decode bandwidth (GB/s)"}
+    body = "".join("<tr>" + "".join(f"<td{' class=n' if k in numeric else ''}>{_e(v)}</td>" for k, v in row.items())
+                   + "</tr>" for row in rows)
+    skipped_html = "".join(f"<li><b>{_e(s['step'])}</b>: {_e(s['why'])}</li>" for s in skipped or [])
+    page = f"""<!doctype html><html><head><meta charset="utf-8"><title>{_e(title)}</title><style>{CSS}</style></head>
+<body><h1>{_e(title)}</h1>
+<p class="lede">Every rung of the journey, from naive Hugging Face <code>generate</code> to vLLM behind its server,
+{len(results)} in all: {_e(counts)}. Live rungs were measured by this run; recorded ones ship in
+<code>data/reference/</code>.</p>
+{divs[0]}
+<h2>Reading the road</h2>{_story(results)}
+<h2>Every rung in numbers</h2><table><tr>{head}</tr>{body}</table>
+<p class="gloss">TTFT: time to first token (queueing and prefill). TPOT: time per output token after the first, per
+request. Decode bandwidth: the weight and KV-cache bytes a decode step reads, per second. MBU (model bandwidth
+utilisation): that bandwidth as a share of the hardware's peak, the decode roofline; unknown where the peak table
+has no entry (a CPU).</p>
 {"<h2>Steps not run on this machine</h2><ul>" + skipped_html + "</ul>" if skipped_html else ""}
-{"".join(parts)}
-<h2>Provenance</h2><pre>{html.escape(json.dumps(prov, indent=1, default=str))}</pre></body></html>"""
+{"<h2>This machine's runs in detail</h2>" + "".join(divs[1:]) if live else ""}
+<h2>Provenance</h2><p class="gloss">Where each rung was measured: hardware, versions, model, workload, engine
+configuration. Click a rung to open it.</p>{"".join(_provenance(r) for r in results)}
+</body></html>"""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(page, encoding="utf-8")

@@ -7,10 +7,15 @@ prefix caching and speculative decoding. Each step runs the same journey workloa
 appends its Result to one store, so the last lab (and the HTML report) can show the
 whole road. A step this machine cannot run (vLLM without a GPU) is listed as skipped
 with the reason, never silently dropped.
+
+A rung may name its runs recorded on the H200 (`Step.recorded`, step names in
+`data/reference/`): `road` puts them right after the rung, so the report shows the whole
+road on any machine, the live rungs and the recorded ones side by side, in the ladder's
+order. A later lab adds a rung (and its recording) here, and the report's picture grows with it.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -19,6 +24,7 @@ from ..bench.offline import run
 from ..config import BenchConfig, HFConfig
 from ..engines.hf import HFEngine
 from ..results.record import Result
+from ..results.reference import load_reference
 from ..results.store import ResultStore
 from ..workloads import load_workload
 
@@ -31,15 +37,21 @@ class Step:
     make_engine: Callable[[str], Any]  # model name → engine
     needs: str = "cpu"  # "cpu" (runs anywhere) or "gpu+vllm"
     why: str = ""  # one line: what this step changes
-    recorded: bool = False  # data/reference/ holds this step recorded on the H200
+    recorded: tuple[str, ...] = ()  # runs of this rung recorded on the H200 (step names in data/reference/)
+
+
+# HF static batching of the whole journey in one batch of 64, on the synthetic 8B: the H200's HF rung.
+HF_RECORDED = ("hf-static-b64-8b-journey",)
 
 
 def hf_steps(batch_sizes: list[int]) -> list[Step]:
+    """Naive generate, then static batching at each size > 1; the last HF step carries the H200's HF recording."""
     steps = [Step("hf-naive", lambda m: HFEngine(m, HFConfig()), why="HF generate, one request at a time")]
     for b in batch_sizes:
         if b > 1:
             steps.append(Step(f"hf-static-b{b}", lambda m, b=b: HFEngine(m, HFConfig("static", b)),
                               why=f"left-padded batches of {b}; each batch waits for its longest member"))
+    steps[-1] = replace(steps[-1], recorded=HF_RECORDED)
     return steps
 
 
@@ -50,9 +62,9 @@ def ladder(batch_sizes: list[int]) -> list[Step]:
     from ..engines.vllm import VLLMEngine
 
     return hf_steps(batch_sizes) + [
-        Step("vllm", lambda m: VLLMEngine(m, VLLMConfig()), needs="gpu+vllm", recorded=True,
+        Step("vllm", lambda m: VLLMEngine(m, VLLMConfig()), needs="gpu+vllm", recorded=("vllm-8b-journey",),
              why="vLLM: paged KV cache, continuous batching, CUDA graphs (its own worker process)"),
-        Step("vllm-server", lambda m: ServerEngine(m), needs="gpu+vllm",
+        Step("vllm-server", lambda m: ServerEngine(m), needs="gpu+vllm", recorded=("serve-rate-inf",),
              why="the same engine behind its OpenAI server: every request over HTTP, streamed")]
 
 
@@ -64,8 +76,8 @@ def available(step: Step) -> tuple[bool, str]:
     m = mode()
     if m["live"]:
         return True, ""
-    return False, m["why"] + ("; data/reference/ has it recorded on an H200" if step.recorded else
-                              "; it runs on a machine with an NVIDIA GPU and vLLM")
+    return False, m["why"] + (f"; the report shows its run recorded on the H200 ({', '.join(step.recorded)})"
+                              if step.recorded else "; it runs on a machine with an NVIDIA GPU and vLLM")
 
 
 def run_journey(model: str = "embedded", workload: str = "journey", requests: int | None = None,
@@ -93,6 +105,23 @@ def run_journey(model: str = "embedded", workload: str = "journey", requests: in
             f"wall {r.wall_s:.1f} s")
         results.append(r)
     return results, skipped
+
+
+def road(results: list[Result], batch_sizes: list[int] = (1, 4, 16)) -> list[Result]:
+    """The whole road in the ladder's order: each rung's Results (as given), then its runs recorded on the H200.
+
+    `batch_sizes` are those the Results were run with (they name the HF rungs). A recording already among
+    `results` is not added twice; a Result whose step is on no rung goes at the end, never dropped.
+    """
+    steps = ladder(list(batch_sizes))
+    given = {r.step for r in results}
+    out: list[Result] = []
+    for step in steps:
+        out += [r for r in results if r.step == step.name]
+        for name in step.recorded:
+            out += [r for r in results if r.step == name] if name in given else load_reference(name)
+    on_ladder = {s.name for s in steps} | {name for s in steps for name in s.recorded}
+    return out + [r for r in results if r.step not in on_ladder]
 
 
 def default_store(folder: str | Path = "results", lab: str = "journey") -> ResultStore:

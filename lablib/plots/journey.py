@@ -1,27 +1,114 @@
-"""The journey figure: one bar per optimisation step, throughput on top and TTFT below."""
+"""The journey's figures: the whole road (one bar per rung, live and recorded side by side) and the
+per-step throughput/TTFT pair.
+
+`whole_road` is the report's first picture. Its rungs span decades (a 4.7M-parameter model on
+two CPU cores next to an 8B model on an H200), so the throughput axis is logarithmic: equal
+steps up the axis are equal factors. Every bar says where it was measured: live on this machine
+(its CPU or GPU) or recorded on the H200 with the date, and which model and workload it ran,
+because bars of different models are a road, not a like-for-like race.
+"""
 from __future__ import annotations
+
+import math
 
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from ..results.record import Result
-from .style import _recorded_note, _require, _unique_labels
+from .style import (_require, colour, finish, is_synthetic, provenance, series_name, step_labels, synthetic_note,
+                    trace_name)
+
+
+def where(r: Result) -> str:
+    """Where a run was measured, as its bar is labelled: "live on this machine (CPU: AMD EPYC, 2 cores)",
+    "live on this machine (GPU: NVIDIA H200)" or "recorded on NVIDIA H200, 2026-11-29"."""
+    if r.provenance == "recorded":
+        return series_name(r, "").strip(" ()")
+    hw = r.hardware
+    if hw.get("gpu"):
+        return f"live on this machine (GPU: {hw['gpu']})"
+    cores = hw.get("cpu_cores_logical")
+    return f"live on this machine (CPU: {hw.get('cpu') or 'unknown'}{f', {cores} cores' if cores else ''})"
+
+
+def model_name(r: Result) -> str:
+    """The model as a person reads it: "embedded, 4.7M params", "llama-3.1-8b (synthetic)"."""
+    name = str(r.model.get("name") or "unknown model")
+    if name.startswith("synthetic:"):
+        name = name.split(":", 1)[1] + " (synthetic)"
+    params = r.model.get("parameters")
+    if params:
+        name += f", {params / 1e9:.1f}B params" if params >= 1e9 else f", {params / 1e6:.1f}M params"
+    return name
+
+
+def tok_s_text(v: float) -> str:
+    """Throughput as printed on a bar: 2,484 or 18.3."""
+    return f"{v:,.0f}" if v >= 100 else f"{v:.1f}"
+
+
+def _ticks(results: list[Result]) -> list[str]:
+    ticks, seen = [], set()
+    for r in results:
+        base = f"{r.step}<br><span style='font-size:10px'>{model_name(r)}<br>{r.summary['requests']} requests</span>"
+        tick, n = base, 1
+        while tick in seen:
+            n += 1
+            tick = f"{base} #{n}"
+        seen.add(tick)
+        ticks.append(tick)
+    return ticks
+
+
+def whole_road(results: list[Result]) -> go.Figure:
+    """Output tok/s per rung, in the order given (`experiments.journey.road`), on a log axis.
+
+    One bar per rung in the rung's own colour (`style.colour`, the same in every figure); recorded bars are
+    hatched. The legend groups the bars by where they were measured, each group titled with it
+    ("live on this machine (CPU: ...)", "recorded on NVIDIA H200, <date>"), and every bar's hover repeats it.
+    """
+    results = _require(results, "whole_road")
+    ticks, mixed = _ticks(results), len({r.provenance for r in results}) > 1
+    fig = go.Figure()
+    for i, r in enumerate(results):
+        y, place = r.summary["output_tok_s"], where(r)
+        fig.add_bar(x=[ticks[i]], y=[y], name=trace_name(r, mixed=mixed), legendgroup=place,
+                    legendgrouptitle_text=place, text=[tok_s_text(y)], textposition="outside", cliponaxis=False,
+                    hovertemplate=f"{r.step}: %{{y:,.1f}} output tok/s<br>{model_name(r)}, "
+                                  f"{r.workload.get('name', '?')} workload, {r.summary['requests']} requests"
+                                  f"<br>{place}<extra></extra>",
+                    marker={"color": colour(r.step), "pattern": {"shape": "/" if r.provenance == "recorded" else ""}})
+    positive = [r.summary["output_tok_s"] for r in results if r.summary["output_tok_s"] > 0]
+    lo, hi = (math.log10(min(positive)), math.log10(max(positive))) if positive else (0.0, 1.0)
+    fig.update_xaxes(categoryorder="array", categoryarray=ticks, title_text="rung of the journey, in order")
+    fig.update_yaxes(type="log", range=[math.floor(lo) - 0.1, hi + 0.45],
+                     title_text="output throughput (tok/s, log scale)")
+    title = ("The whole road: output tokens per second at each rung of the journey (higher is better)"
+             f"<br><sup>{provenance(results)}</sup>" + synthetic_note(results))
+    fig.update_layout(barmode="overlay", height=640, margin={"t": 60 + 22 * title.count("<br>"), "b": 200},
+                      title={"text": title, "x": 0.01, "xanchor": "left"},
+                      legend={"orientation": "h", "x": 0, "xanchor": "left", "y": -0.32, "yanchor": "top",
+                              "groupclick": "toggleitem"})
+    return fig
 
 
 def journey(results: list[Result]) -> go.Figure:
-    """The whole road: output tok/s per step on top, TTFT p50 and p99 (ms) below, steps in the given order."""
+    """Output tok/s per step on top, TTFT p50 and p99 (ms) below, steps in the given order."""
     results = _require(results, "journey")
-    labels = _unique_labels(results)
+    labels = step_labels(results)
     fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08,
-                        subplot_titles=("output throughput (higher is better)", "time to first token (lower is better)"))
+                        subplot_titles=("output throughput (higher is better)",
+                                        "time to first token (lower is better)"))
     fig.add_bar(x=labels, y=[r.summary["output_tok_s"] for r in results], name="output tok/s",
-                marker_color="#00cc96", text=[f"{r.summary['output_tok_s']:.0f}" for r in results],
-                textposition="outside", row=1, col=1)
-    for q, colour in (("p50", "#636efa"), ("p99", "#ab63fa")):
+                marker_color=[colour(r.step) for r in results],
+                text=[tok_s_text(r.summary["output_tok_s"]) for r in results],
+                textposition="outside", cliponaxis=False, row=1, col=1)
+    for q in ("p50", "p99"):
         ys = [None if r.summary["ttft_s"][q] is None else r.summary["ttft_s"][q] * 1e3 for r in results]
-        fig.add_bar(x=labels, y=ys, name=f"TTFT {q} (ms)", marker_color=colour, row=2, col=1)
-    fig.update_yaxes(title_text="tok/s", rangemode="tozero", row=1, col=1)
-    fig.update_yaxes(title_text="ms", rangemode="tozero", row=2, col=1)
-    fig.update_layout(title="The journey: each optimisation step" + _recorded_note(results),
-                      barmode="group", height=650)
-    return fig
+        fig.add_bar(x=labels, y=ys, name=f"TTFT {q} (ms)", marker_color=colour("TTFT"),
+                    opacity=1.0 if q == "p50" else 0.5, row=2, col=1)
+    fig.update_yaxes(title_text="output throughput (tok/s)", rangemode="tozero", row=1, col=1)
+    fig.update_yaxes(title_text="TTFT (ms)", rangemode="tozero", row=2, col=1)
+    fig.update_layout(barmode="group")
+    return finish(fig, "The journey: each optimisation step", provenance(results),
+                  synthetic=any(is_synthetic(r) for r in results), height=650)

@@ -43,6 +43,8 @@ COLOURS: dict[str, str] = {
     "hf-static": "#e6550d",  # the engine; its rungs hf-static-b<N> follow HF_STATIC_RAMP
     "vllm": "#2ca02c",
     "vllm-server": "#17becf",
+    "vllm-8b-journey": "#2ca02c",  # the H200 recordings of a rung take the rung's colour
+    "serve-rate-inf": "#17becf",
     "static": "#e6550d",  # the simulators' policies: drawn like the engines that implement them
     "continuous": "#2ca02c",
     "prefill (s)": "#636efa",
@@ -190,7 +192,7 @@ def finish(fig: go.Figure, title: str, where: str, *, synthetic: bool = False, n
         fig.add_annotation(text=note, xref="paper", yref="paper", x=0, xanchor="left", y=0, yanchor="top",
                            yshift=-64 - 18 * i, showarrow=False, align="left", font={"size": 11, "color": "gray"})
     bottom = (80 + 18 * len(notes) if notes else 60) + (60 if legend_below else 0)
-    fig.update_layout(title={"text": text, "x": 0.01, "xanchor": "left", "automargin": True},
+    fig.update_layout(title={"text": text, "x": 0.01, "xanchor": "left"},  # margin.t makes room; automargin hid line 1
                       margin={"t": 60 + 22 * n_lines, "b": bottom}, showlegend=True)
     if legend_below:  # a wide legend under the plot, so the plots keep the full width
         fig.update_layout(legend={"orientation": "h", "x": 0, "xanchor": "left", "y": 0.01, "yanchor": "bottom",
