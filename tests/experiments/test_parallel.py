@@ -1,0 +1,383 @@
+"""Lab 09's experiments: the cost model swept (exact against lablib.mechanisms.parallel), the fit view and
+its advice (each knob checked by the engine's own preflight), refusals before launch, and the measured
+TP runs through a fake engine (deterministic token times), their "not measured" rows and their recording."""
+from __future__ import annotations
+
+import os
+import sys
+from typing import ClassVar
+
+import pytest
+
+from lablib.config import VLLMConfig
+from lablib.experiments import parallel as exp
+from lablib.hardware import fit
+from lablib.hardware.fit import check_fit, tp_fit_table
+from lablib.mechanisms import parallel as tp
+from lablib.results.record import RequestRecord
+from lablib.results.store import ResultStore
+from tests.engines.test_vllm import fake_gpu, with_fake_vllm  # noqa: F401 (fixtures)
+
+GiB = 2**30
+STEP_S = 0.004  # the fake engine's time per output token
+
+
+# --- the cost model, swept ----------------------------------------------------------------------
+
+
+def test_shapes_are_the_fit_tables():
+    for model in ("llama-3.1-8b", "llama-3.1-70b", "qwen2.5-72b"):
+        for scheme in ("bf16", "fp8", "w4a16"):
+            assert exp.model_shape(model, scheme) == fit._shape_for(fit.architectures()[model], scheme)
+    assert exp.model_shape("llama-3.1-8b").weight_bytes == 2.0
+    with pytest.raises(ValueError, match=r"model_shape\.scheme='int3': allowed"):
+        exp.model_shape("llama-3.1-8b", "int3")
+
+
+def test_cost_rows_are_the_sweep_with_model_and_provenance():
+    rows = exp.cost_rows(("llama-3.1-8b",), batches=(1, 64), links=(tp.PCIE_GEN4_X16,))
+    want = tp.tp_sweep(tp.LLAMA_3_1_8B, exp.TPS, (1, 64), 1024, tp.H200, tp.PCIE_GEN4_X16)
+    assert [{k: r[k] for k in w} for r, w in zip(rows, want)] == want
+    assert {r["provenance"] for r in rows} == {exp.SIMULATED} and "not a measurement" in exp.SIMULATED
+    slow = exp.cost_rows(("llama-3.1-8b",), tps=(1,), batches=(1,), links=(tp.NVLINK4,), overhead_s=1e-3)[0]
+    fast = exp.cost_rows(("llama-3.1-8b",), tps=(1,), batches=(1,), links=(tp.NVLINK4,))[0]
+    assert slow["latency_s"] == pytest.approx(fast["latency_s"] + 1e-3, rel=1e-12) and slow["overhead_s"] == 1e-3
+
+
+def test_the_models_exact_properties_hold_on_every_row():
+    rows = exp.cost_rows(("llama-3.1-8b", "llama-3.1-70b"), batches=(1, 8, 64, 256))
+    one = [r for r in rows if r["t"] == 1]
+    assert one and all(r["allreduce_bandwidth_s"] == r["allreduce_latency_s"] == r["communication_share"] == 0
+                       for r in one)  # t = 1: no communication at all
+    share = {(r["model"], r["t"], r["batch"], r["link"]): r["communication_share"] for r in rows if r["t"] > 1}
+    for (m, t, b, link), s in share.items():
+        if link == "NVLink 4":
+            assert s < share[m, t, b, "PCIe Gen5 x16"] < share[m, t, b, "PCIe Gen4 x16"], (m, t, b)
+
+
+def test_dominance_rows_read_the_decode_step():
+    rows = {(r["link"], r["t"]): r for r in exp.dominance_rows(max_batch=256)}
+    r = rows["PCIe Gen4 x16", 2]
+    shares = {b: tp.decode_step(tp.LLAMA_3_1_8B, b, 1024, 2, tp.H200, tp.PCIE_GEN4_X16).communication_share
+              for b in (2**k for k in range(9))}
+    assert r["share_batch_1"] == shares[1] and r["share_batch_64"] == shares[64]
+    assert r["dominates_from_batch"] == min(b for b, s in shares.items() if s >= 0.5) == 256
+    assert rows["NVLink 4", 2]["dominates_from_batch"] == "never"
+    assert rows["PCIe Gen4 x16", 8]["dominates_from_batch"] == 1  # eight GPUs over PCIe: from the first token
+    big = {(r["link"], r["t"]): r for r in exp.dominance_rows("llama-3.1-70b", max_batch=1024)}
+    assert big["NVLink 4", 2]["largest_batch_that_fits"] == 256  # batches whose KV does not fit are not priced
+
+
+def test_two_gpu_rows_are_compare_two_gpus_per_batch():
+    rows = exp.two_gpu_rows("llama-3.1-70b", (1, 64))
+    assert [r["batch"] for r in rows] == [1, 1, 1, 64, 64, 64]
+    want = tp.compare_two_gpus(tp.LLAMA_3_1_70B, 64, 1024)
+    assert [{k: r[k] for k in w} for r, w in zip(rows[3:], want)] == want
+    by_plan = {r["plan"]: r for r in rows[:3]}
+    assert not by_plan["2 replicas (TP=1 each)"]["fits"] and by_plan["TP=2"]["fits"] and by_plan["PP=2"]["fits"]
+
+
+# --- the fit view and the refusal ---------------------------------------------------------------
+
+
+def test_fit_rows_pivot_the_fit_table():
+    rows = {(r["model"], r["scheme"]): r for r in exp.fit_rows()}
+    assert len(rows) == 9 and list(rows["llama-3.1-8b", "bf16"])[3:] == list(fit.FIT_GPUS)
+    for r in tp_fit_table():
+        assert rows[r["model"], r["scheme"]][r["gpu"]] == (r["smallest_tp"] or "> 8")
+    assert rows["llama-3.1-70b", "bf16"]["H200"] == 2 and rows["llama-3.1-70b", "fp8"]["H200"] == 1
+    assert rows["qwen2.5-72b", "bf16"]["T4"] == "> 8"
+
+
+def test_70b_bf16_is_refused_on_one_h200_with_the_knobs_that_fit():
+    config = VLLMConfig(max_model_len=8192)
+    got = exp.fit_advice("llama-3.1-70b", config)
+    assert not got["fits"] and got["kv_tokens"] == 0 and got["gpu_bytes"] == 141 * 10**9
+    assert got["knobs"] == ["tensor_parallel_size=2", "quantization='fp8'"]
+    assert "no max_model_len helps" in got["advice"] and got["advice"].endswith(
+        "Fix: tensor_parallel_size=2 or quantization='fp8'.")
+    assert got["check_fit_advice"] == check_fit(exp.shape_spec("llama-3.1-70b"), config, 141 * 10**9).advice
+    spec = exp.shape_spec("llama-3.1-70b")  # each knob, turned, passes the same preflight
+    assert check_fit(spec, VLLMConfig(max_model_len=8192, tensor_parallel_size=2), 141 * 10**9).fits
+    assert check_fit(spec, VLLMConfig(max_model_len=8192, quantization="fp8"), 141 * 10**9).fits
+    ok = exp.fit_advice("llama-3.1-70b", VLLMConfig(max_model_len=8192, tensor_parallel_size=2))
+    assert ok["fits"] and ok["knobs"] == [] and "No change needed" in ok["advice"]
+
+
+def test_a_long_context_names_max_model_len_and_its_largest_value():
+    got = exp.fit_advice("llama-3.1-8b", VLLMConfig(), "L4")  # the model's own 131,072 tokens on 24 GB
+    n = got["kv_tokens"]
+    assert 0 < n < 131072 and f"max_model_len={n:,} or less" in got["knobs"] and "tensor_parallel_size=2" in got["knobs"]
+    spec = exp.shape_spec("llama-3.1-8b")
+    assert check_fit(spec, VLLMConfig(max_model_len=n), exp.gpu_bytes("L4")).fits
+    assert not check_fit(spec, VLLMConfig(max_model_len=n + 1), exp.gpu_bytes("L4")).fits
+
+
+def test_bad_tensor_parallel_sizes_are_refused_before_launch():
+    with pytest.raises(ValueError, match=r"VLLMConfig\.tensor_parallel_size=3: allowed one of \[1, 2, 4, 8, 16, 32\]"):
+        exp.check_tp("llama-3.1-8b", 3)  # 3 divides neither the 32 heads nor the MLP
+    with pytest.raises(ValueError, match=r"tensor_parallel_size=4: allowed at most 2, the GPUs this machine has"):
+        exp.check_tp("llama-3.1-70b", 4, gpus=2)
+    with pytest.raises(ValueError, match=r"tensor_parallel_size=3"):
+        exp.fit_advice("llama-3.1-70b", VLLMConfig(tensor_parallel_size=3))
+    with pytest.raises(ValueError, match=r"tensor_parallel_size=3"):
+        exp.measure("llama-3.1-70b", "bf16", 3)
+    with pytest.raises(ValueError, match=r"fit_advice\.quantization='awq'"):
+        exp.fit_advice("llama-3.1-70b", VLLMConfig(quantization="awq"))
+
+
+def test_the_engine_refuses_here_for_want_of_vllm_or_a_gpu(monkeypatch):
+    monkeypatch.setitem(sys.modules, "vllm", None)
+    assert exp.engine_refusal().startswith("refused before launch: vLLM is not installed")
+
+
+def test_on_an_h200_the_engines_preflight_refuses_70b_bf16_and_accepts_tp2(with_fake_vllm, fake_gpu):  # noqa: F811
+    fake_gpu(name="NVIDIA H200", cc=(9, 0), total=143771 * 2**20)
+    said = exp.engine_refusal("llama-3.1-70b", VLLMConfig(max_model_len=8192))
+    assert said.startswith("refused before launch: synthetic:llama-3.1-70b: weights 131.42 GiB")
+    assert exp.engine_refusal("llama-3.1-70b", VLLMConfig(max_model_len=8192, tensor_parallel_size=2)).startswith(
+        "accepted")
+
+
+# --- measured runs, through a fake engine ---------------------------------------------------------
+
+
+class FakeEngine:
+    """The engine call shape with fixed token times: every request's TPOT is exactly STEP_S."""
+
+    made: ClassVar[list[FakeEngine]] = []
+
+    def __init__(self, spec, config):
+        from lablib.models import prompt_tokenizer
+
+        self.spec, self.config, self.name = spec, config, "vllm"
+        self.tokenizer = prompt_tokenizer(spec)
+        self.facts = {"context": config.max_model_len, "ignore_eos": True, "weight_bytes": None}
+        FakeEngine.made.append(self)
+
+    def start(self):
+        return self
+
+    def generate(self, requests, on_record=None, progress=True):
+        out = []
+        for r in requests:
+            times = [0.02 + k * STEP_S for k in range(r.max_new_tokens)]
+            rec = RequestRecord(r.request_id, len(r.prompt_ids), r.max_new_tokens, 0.0, 0.0, times[0], times[-1],
+                                token_times=times)
+            out.append(rec)
+            if on_record:
+                on_record(rec)
+        return out
+
+    def worker_pids(self):
+        return []
+
+    def close(self):
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+@pytest.fixture
+def fake_engine(monkeypatch):
+    from lablib.bench import offline
+    from lablib.engines import vllm
+    from lablib.models import synthetic
+
+    FakeEngine.made = []
+    monkeypatch.setattr(vllm, "VLLMEngine", FakeEngine)
+    monkeypatch.setattr(synthetic, "synthetic_spec", lambda name, root=None: exp.shape_spec(name))
+    monkeypatch.setattr(exp, "why_not", lambda *a, **k: None)
+    monkeypatch.setattr(offline, "device_facts", lambda import_torch=False: {"gpu": "NVIDIA H200"})
+    monkeypatch.setattr(exp, "device_facts", lambda: {"gpu": "NVIDIA H200", "gpu_count": 2})
+    monkeypatch.setenv("VLLM_ALLREDUCE_USE_SYMM_MEM", "unset")
+    monkeypatch.delenv("VLLM_ALLREDUCE_USE_SYMM_MEM")
+    return FakeEngine
+
+
+def test_fixed_shapes_are_exactly_that_long():
+    from lablib.models import load_tokenizer, resolve_model
+
+    wl = exp.fixed_shapes(8, 128, 256)
+    tok = load_tokenizer(resolve_model("embedded"))
+    assert [len(tok(r.prompt).input_ids) for r in wl.requests] == [128] * 8
+    assert {r.max_new_tokens for r in wl.requests} == {256} and len({r.prompt for r in wl.requests}) == 8
+
+
+def test_measure_sets_each_batch_beside_the_model(fake_engine, tmp_path):
+    store = ResultStore(tmp_path / "r.jsonl")
+    rows, results = exp.measure("llama-3.1-8b", "bf16", 1, (1, 8), store=store)
+    assert len(fake_engine.made) == 1 and fake_engine.made[0].config.max_num_seqs == 8  # one engine for all batches
+    assert [r["batch"] for r in rows] == [1, 8] and len(store.load()) == 2
+    for row, r in zip(rows, results):
+        b = row["batch"]
+        assert row["status"] == "measured" and row["tpot_ms"] == pytest.approx(STEP_S * 1e3)
+        assert row["decode_tok_s"] == pytest.approx(b / STEP_S)
+        prompt = [q.prompt_tokens for q in r.requests]  # the synthetic model takes the chat form: a few tokens more
+        assert all(128 < p <= 136 for p in prompt) and row["context"] == pytest.approx(sum(prompt) / b + 256 / 2)
+        step = tp.decode_step(tp.LLAMA_3_1_8B, b, round(row["context"]), 1, tp.H200, tp.NVLINK4)
+        assert row["predicted_ms"] == pytest.approx(step.latency_s * 1e3, rel=1e-12)
+        assert row["measured_over_predicted"] == pytest.approx(STEP_S / step.latency_s)
+    assert results[1].workload["requests"] == 8 and results[1].step == "tp1-llama-3.1-8b-bf16-b8"
+    assert "VLLM_ALLREDUCE_USE_SYMM_MEM" not in os.environ  # only set for t > 1
+    exp.measure("llama-3.1-8b", "bf16", 2, (1,))
+    assert os.environ["VLLM_ALLREDUCE_USE_SYMM_MEM"] == "0" and fake_engine.made[-1].config.tensor_parallel_size == 2
+
+
+def test_a_run_this_machine_cannot_make_says_why_and_starts_nothing(fake_engine, monkeypatch, tmp_path):
+    monkeypatch.undo()  # the real why_not, on a machine described below
+    from lablib.engines import vllm
+
+    FakeEngine.made = []
+    monkeypatch.setattr(vllm, "VLLMEngine", FakeEngine)
+    monkeypatch.setattr(exp, "device_facts", lambda: {"gpu": None, "gpu_count": 0})
+    rows, results = exp.measure("llama-3.1-70b", "fp8", 1, (1, 8))
+    assert results == [] and FakeEngine.made == []
+    assert [r["status"] for r in rows] == ["not measured: needs 1 GPU, this machine has 0"] * 2
+    assert all(r[k] is None for r in rows for k in ("tpot_ms", "decode_tok_s", "predicted_ms"))
+    monkeypatch.setattr(exp, "device_facts", lambda: {"gpu": "NVIDIA H200", "gpu_count": 1})
+    monkeypatch.setattr(exp, "nvml_memory", lambda: (0, 143771 * 2**20, 143771 * 2**20))
+    big = exp.why_not("llama-3.1-70b", "bf16", 1, VLLMConfig(max_model_len=4096))
+    assert big.startswith("synthetic:llama-3.1-70b: weights 131.42 GiB") and "max_model_len" in big
+    monkeypatch.setattr(exp, "SYNTHETIC_ROOT", tmp_path / "synthetic")
+    monkeypatch.setattr(exp.shutil, "disk_usage", lambda p: type("U", (), {"free": 64 * 2**30})())
+    disk = exp.why_not("llama-3.1-70b", "fp8", 1, VLLMConfig(max_model_len=4096, quantization="fp8"))
+    assert disk == f"the bf16 synthetic checkpoint needs 141 GB of disk under {tmp_path / 'synthetic'}, 69 GB is free"
+    assert exp.why_not("llama-3.1-8b", "bf16", 1, VLLMConfig(max_model_len=4096)) is None  # 16 GB: it fits the disk
+    (tmp_path / "synthetic" / "llama-3.1-70b").mkdir(parents=True)
+    (tmp_path / "synthetic" / "llama-3.1-70b" / "config.json").write_text("{}")
+    assert exp.why_not("llama-3.1-70b", "fp8", 1, VLLMConfig(max_model_len=4096, quantization="fp8")) is None
+
+
+def test_record_writes_facts_and_recorded_results_and_the_lab_reads_them_back(fake_engine, monkeypatch, tmp_path):
+    store, facts = ResultStore(tmp_path / "ref.jsonl"), {}
+    exp.record(tmp_path, store, facts)
+    got = facts["tp1"]
+    assert [(r["model"], r["scheme"], r["batch"]) for r in got["rows"]] == [
+        (m, s, b) for m, s in exp.TP1_RUNS for b in (1, 8, 64)]
+    assert got["gpu"] == "NVIDIA H200" and len(got["date"]) == 10 and got["prompt_len"] == exp.PROMPT_LEN
+    saved = store.load()
+    assert len(saved) == 6 and {r.provenance for r in saved} == {"recorded"}
+    monkeypatch.setattr(exp, "recorded_facts", lambda key, step: facts[key])
+    shown = exp.tp1_baseline(force=False)
+    assert not shown.live and {r["provenance"] for r in shown.value} == {f"recorded on NVIDIA H200, {got['date']}"}
+
+
+def test_scaling_runs_only_what_the_machine_holds(fake_engine):
+    shown = exp.tp_scaling(runs=(("llama-3.1-8b", "bf16", (1, 2, 4)),), batches=(1,), force=True)
+    status = {r["t"]: r["status"] for r in shown.value}
+    assert status == {1: "measured", 2: "measured", 4: "not measured: needs 4 GPUs, this machine has 2"}
+    assert shown.live
+
+
+def test_record_scaling_keeps_the_rows_it_could_not_run(fake_engine, tmp_path):
+    store, facts = ResultStore(tmp_path / "ref.jsonl"), {}
+    exp.record_scaling(tmp_path, store, facts)
+    rows = facts["tp_scaling"]["rows"]
+    skipped = {(r["model"], r["scheme"], r["t"]) for r in rows if r["status"] != "measured"}
+    assert skipped == {("llama-3.1-8b", "bf16", 4), ("llama-3.1-70b", "bf16", 4), ("llama-3.1-70b", "fp8", 4)}
+    assert len(store.load()) == 2 * 5 and len(rows) == 2 * 8  # batch 1 and 64 of every planned run
+
+
+def test_without_two_gpus_scaling_shows_the_recording_or_says_it_is_missing(monkeypatch):
+    monkeypatch.setattr(exp, "device_facts", lambda: {"gpu": "NVIDIA H200", "gpu_count": 1})
+    shown = exp.tp_scaling()
+    assert not shown.live and shown.value is None
+    assert "tp_scaling is not recorded yet" in shown.label and "--steps tp-scaling" in shown.label
+    missing = exp.tp1_baseline(force=False)
+    assert missing.value is None and "--steps tp1" in missing.label
+
+
+def test_remaining_runs_say_what_each_needs():
+    rows = exp.remaining_runs(())
+    assert all(r["status"] == "not run yet" for r in rows)
+    assert {r["step"] for r in rows} == {"tp1", "tp-scaling", "(none yet)"}
+    assert any("nvidia-h200-x4" in r["needs"] for r in rows) and any("disable_custom_all_reduce" in r["run"] for r in rows)
+    done = exp.remaining_runs(("tp1",))
+    assert [r["status"] for r in done if r["step"] == "tp1"] == ["recorded", "recorded"]
+
+
+# --- the recorded TP=1 runs of labs 01-03 -------------------------------------------------------
+
+
+def test_recorded_8b_runs_are_slower_than_the_bound_the_model_sets():
+    shown = exp.recorded_tp1_points()
+    assert not shown.live and shown.label == "recorded on NVIDIA H200, 2026-11-29"
+    single, _ = shown.value
+    assert single["batch"] == 1 and single["tpot_ms"] == pytest.approx(4.894)
+    step = tp.decode_step(tp.LLAMA_3_1_8B, 1, 389, 1, tp.H200, tp.NVLINK4)
+    assert single["predicted_ms"] == pytest.approx(step.latency_s * 1e3, rel=1e-12)
+    assert all(r["measured_over_predicted"] > 1 for r in shown.value)  # spec-sheet bandwidth, no overhead: a bound
+    assert exp.calibrated_overhead(shown.value) == pytest.approx((4.894 - single["predicted_ms"]) / 1e3)
+
+
+# --- the small readers the notebook's cells call ------------------------------------------------
+
+
+def test_link_rows_are_the_mechanisms_links():
+    rows = {r["link"]: r for r in exp.link_rows()}
+    assert rows["NVLink 4"]["GB/s per direction"] == 450 and rows["PCIe Gen4 x16"]["GB/s per direction"] == 32
+    assert rows["NVLink 4"]["latency per collective (us)"] == pytest.approx(5) and len(rows) == 4
+    assert rows[tp.H200_HBM3E.name]["GB/s per direction"] == 4800
+
+
+def test_lookup_finds_exactly_one_row():
+    rows = exp.cost_rows(("llama-3.1-8b",), batches=(1,))
+    assert exp.lookup(rows, "t", model="llama-3.1-8b", t=2, batch=1, link="NVLink 4") == 2
+    with pytest.raises(ValueError, match="12 rows match"):
+        exp.lookup(rows, "t", model="llama-3.1-8b")
+
+
+def test_pcie_share_above_nvlink_is_false_when_a_pcie_link_shares_less():
+    rows = exp.cost_rows(("llama-3.1-8b",), batches=(1, 64))
+    assert exp.pcie_share_above_nvlink(rows)
+    nv = next(r for r in rows if (r["link"], r["t"], r["batch"]) == ("NVLink 4", 4, 64))
+    assert not exp.pcie_share_above_nvlink([r for r in rows if r is not nv] + [nv | {"communication_share": 0.99}])
+    assert not exp.pcie_share_above_nvlink([r for r in rows if r["t"] == 1])  # nothing to compare: not a pass
+
+
+def test_a_fixed_overhead_cuts_the_speedup_as_amdahl_says():
+    rows = exp.overhead_effect(2e-3)
+    base = {r["t"]: r for r in exp.cost_rows(("llama-3.1-8b",), batches=(1,), links=(tp.NVLINK4,))}
+    for r in rows:
+        t = r["t"]
+        assert r["speedup"] == base[t]["speedup"] and r["latency_ms with 2.00 ms overhead"] == pytest.approx(
+            base[t]["latency_s"] * 1e3 + 2.0)
+        assert r["speedup with overhead"] == pytest.approx((base[1]["latency_s"] + 2e-3) / (base[t]["latency_s"] + 2e-3))
+    assert [r["efficiency with overhead"] < r["speedup"] / r["t"] for r in rows[1:]] == [True] * 3
+
+
+def test_refusals_name_each_bad_input(monkeypatch):
+    monkeypatch.setattr(exp, "device_facts", lambda: {"gpu": None, "gpu_count": 1})
+    got = {r["asked"]: r["refused with"] for r in exp.refusals()}
+    assert list(got) == ["tensor_parallel_size=3 (does not divide the heads)",
+                         "tensor_parallel_size=2 on this machine (1 GPUs)",
+                         "bf16 at tensor_parallel_size=1 on one H200 (does not fit)"]
+    first, second, third = got.values()
+    assert first.startswith("VLLMConfig.tensor_parallel_size=3: allowed one of [1, 2, 4, 8")
+    assert "allowed at most 1, the GPUs this machine has" in second
+    assert third.endswith("Fix: tensor_parallel_size=2 or quantization='fp8'.")
+
+
+def test_readers_of_measured_rows_say_false_or_none_when_a_run_is_missing():
+    def row(t, batch, tpot, status="measured"):
+        return {"model": "m", "scheme": "bf16", "t": t, "batch": batch, "status": status, "tpot_ms": tpot,
+                "decode_tok_s": batch / tpot * 1e3 if tpot else None}
+
+    rows = [row(1, 1, 5.0), row(2, 1, 3.0), row(1, 64, 8.0)]
+    assert exp.tp_cuts_latency(rows, "m", "bf16", 2) and not exp.tp_cuts_latency(rows, "m", "bf16", 4)
+    assert not exp.tp_cuts_latency([rows[0], row(2, 1, None, "not measured: no GPU")], "m", "bf16", 2)
+    assert exp.batch_gain(rows, "m", "bf16") == pytest.approx(64 / 8.0 / (1 / 5.0))
+    assert exp.batch_gain(rows[:2], "m", "bf16") is None
+
+
+def test_headline_reads_the_rows_it_is_given():
+    rows, fits = exp.cost_rows(batches=(1,)), exp.fit_rows()
+    lines = exp.headline(rows, fits)
+    sp = exp.lookup(rows, "speedup", model="llama-3.1-8b", t=2, batch=1, link="NVLink 4")
+    assert f"TP=2 is {sp:.2f}x faster per token over NVLink 4" in lines[0]
+    assert lines[2].startswith("llama-3.1-70b needs 2 H200s in bf16, 1 in FP8") and lines[-1] == f"[{exp.SIMULATED}]"
