@@ -98,3 +98,168 @@ def test_the_recording_step_runs_every_set_and_variant(start, tmp_path):  # noqa
     assert all(r["exact"] for r in rows), [r["verdict"] for r in rows]
     assert [r["vllm_hits"] == 0 for r in rows] == [False, False, False, True, False]
     assert all(r.provenance == "recorded" for r in store.load())
+
+
+# Lab 07's notebook: the simulator on the embedded tokenizer's ids, and the vLLM runs the recordings above lack.
+
+def test_a_200_token_shared_prefix_caches_its_12_full_blocks(hf):
+    wl = prefix.shared_prefix_set(prefix.ODD_LENGTH, hf.tokenizer)
+    ids = [list(p.prompt_ids) for p in prefix.prepare(wl, hf, prefix.BenchConfig(warmup_requests=0))]
+    assert prefix.shared_tokens(ids) == 200 and wl.name == "shared-prefix-200" and len(wl) == 32
+    assert [r.prompt_tokens for r in wl.requests] == [len(i) for i in ids]
+    base = load_workload("shared-prefix-1024")
+    assert [len(i) - 200 for i in ids] == [r.prompt_tokens - 1024 for r in base.requests]  # the same own snippets
+    assert list(prefix.predict(wl, hf).cached_tokens) == [0] + [192] * 31  # 12.5 blocks shared: 12 hit
+    system = {r.messages[0]["content"] for r in wl.requests}  # the chat form: the cut header is the system message
+    assert len(system) == 1 and len(system.pop()) < len(base.requests[0].messages[0]["content"])
+    assert [r.messages[1:] for r in wl.requests] == [r.messages[1:] for r in base.requests]
+
+
+@pytest.mark.parametrize("bad", [2, 1025, 200.0])
+def test_a_shared_prefix_outside_the_shipped_text_is_refused(bad):
+    with pytest.raises(ValueError, match=r"shared_prefix_set\.tokens=.*allowed integers 3\.\.1024"):
+        prefix.shared_prefix_set(bad)
+
+
+def test_the_last_prompt_token_is_recomputed_on_real_ids(hf):
+    rows = {r["prompt_tokens"]: r for r in prefix.repeat_rows(hf)}
+    assert rows[64]["cached_second_time"] == 48 and rows[64]["recomputed"] == 16  # vLLM's floor, on the real tokenizer
+    assert [rows[n]["cached_second_time"] for n in (65, 16, 17)] == [64, 0, 16]
+    with pytest.raises(ValueError, match=r"repeat_rows\.lengths"):
+        prefix.repeat_rows(hf, (0,))
+
+
+def test_chained_hashes_agree_over_the_shared_prompt_only(hf):
+    rows = prefix.chain_rows(hf, blocks=10)
+    assert [r["shared"] for r in rows] == [True] * 8 + [False] * 2  # 128 shared tokens: 8 blocks
+    assert not any(r["shared, line first"] for r in rows)  # a per-request line first: not even block 0
+    assert rows[9]["request 0"] is None and len(rows[0]["request 0"]) == 8
+
+
+def test_hit_rate_grows_with_the_shared_prefix(hf):
+    rows = prefix.prefix_length_rows(hf)
+    assert [r["shared_tokens"] for r in rows] == list(prefix.LENGTHS)
+    assert [r["cached_per_later_request"] for r in rows] == [128, 192, 512, 1024]
+    rates = [r["hit_rate"] for r in rows]
+    assert all(a < b for a, b in zip(rates, rates[1:]))
+    for r in rows:  # whole blocks: the simulator reaches the best rate exactly when the prefix is whole blocks
+        assert (r["hit_rate"] == pytest.approx(r["best_hit_rate"])) == (r["shared_tokens"] % 16 == 0)
+
+
+def test_the_seeds_advice_on_one_set(hf):
+    got = prefix.advice(hf)
+    assert list(got) == ["shared part first", "per-request line first", "multi-turn"]
+    assert got["per-request line first"].hits == 0 < got["shared part first"].hits
+    turns = got["multi-turn"].cached_tokens
+    assert turns[0] == 0 and all(a < b for a, b in zip(turns, turns[1:]))
+
+
+def test_distinct_prefixes_arrive_in_the_order_asked():
+    grouped = prefix.distinct_prefix_prompts(3, 2, 32, "grouped")
+    robin = prefix.distinct_prefix_prompts(3, 2, 32, "round-robin")
+    popular = prefix.distinct_prefix_prompts(3, 2, 32, "popular")
+
+    def head(ps):
+        return [p[:32] for p in ps]
+
+    assert head(grouped)[0] == head(grouped)[1] != head(grouped)[2]
+    assert head(robin)[0] == head(robin)[3] and len({tuple(h) for h in head(robin)[:3]}) == 3
+    assert head(popular)[0] == head(popular)[2] == head(popular)[4] and head(popular)[1] != head(popular)[3]
+    with pytest.raises(ValueError, match=r"distinct_prefix_prompts\.order='random'"):
+        prefix.distinct_prefix_prompts(order="random")
+
+
+def test_scarce_memory_evicts_prefixes_before_they_come_back():
+    rows = prefix.scarce_memory_rows()
+    by = {(r["order"], r["num_blocks"]): r for r in rows}
+    best = by[("grouped", 160)]["hit_rate"]
+    assert best > 0.5
+    assert all(by[(o, 160)]["hit_rate"] == best and by[(o, 160)]["evictions"] == 0 for o in prefix.ORDERS)
+    assert all(by[("round-robin", n)]["hits"] == 0 for n in (16, 32, 48, 64))  # below the 64 prefix blocks: nothing
+    assert all(by[("grouped", n)]["hit_rate"] == best for n in (16, 64))  # reused at once: a tiny cache is enough
+    for order in prefix.ORDERS:
+        mine = [by[(order, n)] for n in range(16, 161, 16)]
+        assert all(a["evictions"] >= b["evictions"] for a, b in zip(mine, mine[1:]))
+        assert all(a["hit_rate"] <= b["hit_rate"] for a, b in zip(mine, mine[1:]))
+
+
+def test_the_eviction_picture_shares_a_popular_prefix_and_loses_rare_ones():
+    demo = prefix.eviction_demo()
+    assert demo.cached_tokens == (0, 48, 0, 0, 48, 0, 16, 48, 0, 48)  # prefix 1 is back with 1 block; prefix 2 lost
+    assert demo.evictions == 20 and any(max(s.ref_counts) == 2 for s in demo.snapshots)
+
+
+def test_on_and_off_on_the_fake_vllm(start):  # noqa: F811
+    value, results = prefix.on_off_runs(("embedded",))
+    runs = value["runs"]
+    names = [f"shared-prefix-{n}" for n in prefix.LENGTHS] + ["shared-prefix-512-shared-after"]
+    assert [(r["caching"], r["workload"]) for r in runs] == [("off", n) for n in names] + [("on", n) for n in names]
+    on = {r["workload"]: r for r in runs if r["caching"] == "on"}
+    assert on["shared-prefix-200"]["vllm_hits"] == 31 * 192 and on["shared-prefix-512-shared-after"]["vllm_hits"] == 0
+    assert on["shared-prefix-1024"]["shared_tokens"] == 1024 and on["shared-prefix-1024"]["hit_rate"] > 0.9
+    assert all(r["hit_rate"] is None and not r["vllm_hits"] for r in runs if r["caching"] == "off")
+    assert [(a["identical"], a["of"]) for a in value["agreement"]] == [(32, 32)] * 5  # the fake ignores its cache
+    assert len(results) == 10 and all(r.requests[0].output_tokens == 32 for r in results)
+    pairs = prefix.on_off_pairs(runs)
+    assert [p["workload"] for p in pairs] == [r["workload"] for r in runs[5:]] and all(p["ttft_p50_on_over_off"] > 0
+                                                                                       for p in pairs)
+
+
+def test_greedy_outputs_on_and_off_say_where_they_part():
+    from lablib.results import RequestRecord, Result
+
+    def result(ids):
+        reqs = [RequestRecord(f"r{i}", 10, len(o), first_token=0.1, last_token=0.2, output_ids=o)
+                for i, o in enumerate(ids)]
+        return Result("t", "s", "vllm", {}, {"name": "embedded"}, {"name": "w"}, reqs, 1.0)
+
+    got = prefix.outputs_agree(result([[1, 2, 3], [4, 5, 6]]), result([[1, 2, 3], [4, 9, 6]]))
+    assert (got["identical"], got["of"]) == (1, 2) and got["diverged"] == [
+        {"request_id": "r1", "first_divergence": 1, "output_tokens": 3}]
+
+
+def test_the_ttft_claim_reads_the_synthetic_models_pairs():
+    def row(model, wl, caching, ttft):
+        return {"model": model, "workload": wl, "caching": caching, "shared_tokens": 128, "hit_rate": 0.5,
+                "ttft_p50_s": ttft, "total_tok_s": 1.0}
+
+    big = "synthetic:llama-3.1-8b"
+    after = "shared-prefix-512-shared-after"
+    runs = [row(big, "shared-prefix-128", "off", 0.5), row(big, "shared-prefix-128", "on", 0.2),
+            row(big, after, "off", 0.5), row(big, after, "on", 0.6),
+            row("embedded", "shared-prefix-128", "off", 0.01), row("embedded", "shared-prefix-128", "on", 0.02)]
+    assert prefix.caching_cuts_ttft(runs)  # the 0%-hit variant and the embedded model are not part of the claim
+    assert not prefix.caching_cuts_ttft(runs, model="embedded") and not prefix.caching_cuts_ttft([])
+    assert prefix.on_off_pairs(runs)[0]["ttft_p50_on_over_off"] == pytest.approx(0.4)
+
+
+def test_record_writes_one_facts_key_and_recorded_results(start, tmp_path):  # noqa: F811
+    from lablib.results import ResultStore
+
+    store, facts = ResultStore(tmp_path / "r.jsonl"), {}
+    prefix.record(tmp_path, store, facts, models=("embedded",))
+    assert list(facts) == [prefix.ON_OFF_KEY] and set(facts[prefix.ON_OFF_KEY]) == {"runs", "agreement"}
+    saved = store.load()
+    assert len(saved) == 10 and all(r.provenance == "recorded" and r.lab == "reference" for r in saved)
+
+
+def test_the_lab_counts_vllms_hits_live_and_says_what_is_not_recorded(start):  # noqa: F811
+    shown = prefix.counters(1, force=True)
+    assert shown.live and [r["workload"] for r in shown.value] == [w.name for w in prefix.lab_workloads()]
+    assert all(r["exact"] for r in shown.value), [r["verdict"] for r in shown.value]
+    for got, step in ((prefix.counters(1, force=False), "prefix"), (prefix.counters(32, force=False), "prefix-batch"),
+                      (prefix.on_off(force=False), "prefix-on-off")):
+        assert got.value is None and f"--steps {step}`" in got.label
+    assert prefix.part(prefix.on_off(force=False), "runs").value is None
+    with pytest.raises(ValueError, match=r"counters\.max_num_seqs=8"):
+        prefix.counters(8)
+
+
+def test_the_scarce_memory_claim_notices_a_rate_that_rises_as_room_shrinks():
+    rows = prefix.scarce_memory_rows(capacities=(64, 96, 160))
+    assert prefix.falls_with_capacity(rows)
+    bad = [dict(r, hit_rate=1.0) if r["num_blocks"] == 64 else r for r in rows]
+    assert not prefix.falls_with_capacity(bad)
+    onoff = prefix.on_off(force=False)
+    fake = type(onoff)({"runs": [1, 2]}, False, "recorded on NVIDIA H200, 2026-12-01")
+    assert prefix.part(fake, "runs", len).value == 2 and prefix.part(fake, "runs").label == fake.label

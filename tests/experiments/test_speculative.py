@@ -3,17 +3,30 @@ token; vLLM's counters, consistent; the formula's report; a perfect draft; refus
 
 The pair is loaded once for the module; 3 journey prompts x 29 new tokens (29 is no multiple of k+1 for
 k = 1, 3, 5, so the last step is usually cut). Everything here is deterministic (greedy, no timing asserts).
+
+Lab 08's other steps below: the formula's tables (exact), the study's tables, the batch model, and the vLLM
+part on the fake vLLM (tests/fake_vllm, which has no speculative decoding): configs, the pinned runner and
+async settings, rows, refusals before any engine, the recording step.
 """
 import copy
+import json
 import math
+import os
 import re
+from fractions import Fraction
 from types import SimpleNamespace
 
 import pytest
 
+from lablib.config import VLLMConfig
+from lablib.engines.vllm import VLLMEngine
 from lablib.experiments import speculative as spec
-from lablib.mechanisms.speculative import SpecCounters
+from lablib.mechanisms.speculative import SpecCounters, expected_tokens_per_step, reversal_batch, simulate_acceptance
+from lablib.mechanisms.speculative import speedup as formula_speedup
+from lablib.models import embedded_path
+from lablib.results import ResultStore
 from lablib.workloads import load_workload
+from tests.engines.test_vllm import fake_gpu, start, with_fake_vllm  # noqa: F401 - the fake vLLM's fixtures (lab 08)
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers").utils.logging.set_verbosity_error()
@@ -166,3 +179,269 @@ def test_a_draft_with_another_vocabulary_is_refused_before_any_forward(pair):
 def test_counters_of_mixed_k_are_refused(runs):
     with pytest.raises(ValueError, match=re.escape("spec_counters.runs=")):
         spec.spec_counters(runs[1] + runs[3])
+
+
+# ---------------------------------------------------------------- lab 08's other steps: maths, tables, batch model
+# Exact where the maths is (the formula's tables, the roofline's c), deterministic elsewhere (greedy loops);
+# the vLLM part runs on the fake vLLM, which has no speculative decoding: its plumbing only (configs, the
+# pinned runner and async settings, rows, refusals before any engine, the recording step).
+
+
+@pytest.fixture(scope="module")
+def tiny_study(pair):
+    return spec.cpu_study(n_prompts=2, max_new_tokens=12, ks=(2, 4), rounds=1, pair=pair)
+
+
+def test_the_maths_tables_hold_the_formulas_exact_values():
+    m = spec.maths_tables(alphas=(0.5,), ks=(4,), costs=(0.0, 0.25, 1.0))
+    [row] = m["tokens"]
+    assert row["tokens_per_step"] == 31 / 16 and row["speedup_c=0"] == 31 / 16  # n-gram: E / 1
+    assert row["speedup_c=0.25"] == 31 / 16 / 2 and row["speedup_c=1"] == 31 / 16 / 5
+    assert row["vllm_acceptance_rate"] == 15 / 64
+    even = {r["c"]: r["break_even_alpha"] for r in m["break_even"]}
+    assert even[0.0] == 0.0 and even[1.0] == 1.0  # 4 x 1 + 1 = 5 = k + 1: only a perfect draft breaks even
+    assert formula_speedup(even[0.25], 4, 0.25) == pytest.approx(1, abs=1e-12)  # E = 2 at the break-even alpha
+    best = {r["c"]: r["best_k"] for r in m["optimal_k"]}
+    assert best[0.0] == 16 and best[1.0] == 1  # free drafts: as many as allowed; dear ones: as few as possible
+
+
+def test_counters_consistency_names_what_breaks():
+    good = SpecCounters(10, 40, 17, (8, 5, 3, 1))
+    assert spec.counters_consistent(good, 4) == (True, "consistent")
+    ok, why = spec.counters_consistent(good, 3)
+    assert not ok and "k x num_drafts = 30" in why and "4 per-position counts for k=3" in why
+    ngram = SpecCounters(10, 33, 17)  # n-gram drafts may be shorter than k
+    assert spec.counters_consistent(ngram, 4, every_draft_k=False)[0]
+    assert not spec.counters_consistent(ngram, 4)[0]
+    rising = SpecCounters(10, 40, 17, (5, 8, 3, 1))
+    assert "increase" in spec.counters_consistent(rising, 4)[1]
+
+
+def test_the_study_tables_and_lines_read_the_loop(tiny_study):
+    acc, cost = spec.acceptance_table(tiny_study), spec.cost_table(tiny_study)
+    assert [r["k"] for r in acc] == [r["k"] for r in cost] == [2, 4]
+    for a, r in zip(acc, tiny_study["rows"]):
+        assert a["counters_consistent"] and a["identical_to_greedy"]
+        assert a["acceptance_rate"] == r["num_accepted_tokens"] / r["num_draft_tokens"]
+        assert a["gap_in_stderrs"] == pytest.approx((r["measured_length"] - r["predicted_length"]) / r["length_stderr"])
+    assert spec.study_row(tiny_study, 4)["k"] == 4
+    with pytest.raises(ValueError, match=SHAPE.format(owner="study_row", field="k")):
+        spec.study_row(tiny_study, 3)
+    lines = spec.loop_lines(tiny_study).splitlines()
+    assert len(lines) == 3 and "tokens identical to greedy: True" in lines[1] and "standard errors" in lines[2]
+    assert "noisy" in spec.cost_lines(tiny_study) and "measured on this machine's CPU" in spec.cost_lines(tiny_study)
+
+
+def test_assisted_generation_matches_greedy_on_journey_prompts(pair):
+    got = spec.assisted_matches(pair, n_prompts=1, max_new_tokens=10, k=3)
+    assert got == {"prompts": 1, "max_new_tokens": 10, "k": 3, "identical": 1, "all_identical": True}
+
+
+def test_the_batch_model_reads_the_spec_sheet_and_reverses():
+    t, d = spec.roofline_of("llama-3.1-8b"), spec.roofline_of("llama-3.2-1b")
+    assert t.bandwidth == 4.8e12 and t.peak_flops == 989.5e12 and t.weight_bytes == 2 * 8030261248
+    m = spec.batch_model(0.8, 4, batches=(1, 64, 256))
+    e = expected_tokens_per_step(0.8, 4)
+    c = 1235814400 / 8030261248  # the draft's parameters over the target's: both bf16, memory-bound at batch 1
+    first = m["curves"]["draft model"][0]
+    assert first.draft_cost == pytest.approx(c, rel=1e-12) and first.speedup == pytest.approx(e / (4 * c + 1))
+    assert m["curves"]["n-gram"][0].speedup == pytest.approx(e)
+    for name, draft in (("draft model", d), ("n-gram", None)):
+        b = m["reversal"][name]
+        assert b == reversal_batch(0.8, 4, t, draft)
+        below, at = spec.speedup_vs_batch(0.8, 4, [b - 1, b], t, draft)
+        assert below.speedup >= 1 > at.speedup
+    assert m["reversal"]["draft model"] < m["reversal"]["n-gram"]  # the draft's own forwards make it reverse sooner
+    assert "simulated" in m["where"] and "H200" in m["where"]
+    with pytest.raises(ValueError, match=SHAPE.format(owner="roofline_of", field="arch")):
+        spec.roofline_of("llama-9")
+
+
+# ---------------------------------------------------------------- vLLM: configs, the pinned settings, refusals
+
+
+def test_the_pinned_config_passes_async_scheduling_and_keeps_the_runner_out_of_llm_kwargs():
+    pinned = spec.PinnedVLLMConfig(max_num_seqs=4, async_scheduling=False, model_runner_v2=False)
+    kw = pinned.llm_kwargs()
+    assert kw["async_scheduling"] is False and "model_runner_v2" not in kw and kw["max_num_seqs"] == 4
+    assert pinned.to_dict()["model_runner_v2"] is False  # recorded in every Result's config
+    assert "async_scheduling" not in spec.PinnedVLLMConfig().llm_kwargs()  # None: vLLM decides
+    assert isinstance(pinned, VLLMConfig)
+    with pytest.raises(ValueError, match=SHAPE.format(owner="PinnedVLLMConfig", field="async_scheduling")):
+        spec.PinnedVLLMConfig(async_scheduling="off")
+
+
+def test_the_runner_variable_is_set_while_spawning_and_restored(monkeypatch):
+    monkeypatch.setenv(spec.RUNNER_ENV, "1")
+    with spec.runner_env(False):
+        assert os.environ[spec.RUNNER_ENV] == "0"
+    with spec.runner_env(None):
+        assert spec.RUNNER_ENV not in os.environ  # vLLM's own choice
+    assert os.environ[spec.RUNNER_ENV] == "1"
+    monkeypatch.delenv(spec.RUNNER_ENV)
+    with spec.runner_env(True):
+        assert os.environ[spec.RUNNER_ENV] == "1"
+    assert spec.RUNNER_ENV not in os.environ
+
+
+def test_speculative_configs_for_both_methods():
+    assert spec.speculative_config("draft_model", 4) == {
+        "method": "draft_model", "num_speculative_tokens": 4, "model": str(embedded_path("draft"))}
+    assert spec.speculative_config("ngram", 3, prompt_lookup_min=2, prompt_lookup_max=5) == {
+        "method": "ngram", "num_speculative_tokens": 3, "model": None, "prompt_lookup_min": 2, "prompt_lookup_max": 5}
+    got = spec.speculative_config("ngram", 2, prompt_lookup_max=3)
+    assert (got["prompt_lookup_min"], got["prompt_lookup_max"]) == (3, 3)  # vLLM's rule: one sets the other
+    got = spec.speculative_config("ngram", 2)
+    assert (got["prompt_lookup_min"], got["prompt_lookup_max"]) == (5, 5)  # vLLM's defaults
+    assert spec.speculative_config("draft_model", 2, sampling={"temperature": 0})["method"] == "draft_model"
+
+
+@pytest.mark.parametrize("args, kwargs, field, words", [
+    (("draft_model", 0), {}, "k", "integers >= 1"), (("ngram", -1), {}, "k", "integers >= 1"),
+    (("draft_model", 1.5), {}, "k", "integers"), (("draft_model", True), {}, "k", "integers"),
+    (("lookahead", 4), {}, "method", "a method vLLM 0.26 has"),
+    (("eagle", 4), {}, "method", "out of this lab's scope"), (("medusa", 4), {}, "method", "draft_model or ngram"),
+    (("ngram", 4), {"prompt_lookup_min": 5, "prompt_lookup_max": 2}, "prompt_lookup_min", "<= prompt_lookup_max=2"),
+    (("ngram", 4), {"prompt_lookup_min": 0}, "prompt_lookup_min", "integers >= 1"),
+    (("draft_model", 4), {"prompt_lookup_max": 3}, "prompt_lookup_max", "None with draft_model"),
+    (("ngram", 4), {"draft": "data/models/draft"}, "draft", "None with ngram"),
+    (("draft_model", 4), {"sampling": {"min_p": 0.1}}, "sampling", "no min_p or logit_bias"),
+    (("ngram", 4), {"sampling": {"logit_bias": {5: 1.0}}}, "sampling", "no min_p or logit_bias"),
+    (("ngram", 4), {"sampling": {"temperature": 0.8}}, "sampling", "greedy decoding"),
+])
+def test_bad_speculative_knobs_are_refused(args, kwargs, field, words):
+    with pytest.raises(ValueError, match=SHAPE.format(owner="speculative_config", field=field)) as e:
+        spec.speculative_config(*args, **kwargs)
+    assert words in str(e.value)
+
+
+def test_a_draft_with_another_vocabulary_is_refused_before_vllm(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"vocab_size": 32000}))
+    with pytest.raises(ValueError, match=SHAPE.format(owner="speculative_config", field="draft")) as e:
+        spec.speculative_config("draft_model", 4, draft=tmp_path)
+    assert "4096" in str(e.value) and "32000" in str(e.value)
+
+
+def test_the_settings_of_one_batch():
+    runs = spec.settings(("draft_model", "ngram"), (2, 4), (2, 5))
+    assert [s.name for s in runs] == ["baseline, pinned (V1, no async)", "baseline, vLLM defaults", "draft model k=2",
+                                      "draft model k=4", "n-gram k=2 (lookup 2-5)", "n-gram k=4 (lookup 2-5)"]
+    assert [s.step(16) for s in runs[:3]] == ["spec-baseline-b16", "spec-baseline-defaults-b16",
+                                              "spec-draft_model-k2-b16"]
+    assert runs[-1].step(1) == "spec-ngram-k4-l2-5-b1"
+    pinned, default = runs[2].config(8, 0.3), runs[1].config(8, 0.3)
+    assert (pinned.async_scheduling, pinned.model_runner_v2, pinned.max_num_seqs) == (False, False, 8)
+    assert pinned.speculative_config["num_speculative_tokens"] == 2
+    assert (default.async_scheduling, default.model_runner_v2, default.speculative_config) == (None, None, None)
+    assert [s.name for s in spec.settings(("ngram",), (4,), (3, 3), defaults_baseline=False)] == [
+        "baseline, pinned (V1, no async)", "n-gram k=4 (lookup 3-3)"]
+
+
+def test_counters_from_a_runs_metrics_delta():
+    delta = {"vllm:spec_decode_num_drafts": 751.0, "vllm:spec_decode_num_draft_tokens": 3004.0,
+             "vllm:spec_decode_num_accepted_tokens": 1399.0, "vllm:prompt_tokens": 100.0}
+    c = spec.counters_from_delta(delta)
+    assert c == SpecCounters(751, 3004, 1399) and round(c.mean_acceptance_length, 2) == 2.86  # the H200 run (facts)
+    assert spec.counters_from_delta({**delta, "vllm:spec_decode_num_drafts": 0.0}) is None  # drafted nothing
+    assert spec.counters_from_delta({"vllm:prompt_tokens": 100.0}) is None  # a baseline: no such counters
+    per_pos = {**delta, "vllm:spec_decode_num_accepted_tokens_per_pos": [600, 400, 250, 149]}
+    assert spec.counters_from_delta(per_pos).accepted_per_pos == (600, 400, 250, 149)
+
+
+def _vllm_row(k: int, counters: SpecCounters, batch: int = 1) -> dict:
+    return {"method": "draft_model", "name": f"draft model k={k}", "k": k, "batch": batch,
+            "mean_acceptance_length": counters.mean_acceptance_length, "acceptance_rate": counters.acceptance_rate,
+            "num_drafts": counters.num_drafts, "provenance": "live on NVIDIA H200"}
+
+
+def test_the_cross_check_accepts_the_formulas_own_counters_and_flags_others():
+    alpha, k, steps = Fraction(7, 10), 4, 4000
+    loop = [{"k": k, "alpha": 0.7, "predicted_length": float(expected_tokens_per_step(alpha, k)),
+             "measured_length": 2.77, "length_stderr": 0.02, "num_drafts": 400}]
+    same = simulate_acceptance(0.7, k, steps, seed=1)  # what the i.i.d. model counts at the loop's alpha
+    other = simulate_acceptance(0.5, k, steps, seed=1)
+    [ok], [bad] = spec.cross_check([_vllm_row(k, same)], loop), spec.cross_check([_vllm_row(k, other)], loop)
+    assert ok["within_3_stderrs"] and not bad["within_3_stderrs"]
+    se = math.sqrt(0.02**2 + (0.02 * math.sqrt(400)) ** 2 / steps)
+    assert ok["stderr"] == pytest.approx(se) and ok["formula_length"] == pytest.approx(2.7731)
+    baseline = {"method": "baseline", "k": None, "mean_acceptance_length": None}
+    assert spec.cross_check([baseline, {**_vllm_row(2, same), "k": 2}], loop) == []  # no loop row for k=2
+
+
+def test_bad_knobs_are_refused_before_any_engine(monkeypatch):
+    def no_engine(*a, **k):
+        raise AssertionError("an engine was made before the knobs were checked")
+
+    monkeypatch.setattr(VLLMEngine, "__init__", no_engine)
+    for kwargs, field in (({"ks": (0,)}, "ks"), ({"batches": (0,)}, "batches"), ({"methods": ("eagle",)}, "method"),
+                          ({"prompt_lookup": (6, 2)}, "prompt_lookup_min"), ({"n_prompts": 65}, "n_prompts")):
+        with pytest.raises(ValueError, match=rf"\.{field}="):
+            spec.vllm_spec_runs(**kwargs)
+    with pytest.raises(ValueError, match=r"settings\.ks="):
+        spec.gpu_study(ks=(0,), force=False)  # refused on a CPU too, before the mode decides
+
+
+@pytest.fixture
+def pinned_on_the_fake(start, monkeypatch):  # noqa: F811
+    """The fake vLLM takes no async_scheduling (its EngineArgs list predates this lab): drop it in the parent, where
+    VLLMEngine.start builds the kwargs; record what VLLM_USE_V2_MODEL_RUNNER was when each worker was spawned."""
+    real_kwargs = spec.PinnedVLLMConfig.llm_kwargs
+    spawned = []
+
+    def kwargs(self):  # VLLMEngine.start calls it just before it spawns the worker, inside runner_env
+        kw = real_kwargs(self)
+        spawned.append({"async_scheduling": kw.pop("async_scheduling", None), "env": os.environ.get(spec.RUNNER_ENV)})
+        return kw
+
+    monkeypatch.setattr(spec.PinnedVLLMConfig, "llm_kwargs", kwargs)
+    monkeypatch.delenv(spec.RUNNER_ENV, raising=False)
+    return spawned
+
+
+def test_the_runs_on_the_fake_vllm_carry_every_setting(pinned_on_the_fake, tmp_path):
+    store = ResultStore(tmp_path / "r.jsonl")
+    rows = spec.vllm_spec_runs(("draft_model", "ngram"), (2,), (1, 2), n_prompts=3, max_new_tokens=4, store=store)
+    assert [(r["name"], r["batch"]) for r in rows] == [(n, b) for b in (1, 2) for n in (
+        "baseline, pinned (V1, no async)", "baseline, vLLM defaults", "draft model k=2", "n-gram k=2 (lookup 2-5)")]
+    assert [s["env"] for s in pinned_on_the_fake] == ["0", None, "0", "0"] * 2  # the runner, as each worker spawned
+    assert [s["async_scheduling"] for s in pinned_on_the_fake] == [False, None, False, False] * 2
+    assert spec.RUNNER_ENV not in os.environ  # restored
+    results = [r["result"] for r in rows]
+    assert [r.step for r in store.load()] == [r.step for r in results]
+    for row, res in zip(rows, results):
+        assert res.config["max_num_seqs"] == row["batch"] and res.lab == spec.LAB
+        assert res.config["async_scheduling"] is (False if row["pinned"] else None)
+        assert res.summary["output_tokens"] == 3 * 4 and row["back_to_baseline"] is True
+        assert row["token_match"] == 1.0 and row["first_divergence"] is None  # the fake decodes alike every time
+        assert row["model_runner"] == ("V1" if row["pinned"] else "unknown")  # the fake logs no runner line
+        assert row["num_drafts"] is None and row["alpha"] is None  # the fake has no speculative decoding
+    sc = {r["name"]: r["result"].config["speculative_config"] for r in rows[:4]}
+    assert sc["draft model k=2"]["method"] == "draft_model" and sc["n-gram k=2 (lookup 2-5)"]["prompt_lookup_max"] == 5
+    assert sc["baseline, pinned (V1, no async)"] is None
+    assert rows[0]["speedup"] == 1.0 and rows[4]["speedup"] == 1.0  # each batch's pinned baseline is its own reference
+    assert "no drafts" in rows[2]["counters_note"]
+
+
+def test_the_recording_step_writes_its_facts_and_recorded_results(pinned_on_the_fake, tmp_path):
+    store, facts = ResultStore(tmp_path / "r.jsonl"), {}
+    spec.record(tmp_path, store, facts, batches=(1,), ks=(2,), methods=("ngram",), n_prompts=2, max_new_tokens=4)
+    got = facts["speculative"]
+    assert [r["name"] for r in got["rows"]] == ["baseline, pinned (V1, no async)", "baseline, vLLM defaults",
+                                                "n-gram k=2 (lookup 2-5)"]
+    assert got["loop"][0]["k"] == 2 and got["loop"][0]["prompts"] == 2 and got["cross_check"] == []
+    assert got["gpu"] == store.load()[0].hardware.get("gpu") and len(got["date"]) == 10 and "results" not in got
+    assert all(r.provenance == "recorded" for r in store.load()) and len(store.load()) == 3
+    assert json.loads((tmp_path / "speculative.json").read_text())["rows"][2]["k"] == 2
+
+
+def test_the_gpu_step_without_a_recording_says_which_step_records_it(monkeypatch):
+    shown = spec.gpu_study(force=False)
+    assert shown.value is None and "--steps speculative" in shown.label
+    assert list(spec.gpu_table(shown)["provenance"]) == [shown.label]
+    recorded = {"rows": [{"name": "baseline, pinned (V1, no async)", "batch": 1, "speedup": 1.0}], "loop": [],
+                "cross_check": [], "gpu": "NVIDIA H200", "date": "2026-12-02"}
+    monkeypatch.setattr(spec, "recorded_facts", lambda key, step: recorded if (key, step) == ("speculative",
+                                                                                             "speculative") else None)
+    shown = spec.gpu_study(force=False)
+    assert shown.value["rows"][0]["provenance"] == "recorded on NVIDIA H200, 2026-12-02"
+    assert list(spec.gpu_table(shown, "rows", ["batch", "speedup"]).columns) == ["batch", "speedup", "provenance"]
