@@ -82,11 +82,16 @@ def check_fit(spec: ModelSpec, config: VLLMConfig, total_bytes: int, free_bytes:
                   f"{config.gpu_memory_utilization * total_bytes / GiB:.1f} GiB but only {free_bytes / GiB:.1f} GiB "
                   "is free (another process holds the rest). Fix: lower gpu_memory_utilization, or free the GPU.")
         fits = False
+    elif not fits and weights + overhead + CONTEXT_OVERHEAD >= budget:
+        advice = (f"{spec.name}: the weights alone ({weights / GiB:.2f} GiB per GPU at tensor_parallel_size="
+                  f"{config.tensor_parallel_size}) + overhead {overhead / GiB:.2f} GiB exceed the budget "
+                  f"{budget / GiB:.1f} GiB, so no max_model_len helps. Fix: a larger tensor_parallel_size (split the "
+                  "weights across GPUs), quantization='fp8' (or a W4A16 checkpoint), or a smaller model.")
     elif not fits:
         advice = (f"{spec.name}: weights {weights / GiB:.2f} GiB + overhead {overhead / GiB:.2f} GiB leave room for "
                   f"{tokens:,} KV tokens, fewer than one sequence of max_model_len={max_len:,}. Fix: lower "
                   "max_model_len, raise gpu_memory_utilization, use kv_cache_dtype='fp8' or quantization='fp8', "
-                  "or a smaller model.")
+                  "a larger tensor_parallel_size, or a smaller model.")
     return FitReport(budget, weights, overhead, kv, kv_per_tok, tokens, max_len,
                      tokens / max_len if max_len else 0.0, fits, advice)
 

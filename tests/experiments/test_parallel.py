@@ -134,7 +134,7 @@ def test_the_engine_refuses_here_for_want_of_vllm_or_a_gpu(monkeypatch):
 def test_on_an_h200_the_engines_preflight_refuses_70b_bf16_and_accepts_tp2(with_fake_vllm, fake_gpu):  # noqa: F811
     fake_gpu(name="NVIDIA H200", cc=(9, 0), total=143771 * 2**20)
     said = exp.engine_refusal("llama-3.1-70b", VLLMConfig(max_model_len=8192))
-    assert said.startswith("refused before launch: synthetic:llama-3.1-70b: weights 131.42 GiB")
+    assert said.startswith("refused before launch: synthetic:llama-3.1-70b: the weights alone (131.42 GiB per GPU")
     assert exp.engine_refusal("llama-3.1-70b", VLLMConfig(max_model_len=8192, tensor_parallel_size=2)).startswith(
         "accepted")
 
@@ -242,7 +242,7 @@ def test_a_run_this_machine_cannot_make_says_why_and_starts_nothing(fake_engine,
     monkeypatch.setattr(exp, "device_facts", lambda: {"gpu": "NVIDIA H200", "gpu_count": 1})
     monkeypatch.setattr(exp, "nvml_memory", lambda: (0, 143771 * 2**20, 143771 * 2**20))
     big = exp.why_not("llama-3.1-70b", "bf16", 1, VLLMConfig(max_model_len=4096))
-    assert big.startswith("synthetic:llama-3.1-70b: weights 131.42 GiB") and "max_model_len" in big
+    assert big.startswith("synthetic:llama-3.1-70b: the weights alone (131.42 GiB per GPU") and "tensor_parallel_size" in big
     monkeypatch.setattr(exp, "SYNTHETIC_ROOT", tmp_path / "synthetic")
     monkeypatch.setattr(exp.shutil, "disk_usage", lambda p: type("U", (), {"free": 64 * 2**30})())
     disk = exp.why_not("llama-3.1-70b", "fp8", 1, VLLMConfig(max_model_len=4096, quantization="fp8"))
