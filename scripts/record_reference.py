@@ -21,7 +21,11 @@ Steps:
   serve-check  the lab's client against `vllm bench serve`, three rounds on one server (synthetic 8B;
            serve-check-embedded: the embedded model, whose small steps stream tokens fastest)
   prefix   lab 07: prefix caching on the embedded model, each shared-prefix set and variant from a reset cache,
-           vLLM's cached tokens against the simulator's (prefix-batch: 32 requests at once instead of one)
+           vLLM's cached tokens against the simulator's (prefix-batch: 32 requests at once instead of one;
+           prefix-on-off: TTFT with caching on and off, and greedy outputs compared)
+  speculative  lab 08: vLLM draft model and n-gram against a pinned baseline, batches 1-64, counters vs the formula
+  tp1      lab 09: TP=1 on one H200 (synthetic 8B bf16, 70B FP8 where disk allows) next to the cost model
+  tp-scaling  lab 09: TP=1/2/4 (needs a machine with 2-4 GPUs)
 """
 from __future__ import annotations
 
@@ -235,11 +239,22 @@ def step_prefix(out: Path, store: ResultStore, facts: dict, max_num_seqs: int = 
     facts[f"prefix_seqs_{max_num_seqs}"] = rows
 
 
+def _lab(module: str, name: str):
+    """A later lab's own recording function, `lablib.experiments.<module>.<name>(out, store, facts)`."""
+    def step(out: Path, store: ResultStore, facts: dict) -> None:
+        import importlib
+
+        getattr(importlib.import_module(f"lablib.experiments.{module}"), name)(out, store, facts)
+    return step
+
+
 STEPS = {"smoke": step_smoke, "startup": step_startup, "big": step_big, "big-lab": lambda o, s, f: step_big(o, s, f, bench_cli=False), "hf-big": step_hf_big, "sweep": step_sweep,
          "knobs": step_knobs, "knobs-budget": lambda o, s, f: step_knobs(o, s, f, KNOBS_BUDGET), "serve": step_serve,
          "serve-wide": lambda o, s, f: step_serve(o, s, f, WIDE), "serve-check": step_serve_check,
          "serve-check-embedded": lambda o, s, f: step_serve_check(o, s, f, "embedded"), "prefix": step_prefix,
-         "prefix-batch": lambda o, s, f: step_prefix(o, s, f, 32)}
+         "prefix-batch": lambda o, s, f: step_prefix(o, s, f, 32), "prefix-on-off": _lab("prefix", "record"),
+         "speculative": _lab("speculative", "record"), "tp1": _lab("parallel", "record"),
+         "tp-scaling": _lab("parallel", "record_scaling")}
 
 
 def main() -> None:
