@@ -68,6 +68,8 @@ class BenchConfig:
 
 
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
+# vLLM 0.26's `LLM(attention_backend=...)` (VLLM_ATTENTION_BACKEND is gone in 0.26: it is ignored with a warning)
+ATTENTION_BACKENDS = (None, "FLASH_ATTN", "FLASHINFER", "TRITON_ATTN", "FLEX_ATTENTION")
 QUANTIZATIONS = (None, "fp8", "awq", "gptq", "compressed-tensors", "bitsandbytes")
 
 
@@ -88,12 +90,14 @@ class VLLMConfig:
     speculative_config: dict[str, Any] | None = None  # e.g. {"model": draft_path, "num_speculative_tokens": 4}
     tensor_parallel_size: int = 1  # GPUs the weights are split across
     seed: int = 0
+    attention_backend: str | None = None  # None: vLLM picks (FLASH_ATTN, i.e. FA3, on an H200); lab 02 sweeps it
 
     def __post_init__(self) -> None:
         validate.fraction("VLLMConfig", "gpu_memory_utilization", self.gpu_memory_utilization,
                           "e.g. 0.9 (vLLM's default), lower it if other processes share the GPU.")
         validate.integer("VLLMConfig", "max_num_seqs", self.max_num_seqs, "e.g. 256 (vLLM's default), 1 for one at a time.")
         validate.integer("VLLMConfig", "tensor_parallel_size", self.tensor_parallel_size, "1 for one GPU.")
+        validate.choice("VLLMConfig", "attention_backend", self.attention_backend, ATTENTION_BACKENDS)
         for name in ("max_num_batched_tokens", "max_model_len"):
             validate.optional_integer("VLLMConfig", name, getattr(self, name),
                                       "a positive token count, or None for vLLM's default.")

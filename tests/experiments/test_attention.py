@@ -250,10 +250,14 @@ def test_the_backend_sweep_refuses_an_unknown_backend_before_any_engine():
         A.vllm_backend_sweep(lambda b, kw: pytest.fail("an engine started"), ["FLASH_ATTN", "XFORMERS"])
 
 
-def test_vllm_backends_say_they_are_not_wired_while_vllmconfig_lacks_the_field():
-    assert A.wired() is False  # VLLMConfig has no attention_backend: when it gains one, this test goes
-    shown = A.vllm_backends()
-    assert shown.value is None and shown.label == A.NOT_WIRED and not shown.live
+def test_vllm_backends_are_wired_and_say_they_are_not_recorded_yet():
+    assert A.wired() is True  # VLLMConfig.attention_backend reaches vllm.LLM through llm_kwargs
+    assert VLLMConfig(attention_backend="FLASHINFER").llm_kwargs()["attention_backend"] == "FLASHINFER"
+    assert "attention_backend" not in VLLMConfig().llm_kwargs()  # None: vLLM's own choice
+    with pytest.raises(ValueError, match=r"VLLMConfig.attention_backend='FA4': allowed"):
+        VLLMConfig(attention_backend="FA4")
+    shown = A.vllm_backends(force=False)
+    assert shown.value is None and "not recorded yet" in shown.label and not shown.live
 
 
 # --- the GPU session's step -------------------------------------------------------------------------------------
@@ -266,12 +270,14 @@ def test_record_writes_facts_attention_and_round_trips(monkeypatch, tmp_path, he
     import lablib.models.synthetic as synthetic
 
     monkeypatch.setattr(synthetic, "synthetic_spec", lambda name: f"spec:{name}")
+    backend_rows = [{"backend": "FLASH_ATTN", "status": "ok", "output_tok_s": 1.0}]
+    monkeypatch.setattr(A, "_vllm_sweep_live", lambda *a, **k: (backend_rows, []))  # vLLM itself runs on the GPU
     facts: dict = {}
     A.record(tmp_path, store=None, facts=facts)
     got = facts["attention"]
     assert bench_calls == [A.RECORD_BENCH] and got["rows"] == here.value["rows"]
     assert got["hf_prefill"]["asked"] == ("spec:llama-3.1-8b", {"prompt_lens": A.HF_RECORD_LENS, "device": "cuda"})
-    assert "vllm_backends" not in got  # not wired
+    assert got["vllm_backends"]["rows"] == backend_rows and (tmp_path / "attention-vllm.json").exists()
     assert json.loads((tmp_path / "attention-bench.json").read_text())["rows"] == json.loads(json.dumps(got["rows"]))
     assert (tmp_path / "attention-hf.json").exists()
     packed = json.loads(json.dumps(facts, default=str))  # as scripts/pack_reference.py keeps it
