@@ -27,6 +27,8 @@ Steps:
   tp1      lab 09: TP=1 on one H200 (synthetic 8B bf16, 70B FP8 where disk allows) next to the cost model
   tp-scaling  lab 09: TP=1/2/4 (needs a machine with 2-4 GPUs)
   attention  lab 02: the attention microbenchmark, HF eager/sdpa/flex prefill on the synthetic 8B, vLLM's backends
+  quantization  lab 06: speed and memory per scheme on the synthetic 8B (after prepare_checkpoints() in the
+           llm-compressor environment: see lablib.experiments.quantization.record)
 """
 from __future__ import annotations
 
@@ -255,7 +257,8 @@ STEPS = {"smoke": step_smoke, "startup": step_startup, "big": step_big, "big-lab
          "serve-check-embedded": lambda o, s, f: step_serve_check(o, s, f, "embedded"), "prefix": step_prefix,
          "prefix-batch": lambda o, s, f: step_prefix(o, s, f, 32), "prefix-on-off": _lab("prefix", "record"),
          "speculative": _lab("speculative", "record"), "tp1": _lab("parallel", "record"),
-         "tp-scaling": _lab("parallel", "record_scaling"), "attention": _lab("attention", "record")}
+         "tp-scaling": _lab("parallel", "record_scaling"), "attention": _lab("attention", "record"),
+         "quantization": _lab("quantization", "record")}
 
 
 def main() -> None:

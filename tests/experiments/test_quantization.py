@@ -3,7 +3,15 @@ and against transformers' own loss on the embedded model; greedy agreement and f
 case; the quality gate (pass, fail, the boundary, refusals); the evaluation set disjoint from calibration;
 and one live quality table (fp8-dynamic only, 2 evaluation windows, 2 prompts x 8 tokens, ~20 s on this CPU),
 then the same call again reusing the checkpoint.
+
+The notebook's other steps: what a checkpoint stores, read from hand-written safetensors headers and from the
+bf16 target; the byte formula against compressed-tensors' layout by hand, the architectures' parameter counts
+and a live fp8 checkpoint exactly; 8B and 70B weights alone; why group 64; the seeds' claims' verdicts on hand
+rows; lm_head kept against quantized, live on fp8 (~15 s). The GPU half on the fake vLLM: vLLM's log read for
+kernels and memory, fixed-length prompts, refusals before any engine, the speed runs, the recording step, and
+the notebook's live and not-recorded-yet paths.
 """
+import json
 import math
 import re
 from types import SimpleNamespace
@@ -12,6 +20,7 @@ import pytest
 
 from lablib.experiments import quantization as qe
 from lablib.workloads import Workload, load_workload
+from tests.engines.test_vllm import fake_gpu, start, with_fake_vllm  # noqa: F401 - the fake vLLM's fixtures
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers").utils.logging.set_verbosity_error()
@@ -133,3 +142,253 @@ def test_a_live_quality_table_for_fp8_then_reused(tmp_path):
     again = qe.quality_table(("fp8-dynamic",), **kwargs)[1]
     assert again["reused"] and again["ppl"] == fp8["ppl"] and again["first_divergence"] == fp8["first_divergence"]
     assert [r["passed"] for r in qe.gate_rows(rows, 100.0)] == [True]
+
+
+# ------------------------------------------------ the notebook's other steps: storage, lm_head, weights alone, claims
+
+
+def _write_checkpoint(folder, tensors, config):
+    """A safetensors file with only a header and zero bytes of the right sizes (no torch): what storage() reads."""
+    import json as _json
+    import struct
+
+    folder.mkdir(parents=True, exist_ok=True)
+    header, offset = {}, 0
+    for name, (dtype, shape, nbytes) in tensors.items():
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + nbytes]}
+        offset += nbytes
+    blob = _json.dumps(header).encode()
+    with open(folder / "model.safetensors", "wb") as f:
+        f.write(struct.pack("<Q", len(blob)) + blob + b"\0" * offset)
+    (folder / "config.json").write_text(_json.dumps(config))
+    return folder
+
+
+def test_storage_splits_linear_layers_lm_head_and_the_rest_from_the_headers(tmp_path):
+    gptq = {"quantization_config": {"config_groups": {"group_0": {"weights": {"num_bits": 4}}}},
+            "tie_word_embeddings": False}
+    folder = _write_checkpoint(tmp_path / "gptq", {
+        "model.embed_tokens.weight": ("BF16", [10, 8], 160),
+        "model.layers.0.mlp.down_proj.weight_packed": ("I32", [4, 2], 32),  # 4 x 16 int4 weights in 32 bytes
+        "model.layers.0.mlp.down_proj.weight_scale": ("BF16", [4, 1], 8),  # one scale per group of 16
+        "model.layers.0.mlp.down_proj.weight_shape": ("I64", [2], 16),
+        "model.norm.weight": ("BF16", [8], 16),
+        "lm_head.weight": ("BF16", [10, 8], 160)}, gptq)
+    s = qe.storage(folder)
+    assert (s["linear_params"], s["linear_bytes"]) == (64, 56) and s["bytes_per_weight"] == pytest.approx(56 / 64)
+    assert s["linear_dtype"] == "int4, 8 packed per int32" and s["lm_head"] == "its own BF16 tensor"
+    assert (s["lm_head_bytes"], s["rest_bytes"], s["tensor_bytes"]) == (160, 176, 392)
+    tied = _write_checkpoint(tmp_path / "tied", {"model.embed_tokens.weight": ("BF16", [10, 8], 160),
+                                                 "model.layers.0.self_attn.q_proj.weight": ("F8_E4M3", [8, 8], 64)},
+                             {"tie_word_embeddings": True})
+    t = qe.storage(tied)
+    assert t["lm_head"].startswith("tied") and t["bits_per_weight"] == 8.0 and t["linear_dtype"] == "fp8 e4m3"
+
+
+def test_storage_of_the_bf16_target_is_two_bytes_per_linear_weight():
+    from lablib.models import embedded_path
+
+    s = qe.storage(embedded_path("target"), "bf16")
+    assert s["bytes_per_weight"] == 2.0 and s["linear_params"] == 3_686_400  # 5 x (q, k, v, o, gate, up, down)
+    assert s["lm_head"].startswith("tied") and s["rest_dtypes"] == "BF16"
+    assert s["tensor_bytes"] == qe.predicted_bytes(json.loads((embedded_path("target") / "config.json").read_text()),
+                                                   "bf16")
+
+
+def test_linear_bytes_is_compressed_tensors_layout_by_hand():
+    # down_proj of the embedded target at group 64: I32 [256, 88] packed weights, BF16 [256, 11] scales,
+    # and for AWQ (asymmetric) I32 [32, 11] zero points, as the checkpoints' headers show
+    assert qe.linear_bytes(256, 704, 4, 64, True) == 256 * 88 * 4 + 256 * 11 * 2
+    assert qe.linear_bytes(256, 704, 4, 64, False) == 256 * 88 * 4 + 256 * 11 * 2 + 32 * 11 * 4
+    assert qe.linear_bytes(256, 704, 8, None, True) == 256 * 704 + 256 * 2  # fp8/int8: a bf16 scale per output row
+    assert qe.linear_bytes(256, 704, 16, None, True) == 256 * 704 * 2
+
+
+def test_predicted_bf16_bytes_are_the_architectures_parameter_count_times_two():
+    from lablib.models import architectures, parameter_count
+
+    for name in ("llama-3.1-8b", "llama-3.1-70b", "llama-3.2-1b"):  # untied, untied, tied
+        cfg = architectures()[name]
+        assert qe.predicted_bytes(cfg, "bf16") == parameter_count(cfg) * 2, name
+
+
+def test_weights_alone_70b_fits_one_h200_at_8_bits_not_16_and_the_claims_read_it():
+    rows = {(r["model"], r["format"]): r for r in qe.weights_alone()}
+    bf16, int8 = rows[("llama-3.1-70b", "bf16")], rows[("llama-3.1-70b", "fp8 / int8, per channel")]
+    assert 141 < bf16["weights_GB"] < 141.2 and not bf16["fits_one_H200"] and int8["fits_one_H200"]
+    assert 0.51 < int8["vs_bf16"] < 0.52  # not exactly half: embeddings and lm_head stay 16-bit
+    g128, g64 = rows[("llama-3.1-70b", "w4a16 g128, symmetric (GPTQ)")], rows[("llama-3.1-70b",
+                                                                             "w4a16 g64, symmetric (GPTQ)")]
+    assert g128["weights_GB"] < 40 < g64["weights_GB"]  # "under 40 GB" holds at group 128 only
+    assert all(r["fits_one_H200"] for (m, _), r in rows.items() if m == "llama-3.1-8b")
+    with pytest.raises(ValueError, match=SHAPE.format(owner="quantization", field="models")):
+        qe.weights_alone(("no-such-model",))
+
+
+def test_group_size_rows_show_why_64_on_the_embedded_target():
+    rows = {r["input_width"]: r for r in qe.group_size_rows()}
+    assert set(rows) == {256, 704} and rows[704]["modules"] == "down_proj" and rows[704]["linears"] == 5
+    assert rows[704]["tiles_128"] == "no (5.5 x 128)" and rows[704]["tiles_64"] == "704 = 11 x 64"
+    assert {r["default_group_size"] for r in rows.values()} == {64}
+
+
+def _quality(pcts, agree=None, first=None):
+    rows = [{"scheme": "bf16", "ppl": 10.0, "ppl_change_pct": 0.0, "agreement": 1.0, "eval": "evaluation@v1[:2]",
+             "greedy": "2 journey prompts x 8 tokens"}]
+    for s, p in pcts.items():
+        rows.append({"scheme": s, "ppl": 10.0 * (1 + p / 100), "ppl_change_pct": p,
+                     "agreement": (agree or {}).get(s, 0.5), "mean_first_divergence": (first or {}).get(s, 4.0),
+                     "quantize_s": 0.1, "group_size": 64, "calibration": {"samples": 16},
+                     "gate": "passes" if p <= 1 else "fails", "weight_bytes": 1})
+    return rows
+
+
+def test_under_one_percent_and_the_claims_verdicts_follow_the_numbers():
+    from lablib.session import Shown
+
+    quality = _quality({"fp8-dynamic": 0.2, "gptq-w4a16": 1.6, "awq-w4a16": 2.4},
+                       agree={"gptq-w4a16": 0.67, "awq-w4a16": 0.27})
+    text = qe.under_one_percent(quality)
+    assert "fp8-dynamic +0.20% (under)" in text and "gptq-w4a16 +1.60% (not under)" in text
+    assert text.endswith("Verdict: holds for fp8-dynamic; not for gptq-w4a16, awq-w4a16.")
+    stored = [{"scheme": s, "vs_bf16": v, "rest_dtypes": "BF16"} for s, v in (("bf16", 1.0), ("fp8-dynamic", 0.61))]
+    lm = [{"lm_head": "kept 16-bit", "ppl_change_pct": 0.2, "size_vs_kept_pct": 0.0, "lm_head_share": 0.22},
+          {"lm_head": "quantized too", "ppl_change_pct": 0.3, "size_vs_kept_pct": 18.2, "lm_head_share": 0.22}]
+    speed = [{"scheme": s, "batch": b, "decode_tok_s": v} for s, b, v in (
+        ("bf16", 1, 210), ("bf16", 64, 8786), ("gptq-w4a16", 1, 278), ("gptq-w4a16", 64, 8783),
+        ("fp8", 1, 299), ("fp8", 64, 11890))]
+    got = {c["claim"]: c for c in qe.claims(quality, stored, lm, qe.weights_alone(), Shown(speed, False, "recorded"))}
+    assert got["the accuracy loss is under 1%"]["verdict"] == "holds only in part"
+    assert got["a 70B model from FP16 to INT8 halves its memory"]["verdict"] == "holds"
+    assert got["4-bit GPTQ/AWQ compress 140 GB to under 40 GB"]["verdict"] == "holds only in part"  # g64: 40.6 GB
+    awq = got["AWQ keeps more salient weights and suits generation better than GPTQ"]
+    assert awq["verdict"] == "does not hold" and "AWQ +2.40% perplexity, 27% greedy agreement" in awq["evidence"]
+    assert got["FP8 is Hopper's native format, no offline quantization needed"]["verdict"] == "holds"
+    faster = got["fewer bytes per weight, faster decode (int4's ~3.5x fewer bytes)"]
+    assert faster["verdict"] == "holds only in part" and "batch 1: GPTQ 278 vs bf16 210" in faster["evidence"]
+    none = {c["claim"]: c for c in qe.claims(quality[:3], stored, lm, qe.weights_alone(),
+                                             Shown(None, False, "not recorded yet"))}
+    assert none["AWQ keeps more salient weights and suits generation better than GPTQ"]["verdict"] == \
+        "not measured here"
+    assert none["fewer bytes per weight, faster decode (int4's ~3.5x fewer bytes)"]["verdict"] == "not measured here"
+    assert none["FP8 is Hopper's native format, no offline quantization needed"]["verdict"] == \
+        "holds for the data-free part"
+
+
+def test_quiet_progress_disables_bars_only_inside_the_block():
+    import io
+
+    import tqdm
+
+    out = io.StringIO()
+    with qe.quiet_progress():
+        assert tqdm.tqdm(range(3), file=out).disable
+    assert not tqdm.tqdm(range(3), file=out).disable
+
+
+def test_quantize_all_storage_and_lm_head_both_ways_live_on_fp8(tmp_path):
+    """fp8-dynamic (data-free, a few seconds a checkpoint): the default recipe and lm_head quantized too."""
+    pytest.importorskip("llmcompressor", reason="install lablib[quant]")
+    from lablib.models import embedded_path
+
+    made = qe.quantize_all(("fp8-dynamic",), work_dir=tmp_path, num_samples=2)
+    assert made[0]["calibration"] == "none (data-free)" and not made[0]["reused"]
+    assert "QuantizationModifier" in qe.recipe_text(tmp_path, "fp8-dynamic")
+    stored = qe.storage_rows(("fp8-dynamic",), tmp_path)
+    cfg = json.loads((embedded_path("target") / "config.json").read_text())
+    assert stored[1]["tensor_bytes"] == qe.predicted_bytes(cfg, "fp8 / int8, per channel")  # the formula, exactly
+    kwargs = {"work_dir": tmp_path, "eval_texts": 2, "prompts": 2, "max_new_tokens": 4, "num_samples": 2}
+    quality = qe.quality_table(("fp8-dynamic",), **kwargs)
+    kept, both = qe.lm_head_rows("fp8-dynamic", quality=quality, **kwargs)
+    assert kept["reused"] and kept["ppl"] == quality[1]["ppl"] and kept["stored_as"].startswith("tied")
+    assert both["stored_as"] == "quantized (fp8 e4m3)" and both["lm_head_bytes"] > 0
+    assert both["weight_bytes"] > kept["weight_bytes"]  # the tied table gains a quantized copy: larger, not smaller
+    assert qe.storage(tmp_path / "fp8-dynamic+lm_head")["tensor_bytes"] == \
+        qe.predicted_bytes(cfg, "fp8 / int8, per channel", quantize_lm_head=True)
+    assert math.isfinite(both["ppl"]) and both["ppl_ref"] == quality[0]["ppl"]
+    assert "larger" in qe.lm_head_sentence([kept, both])
+    with pytest.raises(ValueError, match=SHAPE.format(owner="quantization", field="quality")):
+        qe.lm_head_rows("fp8-dynamic", quality=quality, **{**kwargs, "max_new_tokens": 5})  # other greedy lengths
+    with pytest.raises(ValueError, match=SHAPE.format(owner="quantization", field="scheme")):
+        qe.recipe_text(tmp_path, "awq-w4a16")
+
+
+# ------------------------------------------------ the GPU half, on the fake vLLM
+
+
+VLLM_LOG = """(EngineCore_DP0 pid=1) INFO 12-01 [compressed_tensors_wNa16.py:114] Using MacheteLinearKernel for CompressedTensorsWNA16
+(EngineCore_DP0 pid=1) INFO 12-01 [gpu_model_runner.py:3100] Model loading took 5.4321 GiB and 3.2 seconds
+(EngineCore_DP0 pid=1) INFO 12-01 [__init__.py:61] Selected CutlassFP8ScaledMMLinearKernel for Fp8LinearMethod
+(EngineCore_DP0 pid=1) INFO 12-01 [gpu_worker.py:300] Available KV cache memory: 113.08 GiB
+"""
+
+
+def test_vllm_log_facts_read_the_kernels_and_memory_vllm_prints():
+    f = qe.vllm_log_facts(VLLM_LOG)
+    assert f["linear_kernels"] == {"CompressedTensorsWNA16": "MacheteLinearKernel",
+                                   "Fp8LinearMethod": "CutlassFP8ScaledMMLinearKernel"}
+    assert (f["model_load_gib"], f["kv_cache_gib"]) == (5.4321, 113.08)
+    assert qe.vllm_log_facts("nothing here") == {"linear_kernels": {}, "model_load_gib": None, "kv_cache_gib": None}
+
+
+def test_fixed_workload_has_exact_lengths_and_cycles():
+    from lablib.models import load_tokenizer, resolve_model
+
+    wl = qe.fixed_workload(3, 32, 7)
+    tok = load_tokenizer(resolve_model("embedded"))
+    assert len(wl) == 3 and all(len(tok(r.prompt)["input_ids"]) == 32 and r.max_new_tokens == 7 for r in wl.requests)
+    assert len({r.id for r in qe.fixed_workload(40, 500, 1).requests}) == 40  # more than the windows hold: cycled
+
+
+def test_speed_runs_refuse_before_any_engine(tmp_path, monkeypatch):
+    import lablib.engines.vllm as engine
+
+    monkeypatch.setattr(engine, "VLLMEngine", lambda *a, **k: pytest.fail("an engine was made before the refusal"))
+    with pytest.raises(ValueError, match="prepare_checkpoints"):
+        qe.vllm_speed_runs(("bf16", "gptq-w4a16"), (1,), model="embedded", work_dir=tmp_path)
+    with pytest.raises(ValueError, match=SHAPE.format(owner="quantization", field="schemes")):
+        qe.vllm_speed_runs(("int3",), (1,), model="embedded", work_dir=tmp_path)
+    with pytest.raises(ValueError, match=SHAPE.format(owner="quantization", field="batches")):
+        qe.vllm_speed_runs(("bf16",), (0,), model="embedded", work_dir=tmp_path)
+
+
+def test_speed_not_recorded_yet_names_its_step():
+    shown = qe.speed(force=False)
+    assert shown.value is None and "--steps quantization" in shown.label
+    assert qe.kv_sentence(shown.value).startswith("FP8 KV cache: not measured here")
+
+
+def test_speed_runs_and_record_on_the_fake_vllm(start, tmp_path, monkeypatch):  # noqa: F811
+    import pynvml
+
+    from lablib.results import ResultStore
+
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetCount", lambda: 1)  # device_facts sees the fake H200 too
+    monkeypatch.setattr(pynvml, "nvmlShutdown", lambda: None)
+    kw = {"model": "embedded", "prompt_len": 16, "output_len": 4, "gpu_memory_utilization": 0.3, "max_model_len": 256}
+    results = qe.vllm_speed_runs(("bf16", "fp8", "bf16-kv-fp8"), (1, 4), **kw)
+    assert [r.step for r in results] == [f"quant-{s}-b{b}" for s in ("bf16", "fp8", "bf16-kv-fp8") for b in (1, 4)]
+    assert [r.summary["requests"] for r in results] == [1, 4] * 3
+    assert results[2].config["quantization"] == "fp8" and results[4].config["kv_cache_dtype"] == "fp8"
+    rows = qe.speed_rows(results)
+    assert {r["gpu"] for r in rows} == {"NVIDIA H200"}
+    assert all(r["decode_tok_s"] > 0 and r["roofline_tok_s"] > 0 for r in rows)  # its 4.8 TB/s, the weights' bytes
+    assert rows[0]["linear_kernels"] == "none logged (bf16: cuBLAS)" and rows[0]["kv_tokens"] == 1234 * 16
+    assert "x1.00" in qe.kv_sentence(rows)  # the fake reports the same blocks whatever the KV dtype
+    store, facts = ResultStore(tmp_path / "r.jsonl"), {}
+    qe.record(tmp_path, store, facts, schemes=("bf16",), batches=(2,), **kw)
+    assert [r.provenance for r in store.load()] == ["recorded"] and facts["quantization"]["batches"] == [2]
+    assert facts["quantization"]["schemes"]["bf16"]["kv_tokens"] == 1234 * 16
+    assert "quantization: 1 runs" in (tmp_path / "log.txt").read_text()
+
+
+def test_live_speed_runs_what_is_prepared_on_the_fake_vllm(start, tmp_path):  # noqa: F811
+    assert qe.available_speed_schemes("embedded", tmp_path) == ["bf16", "fp8", "bf16-kv-fp8"]
+    (tmp_path / "embedded" / "gptq-w4a16").mkdir(parents=True)
+    (tmp_path / "embedded" / "gptq-w4a16" / "quantization.json").write_text("{}")
+    assert qe.available_speed_schemes("embedded", tmp_path) == ["bf16", "fp8", "gptq-w4a16", "bf16-kv-fp8"]
+    (tmp_path / "embedded" / "gptq-w4a16" / "quantization.json").unlink()
+    shown = qe.speed(force=True, model="embedded", work_dir=tmp_path, batches=(2,), prompt_len=16, output_len=4,
+                     gpu_memory_utilization=0.3, max_model_len=256)
+    assert shown.live and [r["scheme"] for r in shown.value] == ["bf16", "fp8", "bf16-kv-fp8"]
+    assert {r["provenance"] for r in shown.value} == {shown.label}
