@@ -39,6 +39,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..hardware.device import torch_threads
 from .. import validate
 from ..bench.attention import TILED, run_attention_bench
 from ..bench.offline import run
@@ -113,23 +114,7 @@ def describe_prediction(s: dict[str, Any]) -> str:
 
 # --- 2. the microbenchmark here, 3. the GPU sweep ---------------------------------------------------------------
 
-def cpu_threads(n: int | None) -> Any:
-    """torch on n threads for the duration (None: as it is). On a shared CPU OpenMP threads spin against other
-    processes' and a second thread makes the embedded model 5-10x slower (tests/conftest.py, one_thread)."""
-    import contextlib
-
-    import torch
-
-    @contextlib.contextmanager
-    def pinned() -> Any:
-        before = torch.get_num_threads()
-        torch.set_num_threads(n)
-        try:
-            yield
-        finally:
-            torch.set_num_threads(before)
-
-    return contextlib.nullcontext() if n is None else pinned()
+cpu_threads = torch_threads  # torch on n threads for the duration (lablib.hardware.device)
 
 
 def kernels_here(threads: int | None = 1, **kw: Any) -> Shown[dict[str, Any]]:

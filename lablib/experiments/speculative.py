@@ -57,6 +57,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..hardware.device import torch_threads
 from .. import validate
 from ..config import BenchConfig, VLLMConfig
 from ..hardware.device import device_facts
@@ -517,16 +518,7 @@ def cost_lines(study: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-@contextlib.contextmanager
-def _threads(n: int) -> Iterator[None]:
-    """torch on n threads, restored after (two tiny models gain nothing from more on a shared CPU)."""
-    torch = _torch()
-    before = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
+_threads = torch_threads  # torch on n threads, restored after (lablib.hardware.device)
 
 
 def assisted_matches(pair: tuple[Any, Any, Any] | None = None, n_prompts: int = 1, max_new_tokens: int = 32,

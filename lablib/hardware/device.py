@@ -146,3 +146,24 @@ def machine_summary() -> dict[str, Any]:
     peak = lookup_gpu(facts["gpu"]) if facts["gpu"] else None
     return {**facts, "roofline_entry": peak.name if peak else None,
             "peak_bandwidth_TBps": peak.peak_bw / 1e12 if peak else None}
+
+
+def torch_threads(n: int | None):
+    """A context in which torch runs on n threads, restored after (None: as it is).
+
+    On a shared CPU OpenMP threads spin against other processes', and a second thread makes the embedded models
+    5-10x slower (tests/conftest.py's one_thread fixture does the same for the tests)."""
+    import contextlib
+
+    @contextlib.contextmanager
+    def pinned():
+        import torch
+
+        before = torch.get_num_threads()
+        torch.set_num_threads(n)
+        try:
+            yield
+        finally:
+            torch.set_num_threads(before)
+
+    return contextlib.nullcontext() if n is None else pinned()
