@@ -77,7 +77,8 @@ class BatchingPanel:
         self.mode = widgets.ToggleButtons(options=list(HF_MODES), value="naive", description="engine")
         self.batch_size = widgets.IntSlider(value=1, min=1, max=64, description="batch size")
         self.override = widgets.Checkbox(value=max_new_tokens is not None, description="fixed output length")
-        self.max_new_tokens = widgets.IntText(value=max_new_tokens or 16, description="max new tokens")
+        self.max_new_tokens = widgets.IntText(value=max_new_tokens or 16, description="max new tokens",
+                                              style={"description_width": "initial"})  # the label was clipped
         self.run_button = widgets.Button(description="Run", button_style="primary", icon="play")
         self.status = widgets.HTML()
         self.errors = widgets.Output()

@@ -29,6 +29,8 @@ from ..models import architectures, embedded_path, parameter_count, shape
 from ..plots.style import finish
 from .figure import FigureArea
 
+_CELL = "padding:0 0.8em;"  # table cells: the 'needs' figures ran into the fit column
+
 GIB = 2**30
 DEFAULT_BUDGET = 0.9  # vLLM's default gpu_memory_utilization
 OVERHEAD = CONTEXT_OVERHEAD + ACTIVATION_OVERHEAD + GRAPH_OVERHEAD
@@ -153,12 +155,13 @@ class KVCalculator:
                 f"{OVERHEAD / GIB:.2f} GiB overhead, against vLLM's default budget "
                 f"(gpu_memory_utilization={DEFAULT_BUDGET})</p>")
         cells = "".join(
-            f"<tr><td>{r['gpu']}</td><td style='text-align:right'>{r['kv_share']:.0%}</td>"
-            f"<td style='text-align:right'>{r['need_GiB']:.1f} GiB</td>"
-            f"<td style='color:{'#2a7' if r['fits'] else '#c00'}'>{'fits' if r['fits'] else 'does not fit'}</td></tr>"
+            f"<tr><td style='{_CELL}'>{r['gpu']}</td><td style='text-align:right;{_CELL}'>{r['kv_share']:.0%}</td>"
+            f"<td style='text-align:right;{_CELL}'>{r['need_GiB']:.1f} GiB</td>"
+            f"<td style='{_CELL}color:{'#2a7' if r['fits'] else '#c00'}'>{'fits' if r['fits'] else 'does not fit'}</td></tr>"
             for r in self.gpus)
         return (head + "<table style='border-collapse:collapse'><tr><th style='text-align:left'>GPU</th>"
-                "<th>KV cache / memory</th><th>needs</th><th style='text-align:left'>at 90%</th></tr>"
+                f"<th style='{_CELL}'>KV cache / memory</th><th style='{_CELL}'>needs</th>"
+                f"<th style='text-align:left;{_CELL}'>at 90%</th></tr>"
                 + cells + "</table>")
 
     def display(self) -> widgets.VBox:
