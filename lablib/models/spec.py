@@ -142,7 +142,15 @@ def load_hf_model(spec: ModelSpec, device: str = "cpu", dtype: str = "auto") -> 
     import torch
     from transformers import AutoModelForCausalLM
 
+    from transformers.utils import logging as hf_logging
+
     if dtype == "auto":
         dtype = "float32" if device == "cpu" else "bfloat16"
-    model = AutoModelForCausalLM.from_pretrained(spec.path, dtype=getattr(torch, dtype))
+    shown = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # a "Loading weights" bar per load: five in one lab cell said nothing
+    try:
+        model = AutoModelForCausalLM.from_pretrained(spec.path, dtype=getattr(torch, dtype))
+    finally:
+        if shown:
+            hf_logging.enable_progress_bar()
     return model.to(device).eval()

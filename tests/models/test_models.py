@@ -227,3 +227,13 @@ def test_presets_resolve_without_loading(name, monkeypatch):
     assert spec.source == "preset" and not spec.is_local
     assert spec.path == PRESETS[name]["hf_id"] and spec.config == {}
     assert json.dumps(spec.describe())  # describable with no config at all
+
+
+def test_loading_a_model_draws_no_weight_loading_bar_and_leaves_the_setting_as_it_was(capfd):
+    """transformers 5 draws a 'Loading weights' bar per load (five in one lab 01 cell): the lab loads quietly."""
+    from transformers.utils import logging as hf_logging
+
+    assert hf_logging.is_progress_bar_enabled()
+    load_hf_model(resolve_model("embedded"))
+    assert "Loading weights" not in capfd.readouterr().err
+    assert hf_logging.is_progress_bar_enabled()  # other code's bars are untouched
