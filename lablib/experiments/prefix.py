@@ -481,3 +481,68 @@ def record(out_dir: Any, store: Any, facts: dict[str, Any], models: tuple[Any, .
     for p in on_off_pairs(value["runs"]):
         print(f"prefix on/off {p['model']} {p['workload']}: TTFT p50 on/off {p['ttft_p50_on_over_off']:.2f}, "
               f"total tok/s on/off {p['total_tok_s_on_over_off']:.2f}, hit rate {p['hit_rate']}")
+
+
+def checks(idea: Any, chain: Any, lengths: Any, advice: Any, demo: Any, scarce: Any, seq: Any, onoff: Any) -> str:
+    """Lab 07's Checks cell: the simulator's exact cases asserted on this run, vLLM's claims when measured live.
+
+    Takes what the lab's cells computed: the repeat table, the hash chain, the prefix-length rows, the advice
+    runs, the eviction demo, the scarce-memory rows, the sequential counters and the on/off runs."""
+    from ..session import Checks
+
+    c = Checks("07_prefix_caching")
+    c.that(
+        "a repeated 64-token prompt caches 48 tokens: whole blocks, the last token recomputed",
+        idea.loc[64, "cached_second_time"] == 48,
+        idea.loc[64].to_dict(),
+    )
+    c.that(
+        "chained hashes: shared over the 128 shared tokens (8 blocks) only; a line first shares none",
+        [r["shared"] for r in chain] == [True] * 8 + [False] * 2 and not any(r["shared, line first"] for r in chain),
+    )
+    c.that(
+        "a 200-token shared prefix caches 192 tokens per later request",
+        lengths[1]["shared_tokens"] == 200 and lengths[1]["cached_per_later_request"] == 192,
+        lengths[1],
+    )
+    c.that(
+        "the hit rate grows with the shared-prefix length",
+        all(a["hit_rate"] < b["hit_rate"] for a, b in zip(lengths, lengths[1:])),
+    )
+    c.that(
+        "the shared part after a per-request line: 0 hits",
+        advice["per-request line first"].hits == 0,
+        advice["per-request line first"].hits,
+    )
+    turns = advice["multi-turn"].cached_tokens
+    c.that("multi-turn: cached tokens grow strictly every turn", all(a < b for a, b in zip(turns, turns[1:])), turns)
+    c.that(
+        "the block picture: blocks shared by two running requests, hashes evicted",
+        demo.evictions > 0 and any(max(s.ref_counts) > 1 for s in demo.snapshots),
+    )
+    c.that(
+        "scarce memory: round-robin hits nothing with less room than all the prefixes",
+        all(r["hits"] == 0 for r in scarce if r["order"] == "round-robin" and r["num_blocks"] <= r["prefix_blocks"]),
+    )
+    c.that("scarce memory: less room never raises the hit rate, nor lowers the evictions", falls_with_capacity(scarce))
+    c.live(
+        seq,
+        "vLLM's hits equal the simulator's, request by request, one request at a time",
+        lambda rows: all(r["exact"] for r in rows),
+        lambda rows: [r["verdict"] for r in rows if not r["exact"]],
+    )
+    c.live(
+        seq,
+        "vLLM hits nothing with a per-request line first",
+        lambda rows: all(r["vllm_hits"] == 0 for r in rows if r["workload"].endswith("shared-after")),
+    )
+    c.live(
+        part(onoff, "runs"), "prefix caching cuts TTFT p50 on every shared-prefix set (synthetic 8B)", caching_cuts_ttft
+    )
+    c.live(
+        part(onoff, "agreement"),
+        "greedy tokens identical with caching on and off (embedded model)",
+        lambda rows: all(a["identical"] == a["of"] for a in rows if a["model"] == "embedded"),
+        lambda rows: [a for a in rows if a["diverged"]],
+    )
+    return c.done()
