@@ -39,7 +39,8 @@ HOST = "127.0.0.1"  # loopback only: the lab's server is never reachable from th
 def server_command(config: ServerConfig, port: int | None = None, python: str = sys.executable) -> list[str]:
     """The api_server command line for a config (pure: no process, no port check)."""
     cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", config.model, "--host", HOST,
-           "--port", str(config.port if port is None else port), "--api-key", str(config.api_key),
+           "--port", str(config.port if port is None else port),
+           f"--api-key={config.api_key}",  # one argument: a generated key may start with "-" (argparse then refused it)
            "--served-model-name", config.name]
     if config.tokenizer:
         cmd += ["--tokenizer", config.tokenizer]

@@ -269,11 +269,12 @@ def test_server_config_and_command():
                        extra_args=["--seed", "0"])
     assert server_command(cfg, python="py") == [
         "py", "-m", "vllm.entrypoints.openai.api_server", "--model", "/models/qwen", "--host", "127.0.0.1",
-        "--port", "8123", "--api-key", "k", "--served-model-name", "qwen", "--max-num-seqs", "64",
+        "--port", "8123", "--api-key=k", "--served-model-name", "qwen", "--max-num-seqs", "64",
         "--max-model-len", "4096", "--gpu-memory-utilization", "0.85", "--dtype", "bfloat16",
         "--no-enable-prefix-caching", "--seed", "0"]
     short = server_command(ServerConfig("m", api_key="k", tokenizer="tok", enable_prefix_caching=True), python="py")
     assert short[-5:] == ["--served-model-name", "m", "--tokenizer", "tok", "--enable-prefix-caching"]
+    assert "--api-key=-x_1" in server_command(ServerConfig("m", api_key="-x_1"), python="py")  # urlsafe keys can start with -
     a, b = ServerConfig("m"), ServerConfig("m")
     assert len(a.api_key) >= 16 and a.api_key != b.api_key and "api_key" not in a.to_dict()
     for kwargs, field in [({"port": 70000}, "port"), ({"max_num_seqs": 0}, "max_num_seqs"),
