@@ -23,6 +23,7 @@ from .. import validate
 from ..bench.offline import run
 from ..config import BenchConfig, HFConfig
 from ..engines.hf import HFEngine
+from ..hardware.device import torch_threads
 from ..results.record import Result
 from ..results.reference import load_reference
 from ..results.store import ResultStore
@@ -83,9 +84,16 @@ def available(step: Step) -> tuple[bool, str]:
 def run_journey(model: str = "embedded", workload: str = "journey", requests: int | None = None,
                 batch_sizes: list[int] = (1, 4, 16), store: ResultStore | None = None,
                 bench: BenchConfig = BenchConfig(), lab: str = "journey",
-                log: Callable[[str], None] = print) -> tuple[list[Result], list[dict[str, str]]]:
-    """Run every available step on the workload; return the Results and the skipped steps."""
+                log: Callable[[str], None] = print, cpu_threads: int | None = None,
+                ) -> tuple[list[Result], list[dict[str, str]]]:
+    """Run every available step on the workload; return the Results and the skipped steps.
+
+    `cpu_threads` pins torch's threads for the HF steps (None: as they are). On a shared CPU (Colab, CI) a
+    second OpenMP thread spins against other processes and one run can come out 3x slower than the next;
+    one thread measures the same thing, steadily."""
     validate.integers("run_journey", "batch_sizes", batch_sizes, "e.g. --batch-sizes 1,4,16.")
+    if cpu_threads is not None:
+        validate.integer("run_journey", "cpu_threads", cpu_threads, "1 on a shared CPU, or None to leave torch's own.")
     wl = load_workload(workload, limit=requests)
     results, skipped = [], []
     for step in ladder(list(batch_sizes)):
@@ -97,7 +105,8 @@ def run_journey(model: str = "embedded", workload: str = "journey", requests: in
         log(f"run  {step.name}: {step.why}")
         engine = step.make_engine(model)
         try:
-            r = run(engine, wl, bench, lab=lab, step=step.name, store=store)
+            with torch_threads(cpu_threads):
+                r = run(engine, wl, bench, lab=lab, step=step.name, store=store)
         finally:
             engine.close()
         s = r.summary
