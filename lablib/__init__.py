@@ -31,7 +31,7 @@ _EXPORTS = {
     "device_facts": "hardware", "library_versions": "hardware", "MemoryMonitor": "hardware",
     "GPU_PEAKS": "hardware", "Roofline": "hardware", "lookup_gpu": "hardware",
     "prepare": "bench.offline", "run": "bench.offline",
-    "RequestRecord": "results", "Result": "results", "ResultStore": "results", "load_results": "results",
+    "RequestRecord": "results", "Result": "results", "ResultStore": "results", "load_results": "results", "results_dir": "results",
     "table": "results", "token_agreement": "results",
     "run_journey": "experiments.journey", "live_or_recorded": "session", "Checks": "session",
 }

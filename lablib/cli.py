@@ -32,7 +32,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--requests", type=int, default=None, help="use the first N requests (default: all)")
     ap.add_argument("--batch-sizes", type=_int_list, default=[1, 4, 16], help="static batch sizes (default 1,4,16)")
     ap.add_argument("--max-new-tokens", type=int, default=None, help="override every request's output length")
-    ap.add_argument("--results", type=Path, default=Path("results"), help="folder for the JSONL results")
+    ap.add_argument("--results", type=Path, default=None,
+                    help="folder for the JSONL results (default: the repository's results/, or $LABLIB_RESULTS)")
     ap.add_argument("--report", type=Path, default=Path("reports/journey.html"))
     args = ap.parse_args(argv)
 

@@ -133,5 +133,6 @@ def road(results: list[Result], batch_sizes: list[int] = (1, 4, 16)) -> list[Res
     return out + [r for r in results if r.step not in on_ladder]
 
 
-def default_store(folder: str | Path = "results", lab: str = "journey") -> ResultStore:
-    return ResultStore(Path(folder) / f"{lab}.jsonl")
+def default_store(folder: str | Path | None = None, lab: str = "journey") -> ResultStore:
+    """The main job's store: `<folder>/<lab>.jsonl`, in the one results folder (`results_dir()`) by default."""
+    return ResultStore.for_lab(lab) if folder is None else ResultStore(Path(folder) / f"{lab}.jsonl")

@@ -41,7 +41,7 @@ from typing import Any
 from ..bench.loadgen import run_online
 from ..models import ModelSpec, embedded_path, resolve_model
 from ..results.record import Result
-from ..results.store import ResultStore
+from ..results.store import ResultStore, results_dir
 from ..config import ServerConfig
 from ..engines.server import VLLMServer
 from ..workloads import load_workload
@@ -90,16 +90,17 @@ def check_context(workload: Any, spec: ModelSpec, cfg: ServerConfig) -> int:
     return context
 
 
-def _prepare(model: str | ModelSpec, workload: str, repeat: int, out_dir: str | Path, knobs: dict[str, Any]
-             ) -> tuple[Any, ServerConfig, Path, dict[str, Any]]:
+def _prepare(model: str | ModelSpec, workload: str, repeat: int, out_dir: str | Path | None, knobs: dict[str, Any],
+             folder: str = "serve") -> tuple[Any, ServerConfig, Path, dict[str, Any]]:
     """The repeated workload, the server's config, the output folder (all checked, none started), and what every
-    load test on that server records about it (run_online's `server` and `model_info`)."""
+    load test on that server records about it (run_online's `server` and `model_info`). The folder defaults to
+    `<results_dir()>/<folder>`: the one results folder."""
     base = load_workload(workload)
     wl = base.repeated(repeat)
     spec = model if isinstance(model, ModelSpec) else resolve_model(model)
     cfg = server_config(spec, **knobs)
     check_context(base, spec, cfg)
-    out = Path(out_dir)
+    out = Path(out_dir) if out_dir is not None else results_dir() / folder
     out.mkdir(parents=True, exist_ok=True)
     return wl, cfg, out, {"server": cfg.to_dict(), "model_info": {**spec.describe(), "name": cfg.name}}
 
@@ -114,7 +115,7 @@ def _started(cfg: ServerConfig, out_dir: Path, out: dict[str, Any]) -> Iterator[
 
 def rate_sweep(model: str | ModelSpec = "embedded", workload: str = "journey", repeat: int = 4,
                fractions: Sequence[float] = FRACTIONS, *, seed: int = 0, cross_check: bool = True,
-               out_dir: str | Path = "results/serve", store: ResultStore | None = None, lab: str = "05_serving",
+               out_dir: str | Path | None = None, store: ResultStore | None = None, lab: str = "05_serving",
                on_metrics: Callable[[float, dict[str, float | None]], None] | None = None,
                on_result: Callable[[Result], None] | None = None, metrics_interval_s: float = 0.25,
                **knobs: Any) -> dict[str, Any]:
@@ -152,7 +153,7 @@ def check_levels(levels: Sequence[int]) -> list[int]:
 
 
 def concurrency_sweep(model: str | ModelSpec = "embedded", workload: str = "journey", repeat: int = 2,
-                      levels: Sequence[int] = (1, 4, 16, 64), *, seed: int = 0, out_dir: str | Path = "results/serve",
+                      levels: Sequence[int] = (1, 4, 16, 64), *, seed: int = 0, out_dir: str | Path | None = None,
                       store: ResultStore | None = None, lab: str = "05_serving",
                       on_result: Callable[[Result], None] | None = None, **knobs: Any) -> dict[str, Any]:
     """One server, the workload sent with at most N requests in flight for each N in `levels`.
@@ -174,7 +175,7 @@ def concurrency_sweep(model: str | ModelSpec = "embedded", workload: str = "jour
 
 
 def cross_check(model: str | ModelSpec = "embedded", workload: str = "journey", repeat: int = 4, times: int = 3, *,
-                max_concurrency: int | None = None, seed: int = 0, out_dir: str | Path = "results/serve-check",
+                max_concurrency: int | None = None, seed: int = 0, out_dir: str | Path | None = None,
                 store: ResultStore | None = None, lab: str = "03_serving", confidence: float | None = None,
                 max_cv: float | None = None, max_bound: float | None = None, min_window_s: float | None = None,
                 timeline: bool = False, **knobs: Any) -> dict[str, Any]:
@@ -207,7 +208,7 @@ def cross_check(model: str | ModelSpec = "embedded", workload: str = "journey", 
     validate.optional_integer("cross_check", "max_concurrency", max_concurrency, "None for all at once, or e.g. 256.")
     rules = {k: v for k, v in (("confidence", confidence), ("max_cv", max_cv), ("max_bound", max_bound),
                                 ("min_window_s", min_window_s)) if v is not None}
-    wl, cfg, out_dir, recorded = _prepare(model, workload, repeat, out_dir, knobs)
+    wl, cfg, out_dir, recorded = _prepare(model, workload, repeat, out_dir, knobs, folder="serve-check")
     expected = sum(r.max_new_tokens for r in wl.requests)
     out: dict[str, Any] = {"rounds": [], "results": [], "server": cfg.to_dict()}
     with _started(cfg, out_dir, out) as server:

@@ -5,6 +5,6 @@
 """
 from .compare import table, token_agreement
 from .record import RequestRecord, Result, summarise
-from .store import ResultStore, load_results
+from .store import ResultStore, load_results, results_dir
 
-__all__ = ["table", "token_agreement", "RequestRecord", "Result", "summarise", "ResultStore", "load_results"]
+__all__ = ["table", "token_agreement", "RequestRecord", "Result", "summarise", "ResultStore", "load_results", "results_dir"]

@@ -3,6 +3,10 @@
 A kernel killed mid-run (Kernel → Interrupt, a dead kernel, a time limit) leaves every
 Result written before it intact; a torn last line is skipped on load with a warning. The
 shipped H200 recordings are the same format, gzipped.
+
+Everything a lab, the main job or a widget measures goes to one folder, `results_dir()`: the repository's own
+`results/` in a clone (whatever folder the notebook runs from: nbval and Jupyter run each lab inside `labs/`),
+`$LABLIB_RESULTS` where set, `./results` where lablib is installed outside a clone.
 """
 from __future__ import annotations
 
@@ -11,6 +15,17 @@ import os
 from pathlib import Path
 
 from .record import Result
+
+
+def results_dir() -> Path:
+    """The one folder every measurement is written to (see the module docstring for how it is found)."""
+    env = os.environ.get("LABLIB_RESULTS")
+    if env:
+        return Path(env)
+    root = Path(__file__).resolve().parents[2]
+    if (root / "labs").is_dir() and (root / "pyproject.toml").is_file():
+        return root / "results"
+    return Path("results")
 
 
 class ResultStore:
@@ -23,6 +38,14 @@ class ResultStore:
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
+
+    @classmethod
+    def for_lab(cls, lab: str) -> "ResultStore":
+        """The store a lab (or the main job) appends to: `<results_dir()>/<lab>.jsonl`."""
+        if not lab or "/" in lab or lab.startswith("."):
+            raise ValueError(f"ResultStore.for_lab.lab={lab!r}: allowed a lab's name, e.g. '01_batching'; "
+                             "Fix: pass the notebook's name without folder or suffix.")
+        return cls(results_dir() / f"{lab}.jsonl")
 
     def append(self, result: Result) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)

@@ -62,7 +62,7 @@ class BatchingPanel:
     def __init__(self, lab: str = "01_batching", store: str | Path | None = None, model: str = "embedded",
                  requests: int = 8, max_new_tokens: int | None = 16, max_engines: int = 4):
         self.lab = lab
-        self.store = ResultStore(store if store is not None else Path("results") / f"{lab}.jsonl")
+        self.store = ResultStore(store) if store is not None else ResultStore.for_lab(lab)
         self.results: list[Result] = []  # what the throughput figure draws: earlier runs, then this panel's, in order
         self.last_error: str | None = None
         self.max_engines = max_engines

@@ -5,6 +5,7 @@ import gzip
 import json
 import math
 import random
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -158,3 +159,28 @@ def test_load_results_over_a_folder_with_gzip(tmp_path):
     assert [r.step for r in got] == ["plain", "zipped-1", "zipped-2"]
     assert [r.step for r in load_results(tmp_path / "b.jsonl.gz", tmp_path / "a.jsonl")] == \
         ["zipped-1", "zipped-2", "plain"]
+
+
+def test_every_store_lands_in_the_one_results_folder(tmp_path, monkeypatch):
+    from lablib.results import store as store_mod
+
+    monkeypatch.delenv("LABLIB_RESULTS", raising=False)
+    root = Path(store_mod.__file__).resolve().parents[2]
+    assert store_mod.results_dir() == root / "results"  # from a clone: the repository's results/, whatever the cwd
+    monkeypatch.chdir(root / "labs")  # where nbval and Jupyter run a lab
+    assert ResultStore.for_lab("01_batching").path == root / "results" / "01_batching.jsonl"
+    monkeypatch.setenv("LABLIB_RESULTS", str(tmp_path))
+    assert ResultStore.for_lab("07_prefix_caching").path == tmp_path / "07_prefix_caching.jsonl"
+    for bad in ("", "labs/01", ".hidden"):
+        with pytest.raises(ValueError, match="ResultStore.for_lab.lab"):
+            ResultStore.for_lab(bad)
+
+
+def test_no_lab_writes_outside_the_results_folder():
+    """Every lab builds its store with ResultStore.for_lab, never a path of its own (issue: one results/ folder)."""
+    import json
+
+    root = Path(__file__).resolve().parents[2]
+    for nb in sorted((root / "labs").glob("*.ipynb")):
+        code = "\n".join("".join(c["source"]) for c in json.loads(nb.read_text())["cells"] if c["cell_type"] == "code")
+        assert "ResultStore(" not in code and "'results/" not in code and '"results/' not in code, nb.name
