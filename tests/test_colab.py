@@ -108,3 +108,18 @@ def test_the_badge_goes_after_the_title_once_and_follows_the_repository():
     assert notebooks.with_badge(moved, "09_x.ipynb", "you/fork") == moved
     cell = notebooks.first_cell("you/fork")
     assert "https://github.com/you/fork'" in cell and "'fork/labs/bootstrap.py'" in cell and len(cell.splitlines()) <= 10
+
+
+def test_the_terms_are_defined_once_in_lab_00_and_the_readme():
+    import nbformat
+
+    from lablib.instructor import terms
+
+    table = terms.markdown()
+    for term in ("TTFT", "TPOT", "ITL", "P50 / P99", "MBU", "roofline", "prefill", "decode"):
+        assert f"| **{term}** |" in table
+    lab00 = nbformat.read(notebooks.LABS_DIR / "00_setup.ipynb", as_version=4)
+    assert [c.source for c in lab00.cells if c.source.startswith(terms.HEADING)] == [table]
+    assert notebooks.readme_terms(table) in (ROOT / "README.md").read_text()
+    for path in notebooks.lab_notebooks()[1:]:  # defined once: no other lab carries the table
+        assert terms.HEADING not in path.read_text(), path.name

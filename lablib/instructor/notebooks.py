@@ -10,6 +10,8 @@ Three things every lab shares are written here, from one place, by `python -m la
   (JupyterLab, nbval, papermill). Colab opens a notebook straight from GitHub with the working directory
   `/content`: the cell looks for `labs/bootstrap.py` below the working directory (`/content/<repo>`, a
   clone made earlier) and, in Colab with no clone there yet, clones `COLAB_REPO` beside it first.
+- The terms every lab uses (`lablib.instructor.terms`): lab 00's markdown cell under `terms.HEADING` and the README's
+  section between its markers are that table, word for word.
 - The notebook metadata. On opening a notebook JupyterLab writes the kernel's own `kernelspec` and
   `language_info` into it, and any difference marks the notebook modified before a cell has run (seen in
   JupyterLab 4.6 under headless Chromium: the labs' `display_name` "Python 3" against ipykernel's
@@ -37,6 +39,8 @@ README = ROOT / "README.md"
 BADGE_IMAGE = "https://colab.research.google.com/assets/colab-badge.svg"
 BADGE_LINE = re.compile(r"^\[!\[Open In Colab\]\(.*\)\]\(.*\)$", re.MULTILINE)
 README_BEGIN, README_END = "<!-- colab-badges: written by python -m lablib.instructor.notebooks -->", "<!-- /colab-badges -->"
+TERMS_BEGIN, TERMS_END = "<!-- terms: written by python -m lablib.instructor.notebooks from lablib/instructor/terms.py -->", "<!-- /terms -->"
+TERMS_LAB = "00_setup.ipynb"  # the lab that defines the terms
 
 CLEAN_NOTEBOOK_KEYS = {"kernelspec", "language_info"}  # notebook metadata a committed lab may hold
 CLEAN_CELL_KEYS = {"tags"}  # cell metadata a committed lab may hold (papermill's "parameters" tag, nbval's)
@@ -99,6 +103,14 @@ def synced(nb: Any, notebook: str, repo: str = COLAB_REPO, metadata: dict[str, A
     first_md.source = with_badge(first_md.source, notebook, repo)
     next(c for c in nb.cells if c.cell_type == "code").source = first_cell(repo)
     nb.metadata.update(metadata or kernel_metadata())
+    if notebook == TERMS_LAB:
+        from .terms import HEADING, markdown
+
+        cell = next((c for c in nb.cells if c.cell_type == "markdown" and c.source.startswith(HEADING)), None)
+        if cell is None:
+            raise ValueError(f"{notebook}: no markdown cell starts with {HEADING!r}; Fix: add one (its text is "
+                             "written here from lablib/instructor/terms.py).")
+        cell.source = markdown()
     return nb
 
 
@@ -135,19 +147,29 @@ def sync(labs_dir: Path = LABS_DIR, readme: Path | None = README, check: bool = 
         nb = nbformat.read(path, as_version=4)
         new = synced(nb, path.name, metadata=meta)
         if new != nb:
-            changed.append(f"{path}: badge, first cell or kernel metadata out of date")
+            changed.append(f"{path}: badge, first cell, kernel metadata or terms out of date")
             if not check:
                 nbformat.write(new, path)
     if readme is not None and readme.exists():
-        text = readme.read_text()
-        pattern = re.compile(re.escape(README_BEGIN) + ".*?" + re.escape(README_END), re.DOTALL)
-        if pattern.search(text):
-            new_text = pattern.sub(lambda _: readme_badges(labs), text)
-            if new_text != text:
-                changed.append(f"{readme}: Colab badges out of date")
-                if not check:
-                    readme.write_text(new_text)
+        from .terms import markdown
+
+        text = new_text = readme.read_text()
+        for (begin, end), block, what in (((README_BEGIN, README_END), readme_badges(labs), "Colab badges"),
+                                          ((TERMS_BEGIN, TERMS_END), readme_terms(markdown()), "terms")):
+            pattern = re.compile(re.escape(begin) + ".*?" + re.escape(end), re.DOTALL)
+            if pattern.search(new_text):
+                updated = pattern.sub(lambda _, b=block: b, new_text)
+                if updated != new_text:
+                    changed.append(f"{readme}: {what} out of date")
+                new_text = updated
+        if new_text != text and not check:
+            readme.write_text(new_text)
     return changed
+
+
+def readme_terms(table: str) -> str:
+    """The README's terms section, between its markers."""
+    return "\n".join([TERMS_BEGIN, table, TERMS_END])
 
 
 def main(argv: list[str] | None = None) -> int:

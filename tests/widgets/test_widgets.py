@@ -218,3 +218,12 @@ def test_vram_chart_without_a_gpu_says_so(no_gpu):
     assert chart.t == [] and "no NVIDIA GPU" in chart.note and not chart.available
     with pytest.raises(ValueError, match="interval_s"):
         widgets.VRAMChart(interval_s=0)
+
+
+def test_code_sample_is_a_captioned_code_block_that_the_models_backticks_cannot_end():
+    from lablib.widgets import code_sample
+
+    md = code_sample("def f():\n    return 1", "the model's continuation").data
+    assert md == "*the model's continuation*\n\n```python\ndef f():\n    return 1\n```"
+    md = code_sample("x = '''```'''", "c").data
+    assert md.splitlines()[2] == "````python" and md.endswith("\n````")
