@@ -1,0 +1,293 @@
+"""Lab 06's GPU half: speed and memory on a synthetic Llama-3.1-8B per scheme and batch, through vLLM 0.26.
+
+`prepare_checkpoints` quantizes the synthetic 8B in the quantization environment (llm-compressor cannot share
+vLLM's), then `vllm_speed_runs` measures decode speed and memory per scheme and batch through vLLM, each
+against its own bandwidth roofline (`speed_rows`); `record` is scripts/record_reference.py's step
+`quantization`, and `speed` is the notebook's one call: live on a GPU, recorded elsewhere.
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+import shutil
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from ... import validate
+from ...config import BenchConfig, VLLMConfig
+from ...models import LABEL as SYNTHETIC_LABEL
+from ...models import embedded_path
+from ...models.quantize import SCHEMES, read_facts
+from ...results.record import Result
+from ...results.store import ResultStore
+from ...session import Shown, live_label, live_or_recorded
+from ...workloads import Workload, load_workload
+from .checkpoints import _reuse_or_quantize
+from .measures import OWNER
+
+LAB = "06_quantization"
+GPU_WORK = "/tmp/lablib-quantized"  # where the GPU session's quantized synthetic checkpoints go (64 GiB disk there)
+SPEED_MODEL = "llama-3.1-8b"
+BATCHES = (1, 8, 64, 256)
+# schemes that are vLLM switches on the bf16 checkpoint rather than checkpoints of their own
+VLLM_SWITCHES: dict[str, dict[str, Any]] = {"bf16": {}, "fp8": {"quantization": "fp8"},
+                                            "bf16-kv-fp8": {"kv_cache_dtype": "fp8"}}
+SPEED_SCHEMES = ("bf16", "fp8", "gptq-w4a16", "awq-w4a16", "w8a8-int8", "bf16-kv-fp8")
+KERNEL_LINE = re.compile(r"(?:Using|Selected) (\w+Kernel) for (\w+)")
+LOAD_LINE = re.compile(r"Model loading took ([\d.]+) GiB")
+KV_LINE = re.compile(r"Available KV cache memory: ([\d.]+) GiB")
+
+
+def _gpu_source(model: str, work_dir: Path) -> Path:
+    """The synthetic bf16 checkpoint (made if absent) seen through a folder of links with the embedded tokenizer
+    beside it: the quantizer tokenizes its calibration texts with it (ids valid in any real vocabulary)."""
+    from ...models import synthetic_spec
+
+    spec = synthetic_spec(model)
+    src = work_dir / f"{model}-bf16"
+    src.mkdir(parents=True, exist_ok=True)
+    for f in Path(spec.path).iterdir():
+        if not (src / f.name).exists():
+            (src / f.name).symlink_to(f)
+    for f in embedded_path("target").glob("tokenizer*"):
+        if not (src / f.name).exists():
+            shutil.copy(f, src / f.name)
+    return src
+
+
+def prepare_checkpoints(schemes: Sequence[str] = SPEED_SCHEMES, *, model: str = SPEED_MODEL,
+                        work_dir: str | Path = GPU_WORK, num_samples: int = 16, python: str | None = None,
+                        threads: int | None = None) -> list[dict[str, Any]]:
+    """The GPU session's first command: quantize the synthetic 8B with every checkpoint scheme in `schemes`.
+
+    llm-compressor 0.14 (compressed-tensors 0.19) and vLLM 0.26 (compressed-tensors 0.17) cannot share an
+    environment, so on the GPU machine the lab's speed step is two commands (shared/gpu/README.md, "A second
+    environment for quantization"), sent while the machine is held (its /tmp goes with it):
+
+        # 1. the quantization environment (staged with ../shared/gpu/stage --no-vllm --site /tmp/site-q
+        #    -r ../shared/gpu/llmcompressor-0.14.0.1-deps.txt): make the checkpoints
+        PYTHONPATH=/tmp/site-q python -c "from lablib.experiments.quantization import prepare_checkpoints as p; p()"
+        # 2. vLLM's environment (/tmp/site): speed and memory per scheme and batch, recorded
+        PYTHONPATH=/tmp/site python scripts/record_reference.py --out $OUT --steps quantization
+
+    Checkpoints go to work_dir/<model>/<scheme> and are reused when they hold the same quantization. The
+    calibration windows only pace the quantizer here: synthetic weights have no quality to keep, so 16 do.
+    Schemes that are vLLM switches (bf16, online fp8, fp8 KV cache) need no checkpoint and are skipped.
+    """
+    for s in schemes:
+        validate.choice(OWNER, "schemes", s, list(SCHEMES) + list(VLLM_SWITCHES))
+    work = Path(work_dir)
+    src = _gpu_source(model, work)
+    rows = []
+    for s in (s for s in schemes if s not in VLLM_SWITCHES):
+        facts = _reuse_or_quantize(src, work / model / s, s, num_samples, ("lm_head",), python, threads)
+        rows.append({k: facts.get(k) for k in ("scheme", "group_size", "seconds", "wall_s", "weight_bytes", "device",
+                                               "reused", "out_dir")})
+    return rows
+
+
+def vllm_log_facts(log: str) -> dict[str, Any]:
+    """What vLLM prints but does not expose: the kernel it chose per quantized layer type, the GiB the weights took
+    on the GPU, the GiB left to the KV cache.
+
+    vLLM 0.26 logs "Using MacheteLinearKernel for CompressedTensorsWNA16" (int4: Machete on Hopper, Marlin
+    elsewhere) and "Selected CutlassFP8ScaledMMLinearKernel for ..." (8-bit scaled matmuls); a bf16 model logs
+    none: its Linears are torch's cuBLAS GEMMs.
+    """
+    kernels = {layer: kernel for kernel, layer in KERNEL_LINE.findall(log)}
+    load, kv = LOAD_LINE.findall(log), KV_LINE.findall(log)
+    return {"linear_kernels": kernels, "model_load_gib": float(load[-1]) if load else None,
+            "kv_cache_gib": float(kv[-1]) if kv else None}
+
+
+def fixed_workload(n: int, prompt_len: int = 128, output_len: int = 128) -> Workload:
+    """n requests of exactly prompt_len tokens (the embedded tokenizer's, bos included), output_len tokens out each:
+    code cut from the calibration windows (speed runs score no quality), cycled when n asks for more."""
+    from ...models import load_tokenizer, resolve_model
+    from ...workloads import Request
+
+    validate.integer(OWNER, "n", n, "pass a batch size, e.g. 64.")
+    validate.integer(OWNER, "prompt_len", prompt_len, "pass e.g. 128.", 2)
+    validate.integer(OWNER, "output_len", output_len, "pass e.g. 128.")
+    tok = load_tokenizer(resolve_model("embedded"))
+    texts: list[str] = []
+    for r in load_workload("calibration").requests:
+        ids = tok(r.prompt)["input_ids"][1:]
+        for start in range(0, len(ids) - prompt_len, prompt_len):
+            text = tok.decode(ids[start:start + prompt_len - 1])
+            if len(tok(text)["input_ids"]) == prompt_len:
+                texts.append(text)
+        if len(texts) >= n:
+            break
+    if not texts:
+        raise validate.refuse(OWNER, "prompt_len", prompt_len, "a length the calibration windows (512 tokens) hold",
+                              "pass e.g. 128.")
+    reqs = tuple(Request(f"fixed-{i:03d}", texts[i % len(texts)], ({"role": "user", "content": texts[i % len(texts)]},),
+                         output_len, prompt_len) for i in range(n))
+    return Workload(f"fixed-{prompt_len}x{output_len}", 1, "code cut to a fixed token length, fixed output length",
+                    reqs)
+
+
+def _speed_engine(scheme: str, model: str, work_dir: Path, gpu_memory_utilization: float, max_num_seqs: int,
+                  max_model_len: int) -> tuple[Any, VLLMConfig]:
+    """The ModelSpec and VLLMConfig of one speed run; a missing checkpoint is refused naming the command that makes it."""
+    from ...models import ModelSpec, check_model_dir
+
+    config = VLLMConfig(gpu_memory_utilization=gpu_memory_utilization, max_num_seqs=max_num_seqs,
+                        max_model_len=max_model_len, **VLLM_SWITCHES.get(scheme, {}))
+    base = f"synthetic:{model}" if model != "embedded" else "embedded"
+    if scheme in VLLM_SWITCHES:
+        return base, config
+    folder = work_dir / model / scheme
+    if read_facts(folder) is None:
+        raise validate.refuse(OWNER, "schemes", scheme, f"a scheme whose checkpoint is in {folder} (not made yet)",
+                              "make it first in the quantization environment: PYTHONPATH=/tmp/site-q python -c "
+                              "\"from lablib.experiments.quantization import prepare_checkpoints as p; p()\" "
+                              "(see prepare_checkpoints), or leave the scheme out.")
+    source = "synthetic" if model != "embedded" else "path"
+    name = f"synthetic:{model}+{scheme}" if model != "embedded" else str(folder)
+    return ModelSpec(name, str(folder), source, check_model_dir(folder)), config
+
+
+def vllm_speed_runs(schemes: Sequence[str] = SPEED_SCHEMES, batches: Sequence[int] = BATCHES, *,
+                    model: str = SPEED_MODEL, work_dir: str | Path = GPU_WORK, prompt_len: int = 128,
+                    output_len: int = 128, gpu_memory_utilization: float = 0.9, max_model_len: int = 2048,
+                    store: ResultStore | None = None, lab: str = LAB,
+                    on_result: Callable[[Result], None] | None = None) -> list[Result]:
+    """Decode speed and memory of each scheme at each batch size, on vLLM (one engine per scheme, on a GPU).
+
+    For every scheme one engine at `gpu_memory_utilization` (its KV capacity is what is left after the weights),
+    then at each batch B a run of B requests of prompt_len in / output_len out, all submitted at once, through
+    the lab's timing protocol (`bench.offline.run`: warm-up, fixed lengths). Each Result carries the kernel vLLM
+    chose (`engine_facts["linear_kernels"]`, from its log), the GiB its weights took and its KV tokens; step
+    `quant-<scheme>-b<B>`. Schemes: bf16 (the synthetic checkpoint), fp8 (vLLM's online FP8: quantization="fp8",
+    no checkpoint), bf16-kv-fp8 (bf16 weights, kv_cache_dtype="fp8"), and any of SCHEMES, loaded from the
+    checkpoint `prepare_checkpoints` made in the quantization environment first (see there: the two commands).
+    The default model is a synthetic shape: synthetic weights, speed and memory are real, the text is not
+    (model="embedded" runs the lab's own model, as the tests do on the fake vLLM). Every refusal (an unknown
+    scheme, a checkpoint not made yet, a bad batch size) comes before any engine starts.
+    """
+    from ...bench.offline import run
+    from ...engines.vllm import VLLMEngine
+
+    for s in schemes:
+        validate.choice(OWNER, "schemes", s, list(VLLM_SWITCHES) + list(SCHEMES))
+    validate.integers(OWNER, "batches", batches, "pass batch sizes, e.g. (1, 8, 64, 256).")
+    work = Path(work_dir)
+    plans = [(s, *_speed_engine(s, model, work, gpu_memory_utilization, max(batches), max_model_len)) for s in schemes]
+    workloads = {b: fixed_workload(b, prompt_len, output_len) for b in batches}
+    results = []
+    for scheme, spec, config in plans:
+        with VLLMEngine(spec, config) as eng:
+            eng.start()
+            eng.facts.update(vllm_log_facts(Path(eng.log_path).read_text(errors="replace")), scheme=scheme)
+            for b in batches:
+                bench = BenchConfig(progress=False, tags={"scheme": scheme, "batch": b})
+                r = run(eng, workloads[b], bench, lab=lab, step=f"quant-{scheme}-b{b}", store=store)
+                results.append(r)
+                if on_result:
+                    on_result(r)
+    return results
+
+
+def speed_rows(results: Sequence[Result]) -> list[dict[str, Any]]:
+    """One row per speed run: decode tok/s (batch / median TPOT) against the scheme's own bandwidth roofline.
+
+    The roofline reads every weight once per step plus each sequence's KV cache at its mean context
+    (prompt + half the output): batch x peak bandwidth / (weight bytes + KV bytes per token x batch x context),
+    with the bytes vLLM reported loading for this scheme (its log), else the checkpoint's size.
+    """
+    from ...hardware.roofline import decode_ceiling_tok_s, lookup_gpu
+
+    rows = []
+    for r in results:
+        f, s = r.engine_facts, r.summary
+        batch = int(r.config.get("batch") or s["requests"])
+        tpot = (s.get("tpot_s") or {}).get("p50")
+        weights = f["model_load_gib"] * 2**30 if f.get("model_load_gib") else f.get("weight_bytes")
+        context = sum(q.prompt_tokens + q.output_tokens / 2 for q in r.requests) / max(1, len(r.requests))
+        peak = lookup_gpu(r.hardware.get("gpu"))
+        kv = f.get("kv_bytes_per_token") or 0
+        roof = decode_ceiling_tok_s(peak.peak_bw, weights, kv, batch, context) if peak and weights else None
+        decode = batch / tpot if tpot else None
+        rows.append({"scheme": r.config.get("scheme") or r.step, "batch": batch, "decode_tok_s": decode,
+                     "output_tok_s": s["output_tok_s"], "roofline_tok_s": roof,
+                     "of_roofline": decode / roof if decode and roof else None,
+                     "tpot_ms": tpot * 1e3 if tpot else None, "weight_gib": weights / 2**30 if weights else None,
+                     "kv_tokens": f.get("kv_tokens"), "kv_cache_dtype": f.get("kv_cache_dtype"),
+                     "linear_kernels": ", ".join(f"{k} ({layer})" for layer, k in (f.get("linear_kernels") or {}).items())
+                     or "none logged (bf16: cuBLAS)", "gpu": r.hardware.get("gpu"),
+                     "model": r.model.get("name"), "synthetic": bool(r.model.get("synthetic")),
+                     "provenance": (f"recorded on {r.hardware.get('gpu') or 'CPU'}, {r.recorded_at[:10]}"
+                                    if r.provenance == "recorded" else live_label())})
+    return rows
+
+
+def kv_sentence(rows: Sequence[dict[str, Any]] | None) -> str:
+    """FP8 KV cache against bf16 KV: capacity in tokens and throughput at the largest batch, from speed rows."""
+    if not rows:
+        return "FP8 KV cache: not measured here (the speed runs are not recorded yet)"
+    by = {(r["scheme"], r["batch"]): r for r in rows}
+    top = max(r["batch"] for r in rows)
+    a, b = by.get(("bf16", top)), by.get(("bf16-kv-fp8", top))
+    if not (a and b):
+        return "FP8 KV cache: the speed runs hold no bf16 and bf16-kv-fp8 pair"
+    return (f"KV capacity at the same gpu_memory_utilization: bf16 KV {a['kv_tokens']:,} tokens, FP8 KV "
+            f"{b['kv_tokens']:,} (x{b['kv_tokens'] / a['kv_tokens']:.2f}); at batch {top}: {a['decode_tok_s']:,.0f} vs "
+            f"{b['decode_tok_s']:,.0f} decode tok/s  [{b['provenance']}]")
+
+
+def available_speed_schemes(model: str = SPEED_MODEL, work_dir: str | Path = GPU_WORK) -> list[str]:
+    """The speed schemes that can run now: vLLM's switches on bf16, and every checkpoint prepare_checkpoints made."""
+    return [s for s in SPEED_SCHEMES if s in VLLM_SWITCHES or read_facts(Path(work_dir) / model / s) is not None]
+
+
+def speed(force: bool | None = None, schemes: Sequence[str] | None = None, **kw: Any) -> Shown[list[dict[str, Any]]]:
+    """speed_rows of every scheme and batch on the synthetic 8B: live on a GPU with vLLM (vllm_speed_runs), else the
+    runs recorded on the H200 (step `quantization` of scripts/record_reference.py).
+
+    Live, `schemes=None` runs what can run now (`available_speed_schemes`: a checkpoint scheme only once
+    prepare_checkpoints has made it in the quantization environment); name them to have a missing one refused.
+    """
+    from ...results.reference import NotRecorded, load_reference
+
+    def live() -> list[dict[str, Any]]:
+        chosen = schemes if schemes is not None else available_speed_schemes(kw.get("model", SPEED_MODEL),
+                                                                             kw.get("work_dir", GPU_WORK))
+        return speed_rows(vllm_speed_runs(chosen, **kw))
+
+    def recorded() -> list[dict[str, Any]]:
+        runs = load_reference(prefix="quant-")
+        if not runs:
+            raise NotRecorded("lab 06's speed and memory per scheme on the synthetic 8B", "quantization")
+        return speed_rows(runs)
+
+    return live_or_recorded(live, recorded, force=force)
+
+
+def record(out_dir: str | Path, store: ResultStore, facts: dict[str, Any], *, schemes: Sequence[str] = SPEED_SCHEMES,
+           batches: Sequence[int] = BATCHES, key: str = "quantization", **kw: Any) -> None:
+    """scripts/record_reference.py's step `quantization` (STEPS["quantization"] = this): the speed runs, recorded.
+
+    Run prepare_checkpoints first, in the quantization environment (its docstring has the two commands). Every
+    Result goes into `store` with provenance "recorded" (the notebook's recorded path reads them back by step,
+    `quant-<scheme>-b<B>`); facts[key] keeps the per-scheme summary (kernels, weight GiB, KV tokens) and the
+    checkpoints' own facts (GPU quantize seconds). Six engines of the 8B are about 10 minutes: to split them over
+    two commands, pass schemes= a part and key="quantization-2" in the second (facts are overlaid key by key).
+    """
+    results = vllm_speed_runs(schemes, batches, **kw)
+    for r in results:
+        store.append(dataclasses.replace(r, provenance="recorded"))
+    rows = speed_rows(results)
+    work = Path(kw.get("work_dir", GPU_WORK)) / kw.get("model", SPEED_MODEL)
+    facts[key] = {
+        "model": kw.get("model", SPEED_MODEL), "label": SYNTHETIC_LABEL, "batches": list(batches),
+        "schemes": {s: {k: next(r[k] for r in rows if r["scheme"] == s)
+                        for k in ("weight_gib", "kv_tokens", "kv_cache_dtype", "linear_kernels")} for s in schemes},
+        "kv": kv_sentence(rows),
+        "checkpoints": {s: {k: (read_facts(work / s) or {}).get(k) for k in ("seconds", "wall_s", "weight_bytes",
+                                                                            "device", "group_size")}
+                        for s in schemes if s not in VLLM_SWITCHES}}
+    with open(Path(out_dir) / "log.txt", "a") as f:
+        f.write(f"quantization: {len(results)} runs; {facts[key]['kv']}\n")

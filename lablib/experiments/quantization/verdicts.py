@@ -1,0 +1,126 @@
+"""Lab 06's verdicts: each seed claim answered from this run's numbers, and the run's headline.
+
+`claims` takes what the notebook measured (the quality table, the storage rows, lm_head both ways, the
+8B and 70B weights alone, the GPU speed runs when there are any) and gives each claim a verdict, the
+evidence in numbers and where they were measured; a claim this machine cannot measure says so rather
+than borrow a number. `under_one_percent` and `headline` say the same in one line.
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from ...models import embedded_path, parameter_count
+from ...session import Shown
+from .measures import quality_gate
+from .sizes import WEIGHT_FORMATS
+
+
+def under_one_percent(rows: Sequence[dict[str, Any]], threshold_pct: float = 1.0) -> str:
+    """The seeds' "the accuracy loss is under 1%", answered scheme by scheme from a quality table."""
+    parts = [f"{r['scheme']} {r['ppl_change_pct']:+.2f}% ({'under' if r['ppl_change_pct'] < threshold_pct else 'not under'})"
+             for r in rows if r["scheme"] != "bf16"]
+    under = [r["scheme"] for r in rows if r["scheme"] != "bf16" and r["ppl_change_pct"] < threshold_pct]
+    over = [r["scheme"] for r in rows if r["scheme"] != "bf16" and r["ppl_change_pct"] >= threshold_pct]
+    verdict = ("holds for every scheme run" if not over else "holds for none of the schemes run" if not under else
+               f"holds for {', '.join(under)}; not for {', '.join(over)}")
+    return (f"'under {threshold_pct:g}%' (perplexity against bf16's {rows[0]['ppl']:.3f}, {rows[0]['eval']}): "
+            f"{'; '.join(parts)}. Verdict: {verdict}.")
+
+
+def headline(stored: Sequence[dict[str, Any]], quality: Sequence[dict[str, Any]], max_increase_pct: float) -> str:
+    """This run's numbers per scheme in one line each: bytes against bf16, bits per Linear weight, quality, the gate."""
+    q = {r["scheme"]: r for r in quality}
+    lines = []
+    for r in stored[1:]:
+        g = quality_gate(q[r["scheme"]]["ppl"], quality[0]["ppl"], max_increase_pct)
+        lines.append(f"{r['scheme']}: x{r['vs_bf16']:.2f} of bf16's bytes, {r['bits_per_weight']:.2f} bits per Linear "
+                     f"weight; perplexity {g.increase_pct:+.2f}%, {q[r['scheme']]['agreement']:.0%} of greedy tokens "
+                     f"as bf16's; {'passes' if g else 'fails'} your {max_increase_pct:g}% gate")
+    return "\n".join(lines)
+
+
+def _verdict(held: Sequence[bool]) -> str:
+    return "holds" if held and all(held) else "does not hold" if not any(held) else "holds only in part"
+
+
+def claims(quality: Sequence[dict[str, Any]], stored: Sequence[dict[str, Any]], lm_head: Sequence[dict[str, Any]],
+           weights: Sequence[dict[str, Any]], speed: Shown | None = None) -> list[dict[str, str]]:
+    """Each seed claim the issue lists: a verdict, the evidence in this run's numbers, and where they come from.
+
+    quality: quality_table's rows; stored: storage_rows'; lm_head: lm_head_rows'; weights: weights_alone's (with
+    llama-3.1-70b); speed: what `speed()` returned (its rows, or nothing recorded yet). A claim this machine
+    cannot measure says so ("not measured here") rather than borrow a number.
+    """
+    here, arith = "live on this CPU (embedded model)", "arithmetic on the published config"
+    gpu_where = speed.label if speed is not None else "no speed runs passed"
+    out: list[dict[str, str]] = []
+
+    def add(claim: str, verdict: str, evidence: str, where: str) -> None:
+        out.append({"claim": claim, "verdict": verdict, "evidence": evidence, "where": where})
+
+    by = {(w["model"], w["format"]): w for w in weights}
+    gb = {f: by[("llama-3.1-70b", f)]["weights_GB"] for f in WEIGHT_FORMATS if ("llama-3.1-70b", f) in by}
+    small = ", ".join(f"{r['scheme']} x{r['vs_bf16']:.2f}" for r in stored if r["scheme"] in ("fp8-dynamic", "w8a8-int8"))
+    share = lm_head[0]["lm_head_share"]  # the tied embedding / lm_head table's share of the target's weights
+    params = parameter_count(json.loads((embedded_path("target") / "config.json").read_text()))
+    if gb:
+        ratio = gb["fp8 / int8, per channel"] / gb["bf16"]
+        add("a 70B model from FP16 to INT8 halves its memory", _verdict([0.45 <= ratio <= 0.55]),
+            f"Llama-3.1-70B weights {gb['bf16']:.1f} GB -> {gb['fp8 / int8, per channel']:.1f} GB (x{ratio:.3f}: "
+            "embeddings and lm_head stay 16-bit; the KV cache is not halved)" +
+            (f"; the embedded model's checkpoints {small}: its 16-bit embedding is {share:.0%} of its weights"
+             if small else ""),
+            arith + (f"; {here}" if small else ""))
+        g128, awq, g64 = (gb[f] for f in ("w4a16 g128, symmetric (GPTQ)", "w4a16 g128, asymmetric (AWQ)",
+                                          "w4a16 g64, symmetric (GPTQ)"))
+        add("4-bit GPTQ/AWQ compress 140 GB to under 40 GB", _verdict([g128 < 40, awq < 40, g64 < 40]),
+            f"Llama-3.1-70B bf16 {gb['bf16']:.1f} GB -> GPTQ g128 {g128:.1f} GB, AWQ g128 {awq:.1f} GB (its zero "
+            f"points), g64 {g64:.1f} GB" + (": under 40 at group 128 only" if g128 < 40 <= g64 else "") +
+            "; weights alone, before any KV cache", arith)
+    run = [r for r in quality if r["scheme"] != "bf16"]
+    add("the accuracy loss is under 1%", _verdict([r["ppl_change_pct"] < 1.0 for r in run]),
+        "; ".join(f"{r['scheme']} {r['ppl_change_pct']:+.2f}%" for r in run) + f" perplexity vs bf16 ({quality[0]['eval']})",
+        here)
+    gptq, awq_r = (next((r for r in run if r["scheme"] == s), None) for s in ("gptq-w4a16", "awq-w4a16"))
+    claim = "AWQ keeps more salient weights and suits generation better than GPTQ"
+    if gptq and awq_r:
+        add(claim, _verdict([awq_r["ppl_change_pct"] < gptq["ppl_change_pct"], awq_r["agreement"] > gptq["agreement"]]),
+            "; ".join(f"{name} {r['ppl_change_pct']:+.2f}% perplexity, {r['agreement']:.0%} greedy agreement, first "
+                      f"divergence {r['mean_first_divergence']:.1f} tokens on average"
+                      for name, r in (("AWQ", awq_r), ("GPTQ", gptq))) +
+            f" (both group {gptq.get('group_size')}, {(gptq.get('calibration') or {}).get('samples')} calibration "
+            f"windows, a {params / 1e6:.1f}M-parameter model)", here)
+    else:
+        add(claim, "not measured here", "needs both 'gptq-w4a16' and 'awq-w4a16' in SCHEMES", here)
+    rows = (speed.value if speed is not None else None) or []
+    at = {(r["scheme"], r["batch"]): r for r in rows}
+    fp8 = next((r for r in run if r["scheme"] == "fp8-dynamic"), None)
+    online = [(b, at[("fp8", b)]["decode_tok_s"], at[("bf16", b)]["decode_tok_s"])
+              for s, b in sorted(at) if s == "fp8" and ("bf16", b) in at]
+    evidence = (f"fp8-dynamic took no calibration data and {fp8['quantize_s']:.2f} s to quantize" if fp8
+                else "fp8-dynamic not in SCHEMES")
+    evidence += ("; on the GPU, online fp8 (no checkpoint) vs bf16: " +
+                 ", ".join(f"batch {b} {x:,.0f} vs {y:,.0f} tok/s" for b, x, y in online) if online
+                 else "; Hopper speed not measured here")
+    add("FP8 is Hopper's native format, no offline quantization needed",
+        ("holds" if online and all(x > y for _, x, y in online) else "holds for the data-free part" if fp8
+         else "not measured here"), evidence, f"{here}; {gpu_where}")
+    lm = {r["lm_head"]: r for r in lm_head}
+    add("attention dynamic, MLP static, embeddings kept in full precision", "holds only in part",
+        f"embeddings stay bf16 in every checkpoint ({all('BF16' in r['rest_dtypes'] for r in stored)}); quantizing "
+        f"lm_head too: checkpoint {lm['quantized too']['size_vs_kept_pct']:+.1f}% (the tied table is untied), "
+        f"perplexity {lm['kept 16-bit']['ppl_change_pct']:+.2f}% -> {lm['quantized too']['ppl_change_pct']:+.2f}%; "
+        "'attention dynamic, MLP static' not tested: every scheme here quantizes activations per token at run "
+        "time, in attention and MLP alike", here)
+    add("validate quality with the same business test set before and after", "followed here",
+        f"bf16 and every scheme scored on the same {quality[0]['eval']}, disjoint from the calibration set "
+        "(check_disjoint; calibrating on 'evaluation' is refused)", here)
+    int4 = [(b, at[("gptq-w4a16", b)]["decode_tok_s"], at[("bf16", b)]["decode_tok_s"])
+            for s, b in sorted(at) if s == "gptq-w4a16" and ("bf16", b) in at]
+    add("fewer bytes per weight, faster decode (int4's ~3.5x fewer bytes)",
+        _verdict([x > y for _, x, y in int4]) if int4 else "not measured here",
+        "; ".join(f"batch {b}: GPTQ {x:,.0f} vs bf16 {y:,.0f} decode tok/s" for b, x, y in int4)
+        or "the H200 speed runs are not recorded yet", gpu_where)
+    return out
