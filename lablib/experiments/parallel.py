@@ -1,31 +1,22 @@
-"""Lab 09's experiments: the tensor-parallel cost model swept, the fit view and its refusals, TP=1 measured.
+"""Lab 09's measured runs: vLLM at TP=t on the synthetic checkpoints, beside the cost model's prediction.
 
-The cost model (`lablib.mechanisms.parallel`) prices one decode step under TP=t: each GPU reads
-1/t of the weights and its share of the KV cache, then waits for 2 x layers all-reduces of
-batch x hidden bf16 activations over the link. This module runs it over the shapes the lab
-talks about (the synthetic Llama-3.1-8B and -70B, Qwen2.5-72B) and the links (NVLink 4, PCIe
-Gen5 and Gen4), says where communication dominates, and compares TP=2 with PP=2 and with a
-second replica. Every row it returns from the model says so in its "provenance" (SIMULATED).
+`tp1_baseline` runs vLLM (`VLLMEngine`) on the synthetic checkpoints at TP=1, b fixed-shape requests
+at once (b = 1, 8, 64), and sets decode tok/s and the per-token latency (median TPOT) beside the
+model's prediction for t=1 on the GPU it ran on. Before any engine starts, a run that cannot happen
+here (a t the shape cannot split into, more GPUs than the machine has, a configuration that cannot
+fit, a synthetic checkpoint larger than the free disk) becomes a row that says "not measured" and why,
+never a number; `refusals` lists the bad inputs refused outright. `record` is the step a GPU session
+runs to record it (facts["tp1"]); `record_scaling` the multi-GPU runs (facts["tp_scaling"]), which only
+a machine with several GPUs can make.
 
-The fit view turns `hardware.fit.tp_fit_table` into one table (model x scheme x GPU -> the
-smallest t), and `fit_advice` is the refusal a user meets before renting anything: the
-engine's own preflight (`check_fit`, which splits the KV heads by tensor_parallel_size) run
-on the H200's memory, and the knobs that would make the configuration fit, each checked the
-same way: tensor_parallel_size=N, quantization='fp8', max_model_len.
-
-Measured: `tp1_baseline` runs vLLM (`VLLMEngine`) on the synthetic checkpoints at TP=1, b
-fixed-shape requests at once (b = 1, 8, 64), and sets decode tok/s and the per-token latency
-(median TPOT) beside the model's prediction for t=1 on the GPU it ran on. Before any engine
-starts, a run that cannot happen here (a t the shape cannot split into, more GPUs than the
-machine has, a configuration that cannot fit, a synthetic checkpoint larger than the free
-disk) becomes a row that says "not measured" and why, never a number. `record` is the step a
-GPU session runs to record it (facts["tp1"]); `record_scaling` the multi-GPU runs
-(facts["tp_scaling"]), which only a machine with several GPUs can make.
+The lab's other two parts live beside this module, and their public names are importable from here
+too (the notebook calls `experiments.parallel` for all of them): `parallel_model`, the tensor-parallel
+cost model swept over shapes, links and batches; `parallel_fit`, the fit view and the refusal a user
+meets before renting anything.
 """
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 import shutil
 import statistics
@@ -36,210 +27,58 @@ from typing import Any
 from .. import validate
 from ..config import BenchConfig, VLLMConfig
 from ..hardware.device import device_facts, nvml_memory
-from ..hardware.fit import SCHEME_BYTES, check_fit, tp_fit_table
+from ..hardware.fit import check_fit
 from ..hardware.roofline import lookup_gpu
 from ..mechanisms import parallel as tp
-from ..mechanisms.gpus import GPU_PEAKS
 from ..models.architecture import architectures, parameter_count
-from ..models.spec import ModelSpec
 from ..results.record import Result
 from ..results.reference import load_reference, recorded_facts
 from ..results.store import ResultStore
 from ..session import Shown, live_label, live_or_recorded
 from ..workloads import Request, Workload, load_workload
+from .parallel_fit import (  # noqa: F401 - re-exported: the notebook and the tests read them here
+    ONE_LONG_SEQUENCE,
+    _raise_unless_fits,
+    check_tp,
+    engine_refusal,
+    fit_advice,
+    fit_rows,
+    gpu_bytes,
+    shape_spec,
+)
+from .parallel_model import (  # noqa: F401 - re-exported, as above
+    BATCHES,
+    LINKS,
+    SIMULATED,
+    TPS,
+    calibrated_overhead,
+    cost_rows,
+    dominance_rows,
+    headline,
+    link_rows,
+    lookup,
+    model_shape,
+    overhead_effect,
+    pcie_share_above_nvlink,
+    two_gpu_rows,
+)
 
 LAB = "09_tensor_parallelism"
-SIMULATED = "simulated on this machine (lablib.mechanisms.parallel, spec-sheet peaks): a model, not a measurement"
-LINKS = (tp.NVLINK4, tp.PCIE_GEN5_X16, tp.PCIE_GEN4_X16)
-TPS = (1, 2, 4, 8)
-BATCHES = (1, 8, 64, 256)
 TP1_RUNS = (("llama-3.1-8b", "bf16"), ("llama-3.1-70b", "fp8"))  # the baseline: what one H200 can hold
 SCALING_RUNS = (("llama-3.1-8b", "bf16", (1, 2, 4)), ("llama-3.1-70b", "bf16", (2, 4)),
                 ("llama-3.1-70b", "fp8", (1, 2, 4)))  # what the multi-GPU machines are for
 PROMPT_LEN, OUTPUT_LEN = 128, 256  # the fixed shapes of the measured runs
 SYNTHETIC_ROOT = Path("/tmp/lablib-synthetic")  # where lablib.models.synthetic writes its checkpoints
 QUANTIZATION = {"bf16": None, "fp8": "fp8"}  # scheme -> VLLMConfig.quantization (online FP8 of a bf16 checkpoint)
-ONE_LONG_SEQUENCE = VLLMConfig(max_model_len=8192)  # the fit view's question: one sequence of 8,192 tokens
 
 
-# --- the cost model, swept ----------------------------------------------------------------------
-
-
-def link_rows() -> list[dict[str, Any]]:
-    """The links the model prices (spec-sheet bandwidth; latency per collective an assumption), and HBM beside."""
-    return [{"link": link.name, "GB/s per direction": link.bandwidth / 1e9, "latency per collective (us)":
-             link.latency_s * 1e6, "latency source": "assumed (measure it, then replace)" if link.latency_s else "-"}
-            for link in (*LINKS, tp.H200_HBM3E)]
-
-
-def lookup(rows: list[dict[str, Any]], key: str, **match: Any) -> Any:
-    """row[key] of the one row matching every `match` (ValueError when none or several do)."""
-    got = [r for r in rows if all(r.get(k) == v for k, v in match.items())]
-    if len(got) != 1:
-        raise ValueError(f"lookup: {len(got)} rows match {match}; pass rows that hold exactly one.")
-    return got[0][key]
-
-
-def pcie_share_above_nvlink(rows: list[dict[str, Any]]) -> bool:
-    """Whether, at every model, t > 1 and batch in the rows, both PCIe links spend a larger share of the step on
-    all-reduces than NVLink 4 (the seeds' warning, as the model states it)."""
-    keys = {(r["model"], r["t"], r["batch"]) for r in rows if r["t"] > 1}
-    share = {(r["model"], r["t"], r["batch"], r["link"]): r["communication_share"] for r in rows}
-    return bool(keys) and all(share[k + (pcie.name,)] > share[k + (tp.NVLINK4.name,)]
-                              for k in keys for pcie in (tp.PCIE_GEN4_X16, tp.PCIE_GEN5_X16))
-
-
-def overhead_effect(overhead_s: float, model: str = "llama-3.1-8b", batch: int = 1,
-                    link: tp.Link = tp.NVLINK4) -> list[dict[str, Any]]:
-    """Speedup and efficiency against t with no fixed per-step cost and with `overhead_s` (which TP cannot split)."""
-    bare, paid = (cost_rows((model,), batches=(batch,), links=(link,), overhead_s=o) for o in (0.0, overhead_s))
-    return [{"t": a["t"], "latency_ms": a["latency_s"] * 1e3, "speedup": a["speedup"],
-             f"latency_ms with {overhead_s * 1e3:.2f} ms overhead": b["latency_s"] * 1e3,
-             "speedup with overhead": b["speedup"], "efficiency with overhead": b["efficiency"],
-             "provenance": SIMULATED} for a, b in zip(bare, paid)]
-
-
-def model_shape(model: str, scheme: str = "bf16", kv_bytes: int = 2) -> tp.DenseShape:
-    """The cost model's shape of a shipped architecture under a weight scheme, as tp_fit_table counts it:
-    linear layers at the scheme's bytes, embeddings and LM head at 2 (one average byte count per weight)."""
-    archs = architectures()
-    validate.choice("model_shape", "model", model, tuple(archs))
-    validate.choice("model_shape", "scheme", scheme, tuple(SCHEME_BYTES))
-    cfg = archs[model]
-    total = parameter_count(cfg)
-    embed = cfg["vocab_size"] * cfg["hidden_size"] * (1 if cfg.get("tie_word_embeddings") else 2)
-    average = ((total - embed) * SCHEME_BYTES[scheme] + embed * 2) / total
-    return tp.DenseShape.from_config(cfg, weight_bytes=average, kv_bytes=kv_bytes)
-
-
-def cost_rows(models: tuple[str, ...] = ("llama-3.1-8b", "llama-3.1-70b"), scheme: str = "bf16",
-              tps: tuple[int, ...] = TPS, batches: tuple[int, ...] = BATCHES, links: tuple[tp.Link, ...] = LINKS,
-              context: int = 1024, gpu: tp.Gpu = tp.H200, overhead_s: float = 0.0) -> list[dict[str, Any]]:
-    """`tp_sweep` for each model and link: every part of the step's time, latency, throughput, speedup, fits."""
-    gpu = dataclasses.replace(gpu, overhead_s=overhead_s)
-    return [{"model": m, "scheme": scheme, **row, "provenance": SIMULATED}
-            for m in models for link in links
-            for row in tp.tp_sweep(model_shape(m, scheme), tps, batches, context, gpu, link)]
+# --- beside the measured runs: the model's line, and what is refused before any engine starts -----
 
 
 def prediction_rows(runs: tuple[tuple[str, str], ...] = TP1_RUNS, batches: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64),
                     context: int = PROMPT_LEN + OUTPUT_LEN // 2, t: int = 1) -> list[dict[str, Any]]:
     """The model's line for the measured runs: each (model, scheme) at TP=t, context of the fixed shapes' midpoint."""
     return [row for m, s in runs for row in cost_rows((m,), s, (t,), batches, (tp.NVLINK4,), context)]
-
-
-def dominance_rows(model: str = "llama-3.1-8b", scheme: str = "bf16", tps: tuple[int, ...] = (2, 4, 8),
-                   links: tuple[tp.Link, ...] = LINKS, context: int = 1024, max_batch: int = 1024,
-                   gpu: tp.Gpu = tp.H200) -> list[dict[str, Any]]:
-    """Per link and t: the all-reduces' share of the step at batch 1 and 64, and the smallest batch (powers of
-    two up to max_batch, only those whose KV fits at that t) where they take half the step or more ("never")."""
-    shape = model_shape(model, scheme)
-    batches = [2**k for k in range(int(math.log2(max_batch)) + 1)]
-    rows = []
-    for link in links:
-        for t in tps:
-            fits = [b for b in batches if tp.memory_fit(shape, b, context, t, gpu).fits]
-            share = {b: tp.decode_step(shape, b, context, t, gpu, link).communication_share for b in fits}
-            rows.append({"model": model, "link": link.name, "t": t, "share_batch_1": share.get(1),
-                         "share_batch_64": share.get(64), "largest_batch_that_fits": max(fits, default=None),
-                         "dominates_from_batch": next((b for b in fits if share[b] >= 0.5), "never"),
-                         "provenance": SIMULATED})
-    return rows
-
-
-def two_gpu_rows(model: str = "llama-3.1-8b", batches: tuple[int, ...] = (1, 64), scheme: str = "bf16",
-                 context: int = 1024, link: tp.Link = tp.NVLINK4) -> list[dict[str, Any]]:
-    """TP=2 vs PP=2 vs two TP=1 replicas (`compare_two_gpus`) at each batch: a model, labelled as one."""
-    return [{"model": model, "batch": b, **row, "provenance": SIMULATED}
-            for b in batches for row in tp.compare_two_gpus(model_shape(model, scheme), b, context, tp.H200, link)]
-
-
-# --- the fit view and the refusal ---------------------------------------------------------------
-
-
-def fit_rows(context: int = 8192, batch: int = 1, **kw: Any) -> list[dict[str, Any]]:
-    """tp_fit_table as one row per (model, scheme): the weights, then per GPU the smallest t that holds the
-    weights and `batch` sequences of `context` tokens ("> 8" when not even 8 do)."""
-    rows: dict[tuple[str, str], dict[str, Any]] = {}
-    for r in tp_fit_table(context=context, batch=batch, **kw):
-        row = rows.setdefault((r["model"], r["scheme"]), {"model": r["model"], "scheme": r["scheme"],
-                                                           "weights_GB": round(r["weights_GB"], 1)})
-        row[r["gpu"]] = r["smallest_tp"] if r["smallest_tp"] is not None else "> 8"
-    return list(rows.values())
-
-
-def shape_spec(model: str) -> ModelSpec:
-    """A synthetic model known by its shape alone (no checkpoint: weights are counted from the config)."""
-    archs = architectures()
-    validate.choice("shape_spec", "model", model, tuple(archs))
-    cfg = {**archs[model], "dtype": "bfloat16"}  # as the synthetic checkpoint's config.json will say
-    return ModelSpec(f"synthetic:{model}", f"/nonexistent/shape-only/{model}", "synthetic", cfg)
-
-
-def gpu_bytes(gpu: str = "H200") -> int:
-    """A GPU's capacity from the spec-sheet table (GB as the datasheet states it, in bytes)."""
-    validate.choice("gpu_bytes", "gpu", gpu, tuple(GPU_PEAKS))
-    return int(GPU_PEAKS[gpu].memory_gb * 1e9)
-
-
-def check_tp(model: str, t: int, gpus: int | None = None) -> int:
-    """Refuse, before launch, a tensor_parallel_size the shape cannot split into or the machine cannot hold."""
-    shape = model_shape(model)
-    validate.integer("tensor_parallel_size", "t", t, "1 for one GPU, else the number of GPUs to split across.")
-    allowed = tp.valid_tp_sizes(shape)
-    if t not in allowed:
-        raise validate.refuse("VLLMConfig", "tensor_parallel_size", t, f"one of {allowed} for {model} (it must "
-                              f"divide heads={shape.heads} and intermediate={shape.intermediate}, and divide or be "
-                              f"a multiple of kv_heads={shape.kv_heads})", "pick one of those; vLLM refuses it too.")
-    if gpus is not None and t > gpus:
-        raise validate.refuse("VLLMConfig", "tensor_parallel_size", t, f"at most {gpus}, the GPUs this machine has",
-                              "lower tensor_parallel_size, or run on a machine with more GPUs.")
-    return t
-
-
-def _scheme(config: VLLMConfig) -> str:
-    if config.quantization not in (None, "fp8"):
-        raise validate.refuse("fit_advice", "quantization", config.quantization, "None (bf16) or 'fp8'",
-                              "the synthetic checkpoints are bf16; vLLM quantizes them to FP8 online.")
-    return "fp8" if config.quantization == "fp8" else "bf16"
-
-
-def fit_advice(model: str = "llama-3.1-70b", config: VLLMConfig = ONE_LONG_SEQUENCE,
-               gpu: str = "H200", total_bytes: int | None = None) -> dict[str, Any]:
-    """The engine's preflight (`check_fit`) for `config` on one `gpu`, and, when it refuses, the knobs that fit.
-
-    Each knob is checked with check_fit itself: the smallest tensor_parallel_size (of 2, 4, 8 the shape can
-    split into) at the same scheme, quantization='fp8' at the same t, and the longest max_model_len the
-    budget leaves KV room for (none when the weights alone overflow it).
-    """
-    spec, scheme = shape_spec(model), _scheme(config)
-    check_tp(model, config.tensor_parallel_size)
-    total = total_bytes if total_bytes is not None else gpu_bytes(gpu)
-    report = check_fit(spec, config, total)
-    out = {"model": model, "gpu": gpu, "gpu_bytes": total, "tensor_parallel_size": config.tensor_parallel_size,
-           "scheme": scheme, "max_model_len": report.max_model_len, "fits": report.fits,
-           "weights_GiB_per_gpu": report.weight_bytes / 2**30, "budget_GiB": report.budget_bytes / 2**30,
-           "kv_tokens": report.kv_tokens, "check_fit_advice": report.advice, "knobs": [], "advice": ""}
-    if report.fits:
-        out["advice"] = (f"{model} at {scheme}, tensor_parallel_size={config.tensor_parallel_size}, fits: "
-                         f"{report.weight_bytes / 2**30:.1f} GiB of weights per {gpu} leave KV room for "
-                         f"{report.kv_tokens:,} tokens (max_model_len={report.max_model_len:,}). No change needed.")
-        return out
-    allowed = tp.valid_tp_sizes(model_shape(model))
-    t_fit = next((t for t in (2, 4, 8) if t > config.tensor_parallel_size and t in allowed
-                  and check_fit(spec, dataclasses.replace(config, tensor_parallel_size=t), total).fits), None)
-    knobs = [f"tensor_parallel_size={t_fit}"] if t_fit else []
-    if scheme == "bf16" and check_fit(spec, dataclasses.replace(config, quantization="fp8"), total).fits:
-        knobs.append("quantization='fp8'")
-    if report.kv_tokens > 0:
-        knobs.append(f"max_model_len={report.kv_tokens:,} or less")
-    why = (f"the weights alone ({report.weight_bytes / 2**30:.1f} GiB per GPU) exceed the budget "
-           f"({report.budget_bytes / 2**30:.1f} GiB), so no max_model_len helps" if report.kv_tokens == 0 else
-           f"the budget leaves KV room for {report.kv_tokens:,} tokens, fewer than max_model_len={report.max_model_len:,}")
-    out["knobs"] = knobs
-    out["advice"] = (f"{model} at {scheme}, tensor_parallel_size={config.tensor_parallel_size}, does not fit one "
-                     f"{gpu}: {why}. Fix: " + (" or ".join(knobs) if knobs else "a larger GPU") + ".")
-    return out
 
 
 def refusals(model: str = "llama-3.1-70b") -> list[dict[str, str]]:
@@ -258,25 +97,6 @@ def refusals(model: str = "llama-3.1-70b") -> list[dict[str, str]]:
         except ValueError as e:
             out.append({"asked": what, "refused with": str(e)})
     return out
-
-
-def _raise_unless_fits(advice: dict[str, Any]) -> None:
-    if not advice["fits"]:
-        raise ValueError(advice["advice"])
-
-
-def engine_refusal(model: str = "llama-3.1-70b", config: VLLMConfig = ONE_LONG_SEQUENCE) -> str:
-    """What `VLLMEngine(...)` says on this machine for `config`, before any worker starts.
-
-    Without a GPU its preflight refuses first for that (or for vLLM missing); on an H200 it refuses a
-    configuration that cannot fit with check_fit's advice. A configuration it accepts starts no worker here."""
-    from ..engines.vllm import VLLMEngine
-
-    try:
-        VLLMEngine(shape_spec(model), config)
-    except ValueError as e:
-        return f"refused before launch: {e}"
-    return "accepted by the preflight (no worker was started)"
 
 
 # --- measured: vLLM at TP=t ---------------------------------------------------------------------
@@ -453,29 +273,6 @@ def batch_gain(rows: list[dict[str, Any]], model: str, scheme: str, batch: int =
     got = {r["batch"]: r["decode_tok_s"] for r in rows if (r["model"], r["scheme"], r["t"]) == (model, scheme, t)
            and r["status"] == "measured"}
     return got[batch] / got[1] if 1 in got and batch in got else None
-
-
-def headline(rows: list[dict[str, Any]], fits: list[dict[str, Any]]) -> list[str]:
-    """What the lab's figures say, in sentences with their numbers (all from the cost model's rows)."""
-    m = "llama-3.1-8b"
-    sp = {link.name: lookup(rows, "speedup", model=m, t=2, batch=1, link=link.name) for link in LINKS}
-    share8 = {link.name: lookup(rows, "communication_share", model=m, t=8, batch=1, link=link.name) for link in LINKS}
-    big = next(r for r in fits if (r["model"], r["scheme"]) == ("llama-3.1-70b", "bf16"))
-    fp8 = next(r for r in fits if (r["model"], r["scheme"]) == ("llama-3.1-70b", "fp8"))
-    return [(f"{m}, batch 1: TP=2 is {sp['NVLink 4']:.2f}x faster per token over NVLink 4, "
-             f"{sp['PCIe Gen5 x16']:.2f}x over PCIe Gen5, {sp['PCIe Gen4 x16']:.2f}x over PCIe Gen4 (2x is the ideal)"),
-            (f"{m}, batch 1, TP=8: all-reduces take {share8['NVLink 4']:.0%} of the step over NVLink 4, "
-             f"{share8['PCIe Gen4 x16']:.0%} over PCIe Gen4"),
-            (f"llama-3.1-70b needs {big['H200']} H200s in bf16, {fp8['H200']} in FP8 ({big['weights_GB']:.0f} GB and "
-             f"{fp8['weights_GB']:.0f} GB of weights)"),
-            f"[{SIMULATED}]"]
-
-
-def calibrated_overhead(points: list[dict[str, Any]]) -> float:
-    """Seconds per step the model misses at batch 1: the recorded TPOT less the prediction (kernel efficiency
-    and fixed per-step cost together, a calibration on a recording, not a part the model derives)."""
-    one = next(p for p in points if p["batch"] == 1)
-    return max(0.0, (one["tpot_ms"] - one["predicted_ms"]) / 1e3)
 
 
 def remaining_runs(facts_keys: tuple[str, ...] | None = None) -> list[dict[str, Any]]:
