@@ -1,0 +1,116 @@
+"""Lab 07's claims: the readers of the on/off runs, and the Checks cell.
+
+`part` takes one part of an on/off run's Shown (its runs, its agreement) still labelled; `on_off_pairs`
+sets caching on beside off per model and workload; `caching_cuts_ttft` and `falls_with_capacity` are the
+claims on them; `checks` is the notebook's Checks cell: the simulator's exact cases asserted on this run,
+vLLM's claims when measured live.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from .prefix_workloads import BIG
+
+
+def part(shown: Any, key: str, then: Any = None) -> Any:
+    """One part of a Shown dict (e.g. on_off's "runs"), passed through `then` if given, still labelled; no value
+    stays no value."""
+    from ..session import Shown
+
+    value = None if shown.value is None else shown.value[key] if then is None else then(shown.value[key])
+    return Shown(value, shown.live, shown.label, shown.why)
+
+
+def on_off_pairs(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per model and workload, caching on next to off: TTFT p50 and total throughput, on over off."""
+    by = {(r["model"], r["workload"], r["caching"]): r for r in runs}
+    rows = []
+    for (model, wl, caching), on in by.items():
+        off = by.get((model, wl, "off"))
+        if caching != "on" or off is None:
+            continue
+        rows.append({"model": model, "workload": wl, "shared_tokens": on["shared_tokens"], "hit_rate": on["hit_rate"],
+                     "ttft_p50_on_s": on["ttft_p50_s"], "ttft_p50_off_s": off["ttft_p50_s"],
+                     "ttft_p50_on_over_off": on["ttft_p50_s"] / off["ttft_p50_s"],
+                     "total_tok_s_on_over_off": on["total_tok_s"] / off["total_tok_s"]})
+    return rows
+
+
+def caching_cuts_ttft(runs: list[dict[str, Any]], model: str = f"synthetic:{BIG}") -> bool:
+    """The lab's claim: on every shared-first set, caching on gives `model` a lower TTFT p50 than off."""
+    pairs = [p for p in on_off_pairs(runs) if p["model"] == model and not p["workload"].endswith("-shared-after")]
+    return bool(pairs) and all(p["ttft_p50_on_s"] < p["ttft_p50_off_s"] for p in pairs)
+
+
+def falls_with_capacity(rows: list[dict[str, Any]]) -> bool:
+    """The scarce-memory claim: for every order, less room never raises the hit rate nor lowers the evictions."""
+    for order in dict.fromkeys(r["order"] for r in rows):
+        mine = sorted((r for r in rows if r["order"] == order), key=lambda r: r["num_blocks"])
+        if any(a["hit_rate"] > b["hit_rate"] or a["evictions"] < b["evictions"] for a, b in zip(mine, mine[1:])):
+            return False
+    return True
+
+
+def checks(idea: Any, chain: Any, lengths: Any, advice: Any, demo: Any, scarce: Any, seq: Any, onoff: Any) -> str:
+    """Lab 07's Checks cell: the simulator's exact cases asserted on this run, vLLM's claims when measured live.
+
+    Takes what the lab's cells computed: the repeat table, the hash chain, the prefix-length rows, the advice
+    runs, the eviction demo, the scarce-memory rows, the sequential counters and the on/off runs."""
+    from ..session import Checks
+
+    c = Checks("07_prefix_caching")
+    c.that(
+        "a repeated 64-token prompt caches 48 tokens: whole blocks, the last token recomputed",
+        idea.loc[64, "cached_second_time"] == 48,
+        idea.loc[64].to_dict(),
+    )
+    c.that(
+        "chained hashes: shared over the 128 shared tokens (8 blocks) only; a line first shares none",
+        [r["shared"] for r in chain] == [True] * 8 + [False] * 2 and not any(r["shared, line first"] for r in chain),
+    )
+    c.that(
+        "a 200-token shared prefix caches 192 tokens per later request",
+        lengths[1]["shared_tokens"] == 200 and lengths[1]["cached_per_later_request"] == 192,
+        lengths[1],
+    )
+    c.that(
+        "the hit rate grows with the shared-prefix length",
+        all(a["hit_rate"] < b["hit_rate"] for a, b in zip(lengths, lengths[1:])),
+    )
+    c.that(
+        "the shared part after a per-request line: 0 hits",
+        advice["per-request line first"].hits == 0,
+        advice["per-request line first"].hits,
+    )
+    turns = advice["multi-turn"].cached_tokens
+    c.that("multi-turn: cached tokens grow strictly every turn", all(a < b for a, b in zip(turns, turns[1:])), turns)
+    c.that(
+        "the block picture: blocks shared by two running requests, hashes evicted",
+        demo.evictions > 0 and any(max(s.ref_counts) > 1 for s in demo.snapshots),
+    )
+    c.that(
+        "scarce memory: round-robin hits nothing with less room than all the prefixes",
+        all(r["hits"] == 0 for r in scarce if r["order"] == "round-robin" and r["num_blocks"] <= r["prefix_blocks"]),
+    )
+    c.that("scarce memory: less room never raises the hit rate, nor lowers the evictions", falls_with_capacity(scarce))
+    c.live(
+        seq,
+        "vLLM's hits equal the simulator's, request by request, one request at a time",
+        lambda rows: all(r["exact"] for r in rows),
+        lambda rows: [r["verdict"] for r in rows if not r["exact"]],
+    )
+    c.live(
+        seq,
+        "vLLM hits nothing with a per-request line first",
+        lambda rows: all(r["vllm_hits"] == 0 for r in rows if r["workload"].endswith("shared-after")),
+    )
+    c.live(
+        part(onoff, "runs"), "prefix caching cuts TTFT p50 on every shared-prefix set (synthetic 8B)", caching_cuts_ttft
+    )
+    c.live(
+        part(onoff, "agreement"),
+        "greedy tokens identical with caching on and off (embedded model)",
+        lambda rows: all(a["identical"] == a["of"] for a in rows if a["model"] == "embedded"),
+        lambda rows: [a for a in rows if a["diverged"]],
+    )
+    return c.done()
