@@ -19,11 +19,17 @@ import pytest
 from lablib.bench import client
 from lablib.bench.client import client_check
 from lablib.bench.loadgen import arrival_times, load_test, run_online, run_sync
-from lablib.bench.prom import DEFAULT_GAUGES, MetricsScraper, parse_prometheus, window_means
+from lablib.bench.prom import (
+    DEFAULT_GAUGES,
+    MetricsScraper,
+    parse_prometheus,
+    window_means,
+)
 from lablib.config import ServerConfig
 from lablib.engines import openai
 from lablib.engines.server import HOST, VLLMServer, server_command
 from lablib.workloads import Request, Workload
+from tests.metrics_page import PAGE
 
 KEY = "test-key"
 TOKEN_DELAY = 0.01
@@ -213,54 +219,24 @@ def test_clumped_share_counts_events_read_together():
 
 
 def test_window_means_of_histograms():
-    before = parse_prometheus(VLLM_METRICS)
-    after = dict(before, **{"vllm:time_to_first_token_seconds_sum": 4.5, "vllm:time_to_first_token_seconds_count": 50.0})
+    before = parse_prometheus(PAGE)  # TTFT: sum 3.0 s over 50 requests
+    after = dict(before, **{"vllm:time_to_first_token_seconds_sum": 5.0, "vllm:time_to_first_token_seconds_count": 60.0})
     means = window_means(before, after)
     assert means["ttft_s"] == pytest.approx(2.0 / 10) and means["ttft_s_count"] == 10
     assert means["itl_s"] is None and means["itl_s_count"] is None  # not on this page
     assert window_means(before, before)["ttft_s"] is None  # nothing observed in the window
 
 
-VLLM_METRICS = textwrap.dedent('''\
-    # HELP vllm:num_requests_running Number of requests in model execution batches.
-    # TYPE vllm:num_requests_running gauge
-    vllm:num_requests_running{engine="0",model_name="Qwen/Qwen3-0.6B"} 12.0
-    vllm:num_requests_running{engine="1",model_name="Qwen/Qwen3-0.6B"} 3.0
-    # HELP vllm:num_requests_waiting Number of requests waiting to be processed.
-    # TYPE vllm:num_requests_waiting gauge
-    vllm:num_requests_waiting{engine="0",model_name="Qwen/Qwen3-0.6B"} 4.0
-    # HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.
-    # TYPE vllm:kv_cache_usage_perc gauge
-    vllm:kv_cache_usage_perc{engine="0",model_name="Qwen/Qwen3-0.6B"} 0.8125
-    # HELP vllm:prompt_tokens_total Number of prefill tokens processed.
-    # TYPE vllm:prompt_tokens_total counter
-    vllm:prompt_tokens_total{engine="0",model_name="Qwen/Qwen3-0.6B"} 51234.0
-    vllm:prompt_tokens_created{engine="0",model_name="Qwen/Qwen3-0.6B"} 1.7e+09
-    # HELP vllm:time_to_first_token_seconds Histogram of time to first token in seconds.
-    # TYPE vllm:time_to_first_token_seconds histogram
-    vllm:time_to_first_token_seconds_bucket{engine="0",le="0.001",model_name="Qwen/Qwen3-0.6B"} 0.0
-    vllm:time_to_first_token_seconds_bucket{engine="0",le="+Inf",model_name="Qwen/Qwen3-0.6B"} 40.0
-    vllm:time_to_first_token_seconds_count{engine="0",model_name="Qwen/Qwen3-0.6B"} 40.0
-    vllm:time_to_first_token_seconds_sum{engine="0",model_name="Qwen/Qwen3-0.6B"} 2.5
-    # HELP vllm:request_success_total Count of successfully processed requests.
-    # TYPE vllm:request_success_total counter
-    vllm:request_success_total{engine="0",finished_reason="length",model_name="Qwen/Qwen3-0.6B"} 30.0
-    vllm:request_success_total{engine="0",finished_reason="stop",model_name="Qwen/Qwen3-0.6B"} 8.0
-    http_requests_total{handler="/v1/completions",method="POST",status="2xx"} 45.0 1700000000000
-    weird_label{path="a\\"b,c}"} NaN
-    ''')
-
-
 def test_parse_prometheus_on_a_vllm_page():
-    m = parse_prometheus(VLLM_METRICS)
+    m = parse_prometheus(PAGE)
     assert m["vllm:num_requests_running"] == 15.0 and m["vllm:num_requests_waiting"] == 4.0
     assert m["vllm:kv_cache_usage_perc"] == 0.8125 and m["vllm:prompt_tokens_total"] == 51234.0
-    assert m["vllm:time_to_first_token_seconds_sum"] / m["vllm:time_to_first_token_seconds_count"] == 2.5 / 40
-    assert m["vllm:request_success_total"] == 38.0 and m["http_requests_total"] == 45.0
-    assert math.isnan(m["weird_label"])
+    assert m["vllm:time_to_first_token_seconds_sum"] / m["vllm:time_to_first_token_seconds_count"] == 3.0 / 50
+    assert m["vllm:request_success_total"] == 38.0 and m["http_requests_total"] == 50.0
+    assert math.isnan(m["odd_labels"])
     assert not any(k.endswith(("_bucket", "_created")) for k in m)
-    assert parse_prometheus(VLLM_METRICS, {"engine": "1"})["vllm:num_requests_running"] == 3.0
-    assert parse_prometheus(VLLM_METRICS, {"finished_reason": "stop"}) == {"vllm:request_success_total": 8.0}
+    assert parse_prometheus(PAGE, {"engine": "1"})["vllm:num_requests_running"] == 3.0
+    assert parse_prometheus(PAGE, {"finished_reason": "stop"}) == {"vllm:request_success_total": 8.0}
 
 
 def test_server_config_and_command():
