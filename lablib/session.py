@@ -14,7 +14,7 @@ was recorded (the recordings are tested in `tests/`, not in the notebook).
 from __future__ import annotations
 
 import importlib.util
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, Callable, Generic, TypeVar
 
@@ -63,6 +63,8 @@ class Shown(Generic[T]):
     live: bool  # measured in this session on this machine
     label: str  # "live on NVIDIA H200" or "recorded on NVIDIA H200, 2026-11-29"
     why: str = ""  # why recorded (no GPU, no vLLM), empty when live
+    stand_ins: dict[str, dict[str, Any]] = field(default_factory=dict)  # knob -> {"asked", "shown"}: where the
+    # recording shown ran with other settings than the cell asked for (empty when live, or when they match)
 
     @property
     def recorded_yet(self) -> bool:
@@ -96,14 +98,50 @@ class Shown(Generic[T]):
             frame = frame[[c for c in columns if c != "provenance"] + ["provenance"]]
         return frame
 
+    def derived(self, value: Any) -> "Shown[Any]":
+        """Another view of the same measurement (a table of its parts): same label, same stand-ins."""
+        from dataclasses import replace
+
+        return replace(self, value=value)
+
     def __repr__(self) -> str:
         return f"Shown({'live' if self.live else 'recorded'}: {self.label})"
 
 
-def live_or_recorded(live: Callable[[], T], recorded: Callable[[], T], *, force: bool | None = None) -> Shown[T]:
+def _plain(v: Any) -> Any:
+    return [_plain(x) for x in v] if isinstance(v, (list, tuple)) else v
+
+
+def stand_ins(asked: dict[str, Any], shown: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The knobs where what is shown differs from what was asked: {knob: {"asked", "shown"}} (a knob the
+    recording does not say is shown as "not recorded")."""
+    out = {}
+    for k, want in asked.items():
+        got = _plain(shown[k]) if k in shown else "not recorded"
+        if _plain(want) != got:
+            out[k] = {"asked": _plain(want), "shown": got}
+    return out
+
+
+def stand_in_line(diffs: dict[str, dict[str, Any]], label: str) -> str:
+    """One sentence naming the recorded values that stand in for the ones a cell asked for."""
+    def say(v: Any) -> str:
+        return "the engine's default" if v is None else str(v)
+
+    parts = "; ".join(f"{k}: asked {say(d['asked'])}, shown {say(d['shown'])}" for k, d in diffs.items())
+    return f"Shown instead of what this cell asked ({label}): {parts}."
+
+
+def live_or_recorded(live: Callable[[], T], recorded: Callable[[], T], *, force: bool | None = None,
+                     asked: dict[str, Any] | None = None,
+                     recorded_with: Callable[[T], dict[str, Any]] | None = None) -> Shown[T]:
     """Run `live()` on a machine that can (see `mode`), else load `recorded()`; either way labelled.
 
     `force=True/False` overrides the machine's mode (tests; a GPU user who wants the recording).
+    In recorded mode, what a cell asks for is what it shows, or it says so: `asked` are the knobs the cell
+    passed (model, batch sizes, ...) and `recorded_with(value)` the same knobs as the recording ran them.
+    Where they differ the Shown's `stand_ins` name each, and one line saying which recorded values stand in
+    for the asked ones is printed under the cell.
     """
     from .results.reference import NotRecorded
 
@@ -112,9 +150,13 @@ def live_or_recorded(live: Callable[[], T], recorded: Callable[[], T], *, force:
     if use_live:
         return Shown(live(), True, live_label())
     try:
-        return Shown(recorded(), False, m["recorded"], m["why"])
+        value = recorded()
     except NotRecorded as e:  # a lab newer than the shipped recordings: say so, show nothing invented
         return Shown(None, False, str(e), m["why"])  # type: ignore[arg-type]
+    diffs = stand_ins(asked, recorded_with(value)) if asked and recorded_with is not None else {}
+    if diffs:
+        print(stand_in_line(diffs, m["recorded"]))
+    return Shown(value, False, m["recorded"], m["why"], diffs)
 
 
 def display_if_live(widget: Any, instead: str) -> Any:

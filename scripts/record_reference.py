@@ -86,7 +86,9 @@ def log(out: Path, msg: str) -> None:
 
 def step_smoke(out: Path, store: ResultStore, facts: dict) -> None:
     journey = load_workload("journey")
-    with VLLMEngine("embedded", VLLMConfig(gpu_memory_utilization=0.3)) as eng:
+    from lablib.experiments.kv import COLD_START_GMU
+
+    with VLLMEngine("embedded", VLLMConfig(gpu_memory_utilization=COLD_START_GMU)) as eng:
         facts["cold_start"] = eng.facts
         r = recorded(run(eng, journey, BenchConfig(progress=False), lab=LAB, step="vllm-embedded"))
         store.append(r)

@@ -2,7 +2,7 @@
 import pytest
 
 from lablib import session
-from lablib.experiments import kv, sweeps
+from lablib.experiments import kv, scheduling, serving, sweeps
 from lablib.hardware import fit_table, machine_summary
 from lablib.mechanisms import continuous_batching
 from lablib.plots import gpu_memory_utilization_figure, schedule_tradeoff
@@ -35,8 +35,9 @@ def test_lab_plan_says_recorded_for_vllm_labs_here():
 def test_recorded_sweep_rows_and_figure():
     shown = kv.gpu_memory_utilization_rows()
     assert not shown.live and shown.label.startswith("recorded on NVIDIA H200")
-    rows = shown.value
-    assert len(rows) == 10 and all(r["provenance"].startswith("recorded on NVIDIA H200") for r in rows)
+    rows = shown.value  # the asked values (0.1, 0.3, 0.5 by default) are all recorded: those rows, and no stand-ins
+    assert [r["gpu_memory_utilization"] for r in rows] == [0.1, 0.3, 0.5] and shown.stand_ins == {}
+    assert all(r["provenance"].startswith("recorded on NVIDIA H200") for r in rows)
     fig = gpu_memory_utilization_figure(rows)
     assert "recorded on NVIDIA H200" in fig.layout.title.text
     assert list(fig.data[0].y) == [r["kv_tokens"] for r in rows]
@@ -84,3 +85,25 @@ def test_a_lab_newer_than_the_recordings_says_so_instead_of_failing():
     assert checks.not_here and "not checked here" in checks.done()
     with pytest.raises(NotRecorded, match="--steps prefix"):
         not_yet()
+
+
+def test_a_recorded_cell_shows_what_it_asked_or_says_what_stands_in(capsys):
+    """Issue 11.8: in recorded mode what a cell asks for is what it shows, or it says which values stand in."""
+    assert session.stand_ins({"a": (1, 2), "b": 3, "c": 4}, {"a": [1, 2], "b": 5}) == {
+        "b": {"asked": 3, "shown": 5}, "c": {"asked": 4, "shown": "not recorded"}}
+    got = session.live_or_recorded(lambda: 1 / 0, lambda: {"k": 8}, force=False, asked={"k": 4, "m": None},
+                                   recorded_with=lambda v: {"k": v["k"], "m": 256})
+    assert got.value == {"k": 8} and got.stand_ins == {"k": {"asked": 4, "shown": 8}, "m": {"asked": None, "shown": 256}}
+    line = capsys.readouterr().out
+    assert line.startswith("Shown instead of what this cell asked (recorded on NVIDIA H200")
+    assert "k: asked 4, shown 8; m: asked the engine's default, shown 256." in line
+    assert got.derived([1]).stand_ins == got.stand_ins  # a table of its parts keeps them
+    session.live_or_recorded(lambda: 1 / 0, lambda: {"k": 4}, force=False, asked={"k": 4}, recorded_with=dict)
+    assert capsys.readouterr().out == ""  # asked what was recorded: nothing to say
+    # the labs' own calls: a value the recording lacks shows the whole sweep and says so; another model says so
+    wide = kv.gpu_memory_utilization_rows([0.1, 0.33], force=False)
+    assert len(wide.value) == 10 and wide.stand_ins["gpu_memory_utilization"]["asked"] == [0.1, 0.33]
+    assert scheduling.scheduler_rows([8, 64], force=False).stand_ins == {
+        "model": {"asked": "embedded", "shown": "synthetic:llama-3.1-8b"}}
+    sweep = serving.rate_sweep_or_recorded("embedded", repeat=4, max_num_seqs=32, force=False)
+    assert set(sweep.stand_ins) == {"model", "max_num_seqs"} and "repeat" not in sweep.stand_ins

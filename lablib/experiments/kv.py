@@ -31,12 +31,29 @@ def gpu_memory_utilization_rows(values: list[float] = (0.1, 0.3, 0.5), force: bo
                                 **kw: Any) -> Shown[list[dict[str, Any]]]:
     """Live sweep rows on a GPU with vLLM; otherwise the rows recorded on the H200 (labelled)."""
     [VLLMConfig(gpu_memory_utilization=g) for g in values]  # refuse a bad value before anything starts
+    model = kw.get("model", "embedded")
     return live_or_recorded(lambda: [{**r, "provenance": live_label()}
                                      for r in gpu_memory_utilization_sweep(list(values), **kw)[0]],
-                            lambda: recorded_rows("sweep", "sweep"), force=force)
+                            lambda: asked_rows(recorded_rows("sweep", "sweep"), "gpu_memory_utilization", values),
+                            force=force,
+                            asked={"gpu_memory_utilization": list(values),
+                                   "model": model if isinstance(model, str) else model.name},
+                            # scripts/record_reference.py's sweep step runs the sweep's own default model
+                            recorded_with=lambda rows: {"gpu_memory_utilization": [r["gpu_memory_utilization"]
+                                                                                   for r in rows], "model": "embedded"})
 
 
-def cold_start(gpu_memory_utilization: float = 0.3, force: bool | None = None) -> Shown[dict[str, Any]]:
+COLD_START_GMU = 0.3  # the cold start's gpu_memory_utilization, here and in scripts/record_reference.py's smoke step
+
+
+def asked_rows(rows: list[dict[str, Any]], knob: str, values: Any) -> list[dict[str, Any]]:
+    """The recorded rows at the values a cell asked for, when the recording has every one of them; otherwise all
+    of them (and the stand-in line says what was shown instead)."""
+    keep = [r for r in rows if r[knob] in list(values)]
+    return keep if len({r[knob] for r in keep}) == len(set(values)) else rows
+
+
+def cold_start(gpu_memory_utilization: float = COLD_START_GMU, force: bool | None = None) -> Shown[dict[str, Any]]:
     """One vLLM engine on the embedded model: the KV capacity it reports next to lablib's fit estimate.
 
     Live: the engine's own facts (KV blocks and tokens, block size, attention backend, the fit
@@ -52,7 +69,9 @@ def cold_start(gpu_memory_utilization: float = 0.3, force: bool | None = None) -
             eng.start()
         return with_ratio(dict(eng.facts))  # close() adds the VRAM-after-close facts to the same dict
 
-    return live_or_recorded(live, lambda: with_ratio(dict(reference_facts()["cold_start"])), force=force)
+    return live_or_recorded(live, lambda: with_ratio(dict(reference_facts()["cold_start"])), force=force,
+                            asked={"gpu_memory_utilization": gpu_memory_utilization},
+                            recorded_with=lambda facts: {"gpu_memory_utilization": COLD_START_GMU})
 
 
 def with_ratio(facts: dict[str, Any]) -> dict[str, Any]:

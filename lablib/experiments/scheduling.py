@@ -35,9 +35,24 @@ def scheduler_rows(max_num_seqs: list[int] = (8, 64), max_num_batched_tokens: li
                    force: bool | None = None, **kw: Any) -> Shown[list[dict[str, Any]]]:
     """Live scheduler-sweep rows on a GPU with vLLM; otherwise the synthetic-8B sweep recorded on the H200."""
     [VLLMConfig(max_num_seqs=n, max_num_batched_tokens=b) for n in max_num_seqs for b in max_num_batched_tokens]  # refuse first
+    model = kw.get("model", "embedded")
     return live_or_recorded(lambda: [{**r, "provenance": live_label()} for r in
                                      scheduler_sweep(list(max_num_seqs), list(max_num_batched_tokens), **kw)[0]],
-                            lambda: recorded_rows("scheduler_sweep", "knobs"), force=force)
+                            lambda: _asked_pairs(recorded_rows("scheduler_sweep", "knobs"), max_num_seqs,
+                                                 max_num_batched_tokens), force=force,
+                            asked={"(max_num_seqs, max_num_batched_tokens)":
+                                   [[n, b] for n in max_num_seqs for b in max_num_batched_tokens],
+                                   "model": model if isinstance(model, str) else model.name},
+                            recorded_with=lambda rows: {"(max_num_seqs, max_num_batched_tokens)":
+                                                        [[r["max_num_seqs"], r["max_num_batched_tokens"]] for r in rows],
+                                                        "model": rows[0]["model"]})
+
+
+def _asked_pairs(rows: list[dict[str, Any]], seqs: Any, tokens: Any) -> list[dict[str, Any]]:
+    """The recorded rows at the asked (max_num_seqs, max_num_batched_tokens) pairs, when all are recorded."""
+    want = {(n, b) for n in seqs for b in tokens}
+    keep = [r for r in rows if (r["max_num_seqs"], r["max_num_batched_tokens"]) in want]
+    return keep if len(keep) == len(want) else rows
 
 
 def more_seqs_help(rows: list[dict[str, Any]]) -> bool:
@@ -84,4 +99,9 @@ def journey_comparison(workload: str = "journey", *, gpu_memory_utilization: flo
         vllm, hf = load_reference("vllm-8b-journey", "hf-static-b64-8b-journey")
         return pair(hf, vllm)
 
-    return live_or_recorded(live, recorded, force=force)
+    return live_or_recorded(live, recorded, force=force,
+                            asked={"model": "embedded", "workload": workload, "hf_batch": hf_batch,
+                                   "gpu_memory_utilization": gpu_memory_utilization},
+                            recorded_with=lambda v: {"model": v["model"], "workload": v["vllm"].workload["name"],
+                                                     "hf_batch": v["hf"].config["batch_size"],
+                                                     "gpu_memory_utilization": v["vllm"].config["gpu_memory_utilization"]})

@@ -257,9 +257,19 @@ def rate_sweep_or_recorded(model: str | ModelSpec = "embedded", repeat: int = 4,
         return {**out, "model_name": str(out["server"]["model"]).rstrip("/").split("/")[-1],
                 "burst_output_tok_s": burst(out["results"]).summary["output_tok_s"]}
 
+    server_knobs = {k: v for k, v in kw.items() if k in ServerConfig.__dataclass_fields__}
+
+    def recorded_with(value: dict[str, Any]) -> dict[str, Any]:
+        first = value["results"][0]
+        return {"model": value["server"].get("served_model_name") or value["model_name"],
+                "repeat": first.workload["requests"] // len(load_workload(kw.get("workload", "journey")).requests),
+                **{k: value["server"].get(k) for k in server_knobs}}
+
     return live_or_recorded(lambda: described(rate_sweep(model, repeat=repeat, lab=lab, **kw)),
                             lambda: described({**reference_facts()["serve"],
-                                               "results": load_reference(prefix="serve-rate-")}), force=force)
+                                               "results": load_reference(prefix="serve-rate-")}), force=force,
+                            asked={"model": model if isinstance(model, str) else model.name, "repeat": repeat,
+                                   **server_knobs}, recorded_with=recorded_with)
 
 
 def burst(results: list[Result]) -> Result:
@@ -269,25 +279,19 @@ def burst(results: list[Result]) -> Result:
 
 def results_of(shown: Any):
     """The load tests of a rate sweep as a Shown of their own (same label), for `.table(...)`."""
-    from ..session import Shown
-
-    return Shown(shown.value["results"], shown.live, shown.label, shown.why)
+    return shown.derived(shown.value["results"])
 
 
 def client_verdict(shown: Any):
     """`bench.client.client_check` on the sweep's burst, carrying the sweep's label (live or recorded)."""
     from ..bench.client import client_check
-    from ..session import Shown
-
-    return Shown(client_check(burst(shown.value["results"])), shown.live, shown.label, shown.why)
+    return shown.derived(client_check(burst(shown.value["results"])))
 
 
 def compare_rows(shown: Any):
     """The burst's lab / `vllm bench serve` figures (one row per figure), carrying the sweep's label."""
-    from ..session import Shown
-
     figures = shown.value["compare"]["figures"]
-    return Shown([{"figure": k, **v} for k, v in figures.items()], shown.live, shown.label, shown.why)
+    return shown.derived([{"figure": k, **v} for k, v in figures.items()])
 
 
 def ttft_grows(value: dict[str, Any], factor: float = 2.0) -> bool:

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from lablib.results import Result, reference
-from lablib.results.reference import REFERENCE_DIR, load_reference, reference_facts, reference_steps
+from lablib.results.reference import REFERENCE_DIR, load_reference, recorded_rows, reference_facts, reference_steps
 from lablib.session import mode
 
 REPACK = "re-pack: python scripts/pack_reference.py RUN_DIR..."
@@ -205,9 +205,11 @@ def test_lab_runs_packed_from_a_gpu_labs_folder(pack, facts, runs, tmp_path):
 def test_scheduler_sweep_recorded_one_engine_per_setting(facts, runs):
     from lablib.experiments.scheduling import scheduler_rows
 
-    shown = scheduler_rows(force=False)
+    # the lab asks for two of the recorded settings and is shown those two; the recording holds all five
+    shown = scheduler_rows([8, 64], force=False)
     assert not shown.live and shown.label.startswith("recorded on NVIDIA H200")
-    rows = shown.value
+    assert [r["max_num_seqs"] for r in shown.value] == [8, 64]
+    rows = recorded_rows("scheduler_sweep", "knobs")
     assert [(r["max_num_seqs"], r["max_num_batched_tokens"]) for r in rows] == [
         (8, None), (64, None), (256, None), (256, 512), (256, 2048)]
     assert all(r["back_to_baseline"] for r in rows)
