@@ -3,16 +3,14 @@
 Drawn from this CPU's quick microbenchmark and HF prefill (live here), from the same runs standing in for H200
 recordings (relabelled bf16 on CUDA, with extra memory from the IO model and the top naive point out of memory:
 the GPU-only parts of each figure, i.e. memory panels, peak lines, OOM marks, the IO model beside the measurement),
-from the IO model, and with nothing recorded. The rules (test_rules.py's helpers): one colour per legend name in
-every figure, units on every numeric axis, no provenance in a legend, provenance stated once, decades on log axes.
+from the IO model, and with nothing recorded. The rules (with tests/plots/rules.py's instruments): one colour per legend
+name in every figure, units on every numeric axis, no provenance in a legend, provenance stated once, decades on log
+axes.
 """
 from __future__ import annotations
 
 import copy
-import inspect
 import math
-import re
-from collections import defaultdict
 
 import plotly.graph_objects as go
 import pytest
@@ -23,7 +21,7 @@ from lablib.experiments import attention as A  # noqa: E402
 from lablib.mechanisms.attention import H200  # noqa: E402
 from lablib.plots import attention as P  # noqa: E402
 from lablib.session import Shown  # noqa: E402
-from tests.plots.test_rules import PROVENANCE, UNIT, _axes, _legend, _numeric, _trace_colour  # noqa: E402
+from tests.plots import rules  # noqa: E402
 
 pytestmark = [pytest.mark.usefixtures("one_thread")]
 NOT_RECORDED = Shown(None, False, "attention is not recorded yet: a GPU session records it with `scripts/...`")
@@ -77,46 +75,37 @@ def figures() -> dict[str, go.Figure]:
 
 
 def test_every_builder_is_drawn(figures):
-    builders = {n for n, fn in inspect.getmembers(P, inspect.isfunction)
-                if fn.__module__ == P.__name__ and not n.startswith("_") and "Figure" in str(
-                    inspect.signature(fn).return_annotation)}
-    assert builders == {k.split("/")[0] for k in figures}
+    assert rules.builders(P) == {k.split("/")[0] for k in figures}
 
 
 def test_legend_names_are_unique_coloured_and_one_colour_each_everywhere(figures):
-    seen = defaultdict(set)
     for key, fig in figures.items():
-        names = [t.name for t in _legend(fig)]
-        assert len(names) == len(set(names)), f"{key}: a legend name repeats: {names}"
-        assert all(_trace_colour(t) for t in _legend(fig)), key
-        for t in fig.data:
-            seen[t.name].add(_trace_colour(t))
-        assert not [t.name for t in _legend(fig) if PROVENANCE.search(t.name)], key
-    assert {n: c for n, c in seen.items() if len(c) > 1} == {}
+        rules.check_legend(key, fig)
+        assert not [t.name for t in rules.legend(fig) if rules.PROVENANCE.search(t.name)], key
+    assert rules.colour_clashes(figures) == {}
     kernels = [P.series_colour(k) for k in P.KERNELS]
     assert len(set(kernels)) == len(kernels)  # drawn side by side: never two kernels in one colour
 
 
 def test_every_numeric_axis_has_a_unit_and_decades_sit_on_log_axes(figures):
     for key, fig in figures.items():
-        for name, axis, values in _axes(fig):
-            if _numeric(axis, values):
-                assert UNIT.search(axis.title.text or ""), f"{key}.{name}: {axis.title.text!r}"
-            pos = [v for v in values if isinstance(v, (int, float)) and v > 0 and math.isfinite(v)]
-            if _numeric(axis, values) and pos and max(pos) / min(pos) >= 1000:
+        for name, axis, values in rules.axes(fig):
+            if rules.numeric(axis, values):
+                assert rules.UNIT.search(axis.title.text or ""), f"{key}.{name}: {axis.title.text!r}"
+            if rules.numeric(axis, values) and rules.spans_decades(values):
                 assert axis.type == "log", f"{key}.{name}"
         assert fig.layout.xaxis.automargin and fig.layout.yaxis.automargin
 
 
 def test_provenance_is_stated_once_in_the_title(figures):
     for key, fig in figures.items():
-        texts = [fig.layout.title.text or ""] + [a.text or "" for a in fig.layout.annotations]
         if key.endswith("/none"):
             label = HF_NOT_RECORDED if key.startswith("hf") else NOT_RECORDED.label
-            assert sum(t.count(label) for t in texts) == 1 and "nothing recorded yet" in " ".join(texts)
+            said = rules.texts(fig)
+            assert sum(t.count(label) for t in said) == 1 and "nothing recorded yet" in " ".join(said)
             continue
-        stating = [t for t in texts if re.search(r"recorded on|live on|simulated", t)]
-        assert len(stating) == 1 and stating[0] == fig.layout.title.text, f"{key}: {stating}"
+        stated = rules.stating(fig)
+        assert len(stated) == 1 and stated[0] == fig.layout.title.text, f"{key}: {stated}"
 
 
 def _trace(fig, name, col=1):
@@ -163,7 +152,7 @@ def test_peak_lines_come_from_the_provenance(figures):
 
 def test_the_hf_figure_marks_skips_ooms_and_synthetic_weights(figures):
     cpu, gpu = figures["hf_prefill_figure/cpu"], figures["hf_prefill_figure/h200"]
-    assert {t.name for t in _legend(cpu)} == {"eager", "sdpa"}
+    assert {t.name for t in rules.legend(cpu)} == {"eager", "sdpa"}
     assert "not run: flex_attention" in " ".join(a.text for a in cpu.layout.annotations)
     assert "synthetic weights" in gpu.layout.title.text and "synthetic weights" not in cpu.layout.title.text
     assert list(next(t for t in gpu.data if t.name == "out of memory").x) == [128]

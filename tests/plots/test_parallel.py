@@ -1,9 +1,7 @@
 """Lab 09's figures: the cost model's parts, curves and fit drawn from exactly the rows they are given, and the
-house rules of tests/plots/test_rules.py (units, one colour per name, provenance once, log axes) on each."""
+house rules of tests/plots/test_rules.py (units, one colour per name, provenance once, log axes) on each, with the
+instruments of tests/plots/rules.py."""
 from __future__ import annotations
-
-import math
-import re
 
 import pytest
 
@@ -11,14 +9,7 @@ from lablib.experiments import parallel as exp
 from lablib.plots import parallel as fig_
 from lablib.plots import style
 from lablib.session import Shown
-from tests.plots.test_rules import (
-    PROVENANCE,
-    UNIT,
-    _axes,
-    _legend,
-    _numeric,
-    _trace_colour,
-)
+from tests.plots import rules
 
 BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
@@ -99,7 +90,7 @@ def test_tp_scaling_lines_are_the_rows_and_unfit_points_are_open(rows, figures):
     assert list(latency_b1.marker.symbol) == ["circle-open", "circle", "circle", "circle"]  # 70B bf16: not on one H200
     ideal = [t for t in fig.data if t.name == "ideal (t=1 time / t)"]
     assert list(ideal[0].y) == pytest.approx([want[0]["latency_s"] * 1e3 / t for t in (1, 2, 4, 8)])
-    assert {t.name for t in _legend(fig)} == {"NVLink 4", "PCIe Gen5 x16", "PCIe Gen4 x16", "ideal (t=1 time / t)"}
+    assert {t.name for t in rules.legend(fig)} == {"NVLink 4", "PCIe Gen5 x16", "PCIe Gen4 x16", "ideal (t=1 time / t)"}
 
 
 def test_communication_share_panels_hold_each_t(rows, figures):
@@ -134,7 +125,7 @@ def test_tp1_figure_says_what_is_not_recorded_and_skips_rows_not_measured(figure
     missing = figures["tp1_figure/not-recorded"]
     notes = " ".join(a.text for a in missing.layout.annotations)
     assert "tp1 is not recorded yet" in notes and "--steps tp1" in notes
-    names = [t.name for t in _legend(missing)]
+    names = [t.name for t in rules.legend(missing)]
     assert "llama-3.1-8b bf16: vLLM, labs 01-03" in names and not any("fixed shapes" in n for n in names)
     rec = figures["tp1_figure/recorded"]
     assert "recorded on NVIDIA H200, 2026-11-29 and 2027-01-05" in rec.layout.title.text  # one phrase, two dates
@@ -147,55 +138,44 @@ def test_tp1_figure_says_what_is_not_recorded_and_skips_rows_not_measured(figure
 
 
 def test_every_builder_is_drawn(figures):
-    builders = {n for n in dir(fig_) if not n.startswith("_") and callable(getattr(fig_, n))
-                and getattr(getattr(fig_, n), "__module__", "") == fig_.__name__}
-    assert builders <= {k.split("/")[0] for k in figures}, builders
+    assert rules.builders(fig_) <= {k.split("/")[0] for k in figures}, rules.builders(fig_)
 
 
 def test_units_on_every_numeric_axis(figures):
-    missing = [f"{key}.{name}: {axis.title.text!r}" for key, fig in figures.items() for name, axis, values in _axes(fig)
-               if _numeric(axis, values) and not (axis.matches and axis.showticklabels is not True)
-               and not UNIT.search(axis.title.text or "")]
+    missing = [f"{key}.{name}: {axis.title.text!r}" for key, fig in figures.items()
+               for name, axis, values in rules.axes(fig) if rules.numeric(axis, values)
+               and not (axis.matches and axis.showticklabels is not True)
+               and not rules.UNIT.search(axis.title.text or "")]
     assert not missing, missing
 
 
 def test_one_colour_per_name_and_no_repeated_legend_names(figures):
-    seen: dict[str, set[str]] = {}
     for key, fig in figures.items():
-        names = [t.name for t in _legend(fig)]
-        assert len(names) == len(set(names)), (key, names)
-        colours = [_trace_colour(t) for t in _legend(fig)]
-        assert None not in colours, key
-        for t in fig.data:
-            c = _trace_colour(t)
-            if c is not None and t.name and t.type != "heatmap":
-                seen.setdefault(style.base_name(t.name), set()).add(c)
-    assert all(len(c) == 1 for c in seen.values()), {n: c for n, c in seen.items() if len(c) > 1}
+        rules.check_legend(key, fig)
+    assert rules.colour_clashes(figures, style.base_name) == {}
 
 
 def test_series_of_one_figure_get_distinct_colours(figures):
     for key in ("step_parts", "tp_scaling", "communication_share", "two_gpus"):
-        colours = [_trace_colour(t) for t in _legend(figures[key])]
+        colours = [rules.trace_colour(t) for t in rules.legend(figures[key])]
         assert len(colours) == len(set(colours)), key
 
 
 def test_provenance_once_and_never_in_a_legend(figures):
     for key, fig in figures.items():
-        texts = [fig.layout.title.text or ""] + [a.text or "" for a in fig.layout.annotations]
-        stating = [t for t in texts if re.search(r"recorded on|live on|simulated", t)]
-        assert len(stating) == 1, (key, stating)
-        assert all(stating[0].count(p) <= 1 for p in ("recorded on", "live on", "simulated")), stating[0]
-        assert not [t.name for t in _legend(fig) if PROVENANCE.search(t.name)], key
+        stated = rules.stating(fig)
+        assert len(stated) == 1, (key, stated)
+        assert all(stated[0].count(p) <= 1 for p in ("recorded on", "live on", "simulated")), stated[0]
+        assert not [t.name for t in rules.legend(fig) if rules.PROVENANCE.search(t.name)], key
     assert "a model, not a measurement" in figures["tp_scaling"].layout.title.text
 
 
 def test_decades_sit_on_log_axes(figures):
     flat = []
     for key, fig in figures.items():
-        for name, axis, values in _axes(fig):
-            pos = [v for v in values if isinstance(v, (int, float)) and v > 0 and math.isfinite(v)]
+        for name, axis, values in rules.axes(fig):
             stacked = name.startswith("yaxis") and fig.layout.barmode == "stack"  # stacked bars cannot be log
-            if _numeric(axis, values) and pos and max(pos) / min(pos) >= 1000 and axis.type != "log" and not stacked:
+            if rules.numeric(axis, values) and rules.spans_decades(values) and axis.type != "log" and not stacked:
                 flat.append(f"{key}.{name}")
     assert not flat, flat
 

@@ -1,7 +1,5 @@
 """Lab 07's figures (lablib.plots.prefix): drawn from the simulator on the embedded tokenizer's ids and from vLLM
 rows in the shape `experiments.prefix.on_off` returns, each checked against the data and the figure rules."""
-import re
-from collections import defaultdict
 
 import pytest
 
@@ -10,14 +8,7 @@ from lablib.experiments import prefix
 from lablib.plots import prefix as figures
 from lablib.plots import style
 from lablib.session import Shown
-from tests.plots.test_rules import (
-    PROVENANCE,
-    UNIT,
-    _axes,
-    _legend,
-    _numeric,
-    _trace_colour,
-)
+from tests.plots import rules
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +57,7 @@ def test_block_states_colours_every_block_by_its_state_at_every_step():
     assert any(3 in row for row in heat.z)  # the popular prefix's blocks are shared by the two running requests
     evicted = next(t for t in fig.data if t.name == figures.EVICTED)
     assert sum(evicted.y) == demo.evictions > 0
-    assert [t.name for t in _legend(fig)] == [name for name, _ in figures.STATES] + [figures.EVICTED]
+    assert [t.name for t in rules.legend(fig)] == [name for name, _ in figures.STATES] + [figures.EVICTED]
     assert "r1: 48" in fig.layout.annotations[0].text  # request 1 shares request 0's 3 prefix blocks, both running
 
 
@@ -96,16 +87,16 @@ def test_cached_per_request_draws_one_line_per_variant(hf, figs):
 
 def test_scarce_memory_lists_each_order_once_and_marks_where_the_prefixes_fit(figs):
     fig = figs["scarce_memory"]
-    assert [t.name for t in _legend(fig)] == list(prefix.ORDERS)
+    assert [t.name for t in rules.legend(fig)] == list(prefix.ORDERS)
     assert [s.x0 for s in fig.layout.shapes] == [64, 64]  # 8 prefixes x 8 blocks
 
 
 def test_on_off_figure_colours_by_caching_and_dashes_by_model(figs):
     fig = figs["on_off_figure"]
-    names = [t.name for t in _legend(fig)]
+    names = [t.name for t in rules.legend(fig)]
     assert names == ["prefix caching on · embedded", "prefix caching off · embedded",
                      "prefix caching on · llama-3.1-8b (synthetic)", "prefix caching off · llama-3.1-8b (synthetic)"]
-    by_name = {t.name: t for t in _legend(fig)}
+    by_name = {t.name: t for t in rules.legend(fig)}
     assert by_name[names[0]].line.color == by_name[names[2]].line.color == style.colour(figures.ON)
     assert by_name[names[1]].line.color == style.colour(figures.OFF) != style.colour(figures.ON)
     assert by_name[names[0]].line.dash == "solid" and by_name[names[2]].line.dash == "dash"
@@ -114,7 +105,7 @@ def test_on_off_figure_colours_by_caching_and_dashes_by_model(figs):
     assert fig.layout.yaxis.title.text == "TTFT p50 (s)"  # seconds: the slowest reaches 3.2 s
     small = figures.on_off_figure([r for r in _on_off_rows() if r["model"] == "embedded"], where="live on NVIDIA H200")
     assert small.layout.yaxis.title.text == "TTFT p50 (ms)" and list(small.data[0].y) == pytest.approx([50.0] * 4)
-    assert [t.name for t in _legend(small)] == [figures.ON, figures.OFF]  # one model: no model in the names
+    assert [t.name for t in rules.legend(small)] == [figures.ON, figures.OFF]  # one model: no model in the names
     hit = [t for t in fig.data if t.xaxis == "x2"]
     assert len(hit) == 2 and all(t.showlegend is False for t in hit)  # caching on only
     assert fig.layout.title.text.count("synthetic weights") == 1
@@ -128,21 +119,15 @@ def test_on_off_figure_not_recorded_yet_says_which_step_records_it(figs):
 
 
 def test_the_figure_rules_hold(figs):
-    colours = defaultdict(set)
     for key, fig in figs.items():
-        names = [t.name for t in _legend(fig)]
-        assert len(names) == len(set(names)), f"{key}: a legend name repeats: {names}"
-        assert all(_trace_colour(t) for t in _legend(fig)), key
-        assert not [n for n in names if PROVENANCE.search(n)], f"{key}: provenance in a legend entry"
-        texts = [fig.layout.title.text or ""] + [a.text or "" for a in fig.layout.annotations]
-        stating = [t for t in texts if re.search(r"recorded on|live on|simulated|not recorded yet", t)]
-        assert len(stating) == 1, f"{key}: provenance stated {len(stating)} times"
-        for name, axis, values in _axes(fig):
-            if _numeric(axis, values):
-                assert UNIT.search(axis.title.text or ""), f"{key}.{name} has no unit: {axis.title.text!r}"
-                pos = [v for v in values if isinstance(v, (int, float)) and v > 0]
-                assert not pos or max(pos) / min(pos) < 1000 or axis.type == "log", f"{key}.{name}: decades, linear"
-        for t in _legend(fig):
-            colours[style.base_name(t.name)].add(_trace_colour(t))
+        rules.check_legend(key, fig)
+        named = [t.name for t in rules.legend(fig) if rules.PROVENANCE.search(t.name)]
+        assert not named, f"{key}: provenance in a legend entry: {named}"
+        stated = rules.stating(fig, rules.STATES_OR_NOT_YET)
+        assert len(stated) == 1, f"{key}: provenance stated {len(stated)} times"
+        for name, axis, values in rules.axes(fig):
+            if rules.numeric(axis, values):
+                assert rules.UNIT.search(axis.title.text or ""), f"{key}.{name} has no unit: {axis.title.text!r}"
+                assert not rules.spans_decades(values) or axis.type == "log", f"{key}.{name}: decades, linear"
         assert fig.layout.xaxis.automargin and fig.layout.yaxis.automargin
-    assert all(len(c) == 1 for c in colours.values()), dict(colours)
+    assert rules.colour_clashes(figs, style.base_name) == {}

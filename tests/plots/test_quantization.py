@@ -1,18 +1,15 @@
-"""Lab 06's figures (lablib.plots.quantization) under the figure rules of tests/plots/test_rules.py: units on every
-axis, provenance said once (or that nothing is recorded yet), one colour per scheme in every figure, log axes for
-speed by batch, no clipped labels; drawn from rows shaped like the experiment's, with and without speed runs."""
+"""Lab 06's figures (lablib.plots.quantization) under the figure rules of tests/plots/test_rules.py (with the
+instruments of tests/plots/rules.py): units on every axis, provenance said once (or that nothing is recorded yet),
+one colour per scheme in every figure, log axes for speed by batch, no clipped labels; drawn from rows shaped like
+the experiment's, with and without speed runs."""
 from __future__ import annotations
-
-import re
-from collections import defaultdict
 
 import pytest
 
 from lablib.models import LABEL
 from lablib.plots import quantization as qp
-from tests.plots.test_rules import UNIT, _axes, _legend, _numeric, _trace_colour
+from tests.plots import rules
 
-STATED = re.compile(r"recorded on|live on|simulated|not recorded yet")
 NOT_RECORDED = ("lab 06's speed and memory per scheme on the synthetic 8B is not recorded yet: a GPU session records "
                 "it with `scripts/record_reference.py --steps quantization` (then scripts/pack_reference.py)")
 SCHEMES = ("fp8-dynamic", "gptq-w4a16", "w8a8-int8", "awq-w4a16")
@@ -66,22 +63,21 @@ def figures():
 
 
 def test_every_public_builder_is_drawn(figures):
-    builders = {n for n in dir(qp) if n.endswith("_figure") and callable(getattr(qp, n))}
-    assert builders == {k.split("/")[0] for k in figures}
+    assert rules.builders(qp) == {k.split("/")[0] for k in figures}
 
 
 def test_every_numeric_axis_says_its_unit(figures):
     missing = [f"{key}.{name}: {axis.title.text!r}" for key, fig in figures.items()
-               for name, axis, values in _axes(fig) if _numeric(axis, values) and not UNIT.search(axis.title.text or "")]
+               for name, axis, values in rules.axes(fig)
+               if rules.numeric(axis, values) and not rules.UNIT.search(axis.title.text or "")]
     assert not missing, missing
 
 
 def test_each_figure_states_its_provenance_once_and_never_in_a_legend(figures):
     for key, fig in figures.items():
-        texts = [fig.layout.title.text or ""] + [a.text or "" for a in fig.layout.annotations]
-        stating = [t for t in texts if STATED.search(t)]
-        assert len(stating) == 1, f"{key}: {stating}"
-        assert not [t.name for t in _legend(fig) if STATED.search(t.name)], key
+        stated = rules.stating(fig, rules.STATES_OR_NOT_YET)
+        assert len(stated) == 1, f"{key}: {stated}"
+        assert not [t.name for t in rules.legend(fig) if rules.STATES_OR_NOT_YET.search(t.name)], key
     assert "live on this CPU" in figures["quality_figure"].layout.title.text
     summary = figures["summary_figure"].layout.title.text
     assert summary.count("live on") == 1 and summary.count("recorded on") == 1
@@ -94,14 +90,9 @@ def test_the_synthetic_label_is_where_the_8b_runs_are_and_only_there(figures):
 
 
 def test_a_scheme_has_one_colour_in_every_figure_and_no_legend_name_repeats(figures):
-    seen = defaultdict(set)
     for key, fig in figures.items():
-        names = [t.name for t in _legend(fig)]
-        assert len(names) == len(set(names)), f"{key}: {names}"
-        for t in fig.data:
-            if t.name and _trace_colour(t):
-                seen[t.name.removesuffix(" roofline")].add(_trace_colour(t))
-    assert all(len(c) == 1 for c in seen.values()), {n: c for n, c in seen.items() if len(c) > 1}
+        rules.check_legend(key, fig)
+    assert rules.colour_clashes(figures, lambda name: name.removesuffix(" roofline")) == {}
     assert len({qp.scheme_colour(s) for s in ("bf16", "fp8", *SCHEMES, "bf16-kv-fp8")}) == 7
     assert qp.scheme_colour("fp8-dynamic+lm_head") == qp.scheme_colour("fp8-dynamic")
 

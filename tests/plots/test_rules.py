@@ -5,12 +5,13 @@ Each builder is drawn the way the labs draw it, from the runs recorded on the H2
 a trace name has one colour in every figure, whatever order the traces come in; every axis that shows
 numbers has a title with its unit in parentheses or brackets; no legend entry carries provenance, and
 each figure states its provenance exactly once (title or annotation); no legend name repeats; values
-spanning three decades or more sit on a log axis; text drawn outside bars is not clipped.
+spanning three decades or more sit on a log axis; text drawn outside bars is not clipped. The instruments
+(the legend, a trace's colour, the axes, the texts stating provenance) are tests/plots/rules.py, which every
+lab's figure tests share.
 """
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import math
 import re
 from collections import defaultdict
@@ -19,15 +20,14 @@ import plotly.graph_objects as go
 import pytest
 
 from lablib import mechanisms
-from lablib.experiments.kv import gpu_memory_utilization_rows
+from lablib.results.reference import recorded_rows
 from lablib.experiments.scheduling import scheduler_rows
 from lablib.plots import batching, kv, scheduling, serving, style
 from lablib.results.reference import load_reference
 from lablib.workloads import load_workload
+from tests.plots import rules
 
 MODULES = (batching, kv, scheduling, serving)
-PROVENANCE = re.compile(r"recorded|\blive\b|measured|simulated|synthetic weights", re.IGNORECASE)
-UNIT = re.compile(r"\(.+\)|\[.+\]")
 
 
 def _live(r, step: str, engine: str, batch: int):
@@ -67,7 +67,7 @@ def _figures() -> dict[str, go.Figure]:
         "memory_timeline/mixed": batching.memory_timeline(here + offline),
         "fragmentation_bars": kv.fragmentation_bars(report),
         "block_table_heatmap": kv.block_table_heatmap(snaps[len(snaps) // 3]),
-        "gpu_memory_utilization_figure": kv.gpu_memory_utilization_figure(gpu_memory_utilization_rows(force=False).value),
+        "gpu_memory_utilization_figure": kv.gpu_memory_utilization_figure(recorded_rows("sweep", "sweep")),
         "gantt/simulated": scheduling.gantt(static.rows(), title="Static batching, 8 per batch (simulated)"),
         "gantt/simulated-both": scheduling.gantt(static.rows() + continuous.rows()),
         "gantt/recorded": scheduling.gantt(scheduling.result_gantt_rows(vllm)),
@@ -93,14 +93,8 @@ def figures() -> dict[str, go.Figure]:
 
 
 def _builders() -> set[str]:
-    """Every public function of the plots modules (journey.py aside) that returns a figure, and LiveServerMetrics."""
-    found = {"LiveServerMetrics"}
-    for module in MODULES:
-        for name, fn in inspect.getmembers(module, inspect.isfunction):
-            if fn.__module__ == module.__name__ and not name.startswith("_") and "Figure" in str(
-                    inspect.signature(fn).return_annotation):
-                found.add(name)
-    return found
+    """Every figure builder of the plots modules (journey.py aside), and LiveServerMetrics."""
+    return {"LiveServerMetrics"}.union(*(rules.builders(module) for module in MODULES))
 
 
 def test_every_builder_is_drawn(figures):
@@ -108,40 +102,20 @@ def test_every_builder_is_drawn(figures):
     assert _builders() <= drawn, f"builders with no case here: {sorted(_builders() - drawn)}"
 
 
-def _legend(fig: go.Figure) -> list:
-    return [t for t in fig.data if t.showlegend is not False and t.type != "heatmap" and t.name]
-
-
-def _trace_colour(t) -> str | None:
-    for c in (getattr(getattr(t, "line", None), "color", None), getattr(getattr(t, "marker", None), "color", None)):
-        if isinstance(c, str):
-            return c
-    return None
-
-
 def test_legend_traces_have_their_own_colour_and_names_do_not_repeat(figures):
     for key, fig in figures.items():
-        names = [t.name for t in _legend(fig)]
-        assert len(names) == len(set(names)), f"{key}: a legend name repeats: {names}"
-        uncoloured = [t.name for t in _legend(fig) if _trace_colour(t) is None]
-        assert not uncoloured, f"{key}: traces coloured by the order they were added: {uncoloured}"
+        rules.check_legend(key, fig)
 
 
 def test_a_name_has_one_colour_in_every_figure(figures):
-    seen: dict[str, set[tuple[str, str]]] = defaultdict(set)
-    for key, fig in figures.items():
-        for t in fig.data:
-            c = _trace_colour(t)
-            if c is not None and t.name and t.type != "heatmap":
-                seen[style.base_name(t.name)].add((c, key))
-    clashes = {n: sorted(v) for n, v in seen.items() if len({c for c, _ in v}) > 1}
+    clashes = rules.colour_clashes(figures, style.base_name)
     assert not clashes, f"names drawn in more than one colour: {clashes}"
 
 
 def test_runs_drawn_side_by_side_get_distinct_colours(figures):
     for key, fig in figures.items():
         if key.startswith(("latency_cdf", "memory_timeline")):
-            colours = [_trace_colour(t) for t in _legend(fig)]
+            colours = [rules.trace_colour(t) for t in rules.legend(fig)]
             assert len(colours) == len(set(colours)), f"{key}: two runs share a colour: {[t.name for t in fig.data]}"
 
 
@@ -151,56 +125,39 @@ def test_colours_do_not_depend_on_the_order_runs_are_drawn():
     for build in (batching.latency_cdf, batching.memory_timeline,
                   lambda rs: batching.throughput_vs_batch(rs, batch_keys=("batch_size", "max_num_seqs"))):
         forward, backward = build(offline), build(offline[::-1])
-        assert {t.name: _trace_colour(t) for t in forward.data} == {t.name: _trace_colour(t) for t in backward.data}
+        colours = [{t.name: rules.trace_colour(t) for t in fig.data} for fig in (forward, backward)]
+        assert colours[0] == colours[1]
     assert style.colour("hf-static-b8") == style.colour("hf-static-b8" + style.RECORDED_MARK)
     assert style.colour("vllm") != style.colour("hf-naive") != style.colour("hf-static")
     assert len({style.colour(f"hf-static-b{b}") for b in (1, 2, 4, 8, 16, 32, 64)}) == 7
 
 
-def _axes(fig: go.Figure):
-    """(layout name, axis, values) of every axis a visible trace draws on."""
-    used = defaultdict(list)
-    for t in fig.data:
-        for letter in "xy":
-            ref = getattr(t, f"{letter}axis", None) or letter
-            values = getattr(t, letter, None)
-            used[f"{letter}axis{ref[1:]}"].extend(list(values) if values is not None else [])
-    for name, values in used.items():
-        yield name, fig.layout[name], values
-
-
-def _numeric(axis, values) -> bool:
-    if axis.type == "category" or axis.showticklabels is False:
-        return False
-    return any(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values) or not values
-
-
 def test_every_axis_showing_numbers_says_its_unit(figures):
     missing = []
     for key, fig in figures.items():
-        for name, axis, values in _axes(fig):
-            if not _numeric(axis, values):
+        for name, axis, values in rules.axes(fig):
+            if not rules.numeric(axis, values):
                 continue
             if axis.matches and axis.showticklabels is not True:  # a shared axis: titled once, on the bottom row
                 continue
             text = axis.title.text or ""
-            if not UNIT.search(text):
+            if not rules.UNIT.search(text):
                 missing.append(f"{key}.{name}: {text!r}")
     assert not missing, "axes without a unit:\n" + "\n".join(missing)
 
 
 def test_no_legend_entry_carries_provenance(figures):
-    bad = [f"{key}: {t.name!r}" for key, fig in figures.items() for t in _legend(fig) if PROVENANCE.search(t.name)]
+    bad = [f"{key}: {t.name!r}" for key, fig in figures.items() for t in rules.legend(fig)
+           if rules.PROVENANCE.search(t.name)]
     assert not bad, "provenance in legend entries:\n" + "\n".join(bad)
 
 
 def test_each_figure_states_its_provenance_once(figures):
     for key, fig in figures.items():
-        texts = [fig.layout.title.text or ""] + [a.text or "" for a in fig.layout.annotations]
-        stating = [t for t in texts if re.search(r"recorded on|live on|simulated", t)]
-        assert len(stating) == 1, f"{key}: provenance stated {len(stating)} times: {stating}"
+        stated = rules.stating(fig)
+        assert len(stated) == 1, f"{key}: provenance stated {len(stated)} times: {stated}"
         for phrase in ("recorded on", "live on", "simulated"):
-            assert stating[0].count(phrase) <= 1, f"{key}: {phrase!r} repeated in {stating[0]!r}"
+            assert stated[0].count(phrase) <= 1, f"{key}: {phrase!r} repeated in {stated[0]!r}"
 
 
 def test_the_synthetic_label_appears_once_where_runs_are_synthetic(figures):
@@ -214,9 +171,9 @@ def test_the_synthetic_label_appears_once_where_runs_are_synthetic(figures):
 def test_values_spanning_decades_sit_on_a_log_axis(figures):
     flat = []
     for key, fig in figures.items():
-        for name, axis, values in _axes(fig):
-            pos = [v for v in values if isinstance(v, (int, float)) and v > 0 and math.isfinite(v)]
-            if _numeric(axis, values) and pos and max(pos) / min(pos) >= 1000 and axis.type != "log":
+        for name, axis, values in rules.axes(fig):
+            pos = rules.positive(values)
+            if rules.numeric(axis, values) and pos and max(pos) / min(pos) >= 1000 and axis.type != "log":
                 title = axis.title.text or ""
                 if re.search(r"since|^time \(|log scale", title) or axis.tickformat == ".0%":
                     continue  # a timeline starts at zero; a log already taken; shares
@@ -231,7 +188,7 @@ def test_labels_are_not_clipped_and_categories_stay_short(figures):
         for t in fig.data:
             if getattr(t, "textposition", None) == "outside":
                 assert t.cliponaxis is False, f"{key}: {t.name} draws text outside its bars but clips it"
-        for name, axis, values in _axes(fig):
+        for name, axis, values in rules.axes(fig):
             if axis.type == "category" or any(isinstance(v, str) for v in values):
                 long = [v for v in values if isinstance(v, str) and len(v) > 40]
                 assert not long, f"{key}.{name}: category labels too long to sit side by side: {long[:2]}"
@@ -245,8 +202,8 @@ def test_metrics_figure_colours_each_rate_alike_in_every_row_and_lists_it_once(f
         by_rate[t.legendgroup].add(t.line.color)
     assert all(len(c) == 1 for c in by_rate.values()), by_rate  # the burst's spike is drawn in the burst's colour
     assert len({next(iter(c)) for c in by_rate.values()}) == len(by_rate)  # and no two rates share one
-    legend = [t.name for t in _legend(fig)]
-    assert len(legend) == len(by_rate) == 6 and "burst (all at once)" in legend
+    names = [t.name for t in rules.legend(fig)]
+    assert len(names) == len(by_rate) == 6 and "burst (all at once)" in names
     burst = [t for t in fig.data if t.name == "burst (all at once)"]
     assert {t.line.color for t in burst} == {serving.BURST_COLOUR}
     live = figures["LiveServerMetrics"]
@@ -255,7 +212,7 @@ def test_metrics_figure_colours_each_rate_alike_in_every_row_and_lists_it_once(f
 
 def test_gmu_sweep_shows_the_baseline_at_its_own_scale(figures):
     fig = figures["gpu_memory_utilization_figure"]
-    rows = gpu_memory_utilization_rows(force=False).value
+    rows = recorded_rows("sweep", "sweep")  # the whole recorded sweep, 0.05 to 0.8
     before = next(t for t in fig.data if t.name == "before engine start")
     after = next(t for t in fig.data if t.name == "after close")
     assert list(before.y) == pytest.approx([r["vram_before_bytes"] / 2**20 for r in rows])

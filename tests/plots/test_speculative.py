@@ -1,4 +1,4 @@
-"""Lab 08's figures (lablib.plots.speculative) under the figure rules of tests/plots/test_rules.py.
+"""Lab 08's figures (lablib.plots.speculative) under the figure rules of tests/plots/test_rules.py (rules.py).
 
 Drawn the way the lab draws them: the formula, a tiny live CPU study of the embedded pair (one prompt, 12
 tokens, one round: deterministic acceptance, timings only drawn), the batch model, and vLLM rows shaped
@@ -8,10 +8,6 @@ legend entry, provenance stated once, no repeated legend name, log axes across t
 """
 from __future__ import annotations
 
-import math
-import re
-from collections import defaultdict
-
 import plotly.graph_objects as go
 import pytest
 
@@ -19,7 +15,7 @@ from lablib.experiments import speculative as spec
 from lablib.plots import speculative as sp
 from lablib.plots.style import base_name
 from lablib.session import Shown
-from tests.plots.test_rules import PROVENANCE, UNIT, _axes, _legend, _numeric, _trace_colour
+from tests.plots import rules
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers").utils.logging.set_verbosity_error()
@@ -54,42 +50,32 @@ def figures(study) -> dict[str, go.Figure]:
 
 
 def test_every_builder_is_drawn(figures):
-    builders = {n for n in dir(sp) if not n.startswith("_") and callable(getattr(sp, n))
-                and getattr(getattr(sp, n), "__module__", "") == sp.__name__ and n != "colour_of"}
-    assert builders <= set(figures), sorted(builders - set(figures))
+    assert rules.builders(sp) <= set(figures), sorted(rules.builders(sp) - set(figures))
 
 
 def test_legends_have_colours_and_no_repeats_and_names_one_colour_everywhere(figures):
-    seen = defaultdict(set)
     for key, fig in figures.items():
-        names = [t.name for t in _legend(fig)]
-        assert len(names) == len(set(names)), f"{key}: {names}"
-        assert all(_trace_colour(t) for t in _legend(fig)), key
-        for t in fig.data:
-            if t.name and _trace_colour(t):
-                seen[base_name(t.name)].add(_trace_colour(t))
-    assert not {n: c for n, c in seen.items() if len(c) > 1}
+        rules.check_legend(key, fig)
+    assert rules.colour_clashes(figures, base_name) == {}
     assert sp.colour_of("draft model k=4") == sp.colour_of("draft model k=4") != sp.colour_of("draft model k=2")
     assert sp.colour_of("n-gram k=4") == sp.colour_of("n-gram k=4 (lookup 2-5)")  # the model and vLLM alike
 
 
 def test_axes_say_their_units_and_decades_sit_on_log_axes(figures):
     for key, fig in figures.items():
-        for name, axis, values in _axes(fig):
-            if not _numeric(axis, values) or (axis.matches and axis.showticklabels is not True):
+        for name, axis, values in rules.axes(fig):
+            if not rules.numeric(axis, values) or (axis.matches and axis.showticklabels is not True):
                 continue
-            assert UNIT.search(axis.title.text or ""), f"{key}.{name}: {axis.title.text!r}"
-            pos = [v for v in values if isinstance(v, (int, float)) and v > 0 and math.isfinite(v)]
-            if pos and max(pos) / min(pos) >= 1000:
+            assert rules.UNIT.search(axis.title.text or ""), f"{key}.{name}: {axis.title.text!r}"
+            if rules.spans_decades(values):
                 assert axis.type == "log", f"{key}.{name}"
 
 
 def test_provenance_once_per_figure_and_never_in_a_legend(figures):
     for key, fig in figures.items():
-        assert not [t.name for t in _legend(fig) if PROVENANCE.search(t.name)], key
-        texts = [fig.layout.title.text or ""] + [a.text or "" for a in fig.layout.annotations]
-        stating = [t for t in texts if re.search(r"recorded on|live on|simulated", t)]
-        assert len(stating) == 1, f"{key}: {stating}"
+        assert not [t.name for t in rules.legend(fig) if rules.PROVENANCE.search(t.name)], key
+        stated = rules.stating(fig)
+        assert len(stated) == 1, f"{key}: {stated}"
     assert "live on this CPU" in figures["acceptance_figure"].layout.title.text
     assert "simulated" in figures["batch_figure"].layout.title.text
     assert "recorded on NVIDIA H200, 2026-12-02" in figures["vllm_speedup_figure"].layout.title.text
