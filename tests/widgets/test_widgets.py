@@ -4,6 +4,7 @@ The real HFEngine runs the embedded model on the CPU: two requests, four new tok
 the panel's Output widget state (`outputs`: one display_data with plotly's JSON), the same state a page
 reloaded after a refresh fetches from the kernel; the tests read it back from there.
 """
+import math
 import ipywidgets
 import pytest
 
@@ -227,3 +228,23 @@ def test_code_sample_is_a_captioned_code_block_that_the_models_backticks_cannot_
     assert md == "*the model's continuation*\n\n```python\ndef f():\n    return 1\n```"
     md = code_sample("x = '''```'''", "c").data
     assert md.splitlines()[2] == "````python" and md.endswith("\n````")
+
+
+def test_live_server_metrics_redraws_an_output_widget_at_most_once_per_interval_and_agrees_with_its_figure():
+    from lablib.plots.serving import LiveServerMetrics
+
+    live = LiveServerMetrics(min_interval_s=3600)  # only a new rate may redraw (its colours change)
+    names = live.names
+    for rate in (1.0, 2.0, math.inf):
+        for t in range(5):
+            live.update(rate, {"t": t * 0.25, **{n: float(t) for n in names}})
+    assert live.area.renders == 1 + 3  # the empty figure, then one per new rate: the scraper's thread stays quiet
+    assert type(live.display()).__name__ == "Output"
+    shown = live.area.shown()
+    assert len(shown["data"]) == 3 * len(names) and len(shown["data"][0]["x"]) == 5  # rate 1's lines whole
+    assert len(shown["data"][-1]["x"]) == 1  # the newest rate as it was when it arrived
+    live.area.min_interval_s = 0  # due again: later samples redraw from the template, x/y only
+    live.update(math.inf, {"t": 2.0, **{n: 9.0 for n in names}})
+    shown, fig = live.area.shown(), live.figure
+    assert [list(t["y"]) for t in shown["data"]] == [list(t.y) for t in fig.data]
+    assert [t["line"]["color"] for t in shown["data"]] == [t.line.color for t in fig.data]
