@@ -16,7 +16,7 @@ here (`KERNEL_COLOURS`): style.colour's hash puts naive, sdpa_cudnn and flex on 
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import plotly.graph_objects as go
@@ -148,14 +148,30 @@ def _describe(prov: dict[str, Any], d: int, rows: list[dict[str, Any]]) -> str:
     return f"d = {d}, {rows[0]['heads']} heads, {'causal' if cfg['causal'] else 'full'}, {cfg['dtype']}"
 
 
+def _sweep(shown: Shown, head_dim: int | None, panel: str) -> tuple[int, list[dict[str, Any]], list[dict[str, Any]],
+                                                                   dict[str, Any]]:
+    """What every sweep figure starts from: the head dim drawn, its rows of one panel ("prefill" or "decode"),
+    those that ran, and the run's provenance."""
+    d = _head_dim(shown, head_dim)
+    rows = _ok(shown.value["rows"], panel, d)
+    return d, rows, [r for r in rows if r["status"] == "ok"], shown.value["provenance"]
+
+
+def _kernel_lines(fig: go.Figure, rows: list[dict[str, Any]], value: Callable[[dict[str, Any]], float], col: int,
+                  shown: set[str], hover: str) -> None:
+    """One line per kernel (in KERNELS' order) over N, for the kernels the rows hold; `hover` formats with {k}."""
+    for k in KERNELS:
+        mine = sorted((r for r in rows if r["kernel"] == k), key=lambda r: r["N"])
+        if mine:
+            _line(fig, k, [r["N"] for r in mine], [value(r) for r in mine], col, shown, hover=hover.format(k=k))
+
+
 def kernel_sweep_figure(shown: Shown, head_dim: int | None = None) -> go.Figure:
     """Per kernel, prefill time and extra memory per sequence against N (log-log), the IO model beside them."""
     title = "Attention kernels: time and extra memory per sequence against N"
     if shown.value is None:
         return _empty(title, shown.label, "time per sequence (ms)")
-    d = _head_dim(shown, head_dim)
-    rows, prov = _ok(shown.value["rows"], "prefill", d), shown.value["provenance"]
-    ok = [r for r in rows if r["status"] == "ok"]
+    d, rows, ok, prov = _sweep(shown, head_dim, "prefill")
     with_mem = [r for r in ok if r["extra_mem_bytes"] is not None]
     panels = ["time per sequence (ms)"] + (["extra memory per sequence (MiB)"] if with_mem else [])
     fig, names, ns = _panels(panels), set(), sorted({r["N"] for r in rows})
@@ -165,11 +181,7 @@ def kernel_sweep_figure(shown: Shown, head_dim: int | None = None) -> go.Figure:
                                         ("memory", ("naive_extra_bytes", "flash_extra_bytes", 1 / MIB)))[:len(panels)],
                                        start=1):
         drawn = ok if key == "time" else with_mem
-        for k in KERNELS:
-            mine = sorted((r for r in drawn if r["kernel"] == k), key=lambda r: r["N"])
-            if mine:
-                _line(fig, k, [r["N"] for r in mine], [series[key](r) for r in mine], col, names,
-                      hover=f"{k}: N=%{{x:,}}, %{{y:.3g}}<extra></extra>")
+        _kernel_lines(fig, drawn, series[key], col, names, "{k}: N=%{{x:,}}, %{{y:.3g}}<extra></extra>")
         if pred:
             _line(fig, "IO model: naive", [p["n"] for p in pred], [p[pkeys[0]] * pkeys[2] for p in pred], col, names)
             _line(fig, "IO model: FA2", [p["n"] for p in pred], [p[pkeys[1]] * pkeys[2] for p in pred], col, names)
@@ -194,14 +206,9 @@ def tflops_figure(shown: Shown, head_dim: int | None = None) -> go.Figure:
     title = "Attention kernels: useful TFLOP/s against N"
     if shown.value is None:
         return _empty(title, shown.label, "useful TFLOP/s (TFLOP/s)")
-    d = _head_dim(shown, head_dim)
-    rows, prov = _ok(shown.value["rows"], "prefill", d), shown.value["provenance"]
-    ok, fig, names = [r for r in rows if r["status"] == "ok"], _panels(["useful TFLOP/s (TFLOP/s)"]), set()
-    for k in KERNELS:
-        mine = sorted((r for r in ok if r["kernel"] == k), key=lambda r: r["N"])
-        if mine:
-            _line(fig, k, [r["N"] for r in mine], [r["tflops"] for r in mine], 1, names,
-                  hover=f"{k}: N=%{{x:,}}, %{{y:.3g}} TFLOP/s<extra></extra>")
+    d, rows, ok, prov = _sweep(shown, head_dim, "prefill")
+    fig, names = _panels(["useful TFLOP/s (TFLOP/s)"]), set()
+    _kernel_lines(fig, ok, lambda r: r["tflops"], 1, names, "{k}: N=%{{x:,}}, %{{y:.3g}} TFLOP/s<extra></extra>")
     pred = (shown.value.get("prediction") or {}).get(d) or []
     if pred:
         _line(fig, "IO model: FA2", [p["n"] for p in pred], [p["flash_tflops"] for p in pred], 1, names)
@@ -224,15 +231,10 @@ def decode_figure(shown: Shown, head_dim: int | None = None) -> go.Figure:
     title, y_title = "Decode: one query against a growing KV cache", "achieved bandwidth (GB/s)"
     if shown.value is None:
         return _empty(title, shown.label, y_title, "KV length (tokens)")
-    d = _head_dim(shown, head_dim)
-    rows, prov = _ok(shown.value["rows"], "decode", d), shown.value["provenance"]
-    ok, fig, names = [r for r in rows if r["status"] == "ok"], _panels([y_title]), set()
+    d, rows, ok, prov = _sweep(shown, head_dim, "decode")
+    fig, names = _panels([y_title]), set()
     fig.update_xaxes(title_text="KV length (tokens)")
-    for k in KERNELS:
-        mine = sorted((r for r in ok if r["kernel"] == k), key=lambda r: r["N"])
-        if mine:
-            _line(fig, k, [r["N"] for r in mine], [r["achieved_gbps"] for r in mine], 1, names,
-                  hover=f"{k}: KV %{{x:,}}, %{{y:.1f}} GB/s<extra></extra>")
+    _kernel_lines(fig, ok, lambda r: r["achieved_gbps"], 1, names, "{k}: KV %{{x:,}}, %{{y:.1f}} GB/s<extra></extra>")
     bw = prov.get("hbm_bandwidth") if prov["config"]["device"] == "cuda" else None
     ns = sorted({r["N"] for r in rows})
     if bw:
