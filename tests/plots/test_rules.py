@@ -20,10 +20,9 @@ import plotly.graph_objects as go
 import pytest
 
 from lablib import mechanisms
-from lablib.results.reference import recorded_rows
 from lablib.experiments.scheduling import scheduler_rows
 from lablib.plots import batching, kv, scheduling, serving, style
-from lablib.results.reference import load_reference
+from lablib.results.reference import load_reference, recorded_rows
 from lablib.workloads import load_workload
 from tests.plots import rules
 
