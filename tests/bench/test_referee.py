@@ -151,6 +151,6 @@ def test_cross_check_end_to_end_on_the_fake(monkeypatch, tmp_path):
     assert ref["n"] == [3, 3] and ref["confidence"] == 0.99 and ref["min_window_s"] == 0.1
     assert ref["ratio"] == pytest.approx(sum(r["steady"]["lab"]["tok_s"] for r in out["rounds"]) /
                                          sum(r["steady"]["vllm_bench"]["tok_s"] for r in out["rounds"]))
-    assert 0.5 < ref["ratio"] < 2.0 and f"{ref['ratio']:.3f}" in ref["verdict"]
+    assert f"{ref['ratio']:.3f}" in ref["verdict"]  # agreement itself is the H200's test: the fake is no instrument
     assert ref["agree"] == (not ref["failed"])
     assert (tmp_path / "server.log").read_text().count("fake api_server") == 1  # one server for every round

@@ -14,10 +14,15 @@ MB = 2**20
 
 
 def test_rss_monitor_catches_an_allocation():
+    def samples_after(n: int, timeout_s: float = 10.0) -> None:  # on a busy CPU the sampler runs late, not never
+        deadline = time.monotonic() + timeout_s
+        while len(mon.samples) < n and time.monotonic() < deadline:
+            time.sleep(0.01)
+
     with MemoryMonitor(interval_s=0.01, source="rss") as mon:
-        time.sleep(0.05)
+        samples_after(3)
         blob = b"\x01" * (200 * MB)  # bytes filled with 1s: every page is touched
-        time.sleep(0.1)
+        samples_after(len(mon.samples) + 3)  # held until the monitor has sampled it a few times
         del blob
     assert mon.source == "rss"
     assert len(mon.samples) >= 5
