@@ -6,6 +6,17 @@
 - `kv`: lab 03, KV capacity against gpu_memory_utilization, the cold-start cross-check.
 - `scheduling`: lab 04, continuous batching: vLLM against HF, the scheduler knobs.
 - `serving`: lab 05, the OpenAI server under Poisson load, and the referee.
+- `attention` (+ `attention_findings`, `attention_vllm`): lab 02, the kernels timed against sequence length, the
+  IO model's prediction next to them, vLLM's attention backends.
+- `quantization/` (a package: `measures`, `checkpoints`, `sizes`, `quality`, `verdicts`, `speed_runs`): lab 06,
+  llm-compressor's schemes for size and quality on the CPU, speed by batch on vLLM.
+- `prefix` (+ `prefix_workloads`, `prefix_simulated`, `prefix_checks`): lab 07, the simulator's prediction
+  against vLLM's counters, the seeds' advice tested.
+- `speculative` (+ `speculative_vllm`): lab 08, the greedy loop on the embedded pair, vLLM's methods by batch.
+- `parallel` (+ `parallel_model`, `parallel_fit`): lab 09, the TP cost model swept, the fit, TP runs.
+
+A lab's module keeps what its notebook calls and re-exports the parts beside it, so `experiments.<lab>.name`
+is always the name to use.
 
 Modules are imported by name (`from lablib.experiments import serving`).
 """
