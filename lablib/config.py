@@ -71,6 +71,9 @@ KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
 # vLLM 0.26's `LLM(attention_backend=...)` (VLLM_ATTENTION_BACKEND is gone in 0.26: it is ignored with a warning)
 ATTENTION_BACKENDS = (None, "FLASH_ATTN", "FLASHINFER", "TRITON_ATTN", "FLEX_ATTENTION")
 QUANTIZATIONS = (None, "fp8", "awq", "gptq", "compressed-tensors", "bitsandbytes")
+# vLLM's executors for more than one GPU: None lets vLLM pick (its multiprocess executor on one machine), "mp" forces
+# it, "ray" runs the workers on a Ray cluster (one machine or many: `ray start` on each node first)
+EXECUTOR_BACKENDS = (None, "mp", "ray")
 
 
 @dataclass(frozen=True)
@@ -88,7 +91,11 @@ class VLLMConfig:
     quantization: str | None = None  # None, "fp8" (dynamic), or the checkpoint's scheme
     kv_cache_dtype: str = "auto"  # "fp8" halves KV memory on Hopper/Ada
     speculative_config: dict[str, Any] | None = None  # e.g. {"model": draft_path, "num_speculative_tokens": 4}
-    tensor_parallel_size: int = 1  # GPUs the weights are split across
+    tensor_parallel_size: int = 1  # GPUs each layer's matrices are split across (two all-reduces per layer)
+    pipeline_parallel_size: int = 1  # stages the layers are split into, one GPU (or TP group) each; GPUs used =
+    # tensor_parallel_size x pipeline_parallel_size
+    distributed_executor_backend: str | None = None  # EXECUTOR_BACKENDS: how the workers of a TP/PP engine run
+    disable_custom_all_reduce: bool = False  # True: NCCL's all-reduce instead of vLLM's custom kernel (lab 09 compares)
     seed: int = 0
     attention_backend: str | None = None  # None: vLLM picks (FLASH_ATTN, i.e. FA3, on an H200); lab 02 sweeps it
 
@@ -97,6 +104,10 @@ class VLLMConfig:
                           "e.g. 0.9 (vLLM's default), lower it if other processes share the GPU.")
         validate.integer("VLLMConfig", "max_num_seqs", self.max_num_seqs, "e.g. 256 (vLLM's default), 1 for one at a time.")
         validate.integer("VLLMConfig", "tensor_parallel_size", self.tensor_parallel_size, "1 for one GPU.")
+        validate.integer("VLLMConfig", "pipeline_parallel_size", self.pipeline_parallel_size, "1 for no pipeline.")
+        validate.choice("VLLMConfig", "distributed_executor_backend", self.distributed_executor_backend,
+                        EXECUTOR_BACKENDS)
+        validate.choice("VLLMConfig", "disable_custom_all_reduce", self.disable_custom_all_reduce, (False, True))
         validate.choice("VLLMConfig", "attention_backend", self.attention_backend, ATTENTION_BACKENDS)
         for name in ("max_num_batched_tokens", "max_model_len"):
             validate.optional_integer("VLLMConfig", name, getattr(self, name),
@@ -113,6 +124,11 @@ class VLLMConfig:
     @property
     def engine(self) -> str:
         return "vllm"
+
+    @property
+    def gpus(self) -> int:
+        """GPUs one engine takes: tensor_parallel_size x pipeline_parallel_size."""
+        return self.tensor_parallel_size * self.pipeline_parallel_size
 
     def llm_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for `vllm.LLM`, leaving vLLM's defaults where the config says None."""

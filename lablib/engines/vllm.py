@@ -61,6 +61,24 @@ def preflight(spec: ModelSpec, config: VLLMConfig) -> dict[str, Any]:
     if (config.quantization == "fp8" or config.kv_cache_dtype.startswith("fp8")) and (major, minor) < (8, 9):
         raise ValueError(f"fp8 needs compute capability 8.9 (Ada) or 9.0 (Hopper); this GPU is {major}.{minor}. "
                          "Fix: quantization=None and kv_cache_dtype='auto', or a newer GPU.")
+    if config.gpus > 1 and config.distributed_executor_backend != "ray":  # a Ray cluster may span more machines
+        count = pynvml.nvmlDeviceGetCount()
+        if config.gpus > count:
+            raise ValueError(f"tensor_parallel_size={config.tensor_parallel_size} x pipeline_parallel_size="
+                             f"{config.pipeline_parallel_size} needs {config.gpus} GPUs; this machine has {count}. "
+                             "Fix: lower them to fit its GPUs; for more GPUs than one machine has, start a Ray cluster "
+                             "(`ray start` on each node) and pass distributed_executor_backend='ray'.")
+    if config.distributed_executor_backend == "ray" and importlib.util.find_spec("ray") is None:
+        raise ValueError("distributed_executor_backend='ray' needs Ray, which is not installed. Fix: pip install "
+                         "'ray[default]' on every node and `ray start` them, or use 'mp' on one machine.")
+    if spec.config:
+        arch = spec.architecture()
+        if config.tensor_parallel_size > 1 and arch.get("heads") and arch["heads"] % config.tensor_parallel_size:
+            raise ValueError(f"tensor_parallel_size={config.tensor_parallel_size} does not divide {spec.name}'s "
+                             f"{arch['heads']} attention heads (vLLM refuses it). Fix: a divisor of {arch['heads']}.")
+        if arch.get("layers") and config.pipeline_parallel_size > arch["layers"]:
+            raise ValueError(f"pipeline_parallel_size={config.pipeline_parallel_size} is more stages than "
+                             f"{spec.name}'s {arch['layers']} layers. Fix: at most {arch['layers']}.")
     _, free, total = mem
     if not spec.config:
         return {"fits": None, "why": "hub preset: shape known only after download"}

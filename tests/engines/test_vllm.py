@@ -488,3 +488,20 @@ def test_prefix_cache_hits_per_request_and_per_run_and_the_reset(start):
     assert cold[0].cached_tokens == 0 and engine.facts["last_run"]["metrics_delta"]["vllm:prefix_cache_hits"] == 0
     off = start(VLLMConfig(max_num_seqs=1))  # the lab's default: off (its journey repeats prompts)
     assert [r.cached_tokens for r in off.generate(reqs, progress=False)] == [None] * 3
+
+
+def test_preflight_refuses_parallel_sizes_this_machine_or_the_model_cannot_take(with_fake_vllm, fake_gpu, monkeypatch):
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetCount", lambda: 2)
+    spec = resolve_model("embedded")  # 4 heads, 5 layers
+    assert preflight(spec, VLLMConfig(tensor_parallel_size=2))["fits"] is True
+    with pytest.raises(ValueError, match=r"needs 4 GPUs; this machine has 2.*distributed_executor_backend='ray'"):
+        preflight(spec, VLLMConfig(tensor_parallel_size=2, pipeline_parallel_size=2))
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetCount", lambda: 8)
+    with pytest.raises(ValueError, match=r"tensor_parallel_size=8 does not divide .*4 attention heads"):
+        preflight(spec, VLLMConfig(tensor_parallel_size=8))
+    with pytest.raises(ValueError, match=r"pipeline_parallel_size=6 is more stages than .*5 layers"):
+        preflight(spec, VLLMConfig(pipeline_parallel_size=6))
+    if importlib.util.find_spec("ray") is None:  # a Ray cluster may have more GPUs than this node: Ray itself is checked
+        with pytest.raises(ValueError, match=r"needs Ray, which is not installed"):
+            preflight(spec, VLLMConfig(tensor_parallel_size=4, pipeline_parallel_size=4,
+                                       distributed_executor_backend="ray"))

@@ -134,3 +134,18 @@ def test_tp_fit_table_says_how_many_gpus_each_shape_needs():
     assert rows[("llama-3.1-8b", "w4a16", "H200")]["weights_GB"] > rows[("llama-3.1-8b", "bf16", "H200")]["weights_GB"] / 4
     with pytest.raises(ValueError, match=r"tp_fit_table.schemes='int3': allowed"):
         tp_fit_table(schemes=("int3",))
+
+
+def test_pipeline_parallel_splits_the_layers_weights_and_kv_with_tensor_parallel():
+    spec = llama8b()  # 32 layers, 8 KV heads
+    fit = {(t, p): check_fit(spec, VLLMConfig(max_model_len=8192, tensor_parallel_size=t, pipeline_parallel_size=p),
+                             80 * GiB) for t, p in ((1, 1), (1, 2), (2, 2), (1, 3))}
+    one = fit[1, 1]
+    assert fit[1, 2].weight_bytes == one.weight_bytes // 2 and fit[2, 2].weight_bytes == one.weight_bytes // 4
+    assert fit[1, 2].kv_bytes_per_token == 64 * 1024 and fit[2, 2].kv_bytes_per_token == 32 * 1024  # 16 layers each
+    assert fit[1, 3].kv_bytes_per_token == 128 * 1024 * 11 // 32  # 32 layers in 3 stages: the first holds 11
+    assert VLLMConfig(tensor_parallel_size=2, pipeline_parallel_size=4).gpus == 8
+    for field, bad in (("pipeline_parallel_size", 0), ("distributed_executor_backend", "slurm"),
+                       ("disable_custom_all_reduce", "yes")):
+        with pytest.raises(ValueError, match=f"VLLMConfig.{field}"):
+            VLLMConfig(**{field: bad})
