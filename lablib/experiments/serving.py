@@ -201,36 +201,82 @@ def cross_check(model: str | ModelSpec = "embedded", workload: str = "journey", 
     Returns {"rounds": [compare_serve dicts, with "lab_first" and "output_tokens"["expected"]], "results",
     "referee", "output_tok_s_ratios" and "agreement" (whole-burst figures, descriptive only), "server"}.
     """
-    from ..bench.referee import agreement, referee
-    from ..bench.vllm_bench import bench_serve, compare_serve
-
     validate.integer("cross_check", "times", times, "rounds of lab + vllm bench serve, e.g. 3.")
     validate.optional_integer("cross_check", "max_concurrency", max_concurrency, "None for all at once, or e.g. 256.")
     rules = {k: v for k, v in (("confidence", confidence), ("max_cv", max_cv), ("max_bound", max_bound),
                                 ("min_window_s", min_window_s)) if v is not None}
     wl, cfg, out_dir, recorded = _prepare(model, workload, repeat, out_dir, knobs, folder="serve-check")
-    expected = sum(r.max_new_tokens for r in wl.requests)
     out: dict[str, Any] = {"rounds": [], "results": [], "server": cfg.to_dict()}
     with _started(cfg, out_dir, out) as server:
-        def lab_run(i: int) -> Result:
-            return run_online(server.base_url, server.api_key, server.model, wl, [math.inf], seed=seed,
-                              max_concurrency=max_concurrency, warmup_requests=len(wl.requests) if i == 0 else 0,
-                              timeline=timeline,
-                              lab=lab, store=store, step_prefix=f"check{i}", **recorded)[0]
+        _referee_rounds(out, server.base_url, server.api_key, server.model, cfg.tokenizer or cfg.model, wl, times,
+                        out_dir, max_concurrency=max_concurrency, seed=seed, timeline=timeline, lab=lab, store=store,
+                        recorded=recorded)
+    return _judged(out, rules)
 
-        def vllm_run(i: int) -> dict[str, Any]:
-            return bench_serve(server.base_url, server.api_key, server.model, cfg.tokenizer or cfg.model, wl,
-                               math.inf, out_dir / f"round{i}", seed=seed, max_concurrency=max_concurrency)
 
-        for i in range(times):
-            if i % 2 == 0:
-                result, bench = lab_run(i), vllm_run(i)
-            else:
-                bench, result = vllm_run(i), lab_run(i)
-            out["results"].append(result)
-            rnd = {**compare_serve(result, bench), "lab_first": i % 2 == 0}
-            rnd["output_tokens"]["expected"] = expected
-            out["rounds"].append(rnd)
+def cross_check_endpoint(base_url: str, api_key: str | None, model: str, tokenizer: str, workload: str = "journey",
+                         repeat: int = 4, times: int = 3, *, max_concurrency: int | None = None, seed: int = 0,
+                         out_dir: str | Path | None = None, store: ResultStore | None = None, lab: str = "05_serving",
+                         confidence: float | None = None, max_cv: float | None = None, max_bound: float | None = None,
+                         min_window_s: float | None = None, timeline: bool = False) -> dict[str, Any]:
+    """`cross_check`'s referee against a server somebody else runs: any OpenAI-compatible endpoint.
+
+    The lab's client and `vllm bench serve` take turns on `base_url` exactly as in `cross_check` (same rounds,
+    same verdict), and nothing is started or stopped here: this is how the lab measures a vLLM engine it does
+    not launch itself, such as one spread over several machines (a Ray cluster with
+    `distributed_executor_backend="ray"`, behind `vllm serve` on its head node) or behind a load balancer.
+    `model` is the name the server serves, `tokenizer` a local folder or hub id with its tokenizer (what
+    `vllm bench serve --tokenizer` takes). The returned dict's "server" is {"base_url", "model"}.
+    """
+    validate.integer("cross_check_endpoint", "times", times, "rounds of lab + vllm bench serve, e.g. 3.")
+    validate.optional_integer("cross_check_endpoint", "max_concurrency", max_concurrency,
+                              "None for all at once, or e.g. 256.")
+    if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
+        raise validate.refuse("cross_check_endpoint", "base_url", base_url, "an http(s) address",
+                              "pass the server's root, e.g. 'http://10.0.0.5:8000' (without /v1).")
+    rules = {k: v for k, v in (("confidence", confidence), ("max_cv", max_cv), ("max_bound", max_bound),
+                                ("min_window_s", min_window_s)) if v is not None}
+    wl = load_workload(workload).repeated(repeat)
+    out_path = Path(out_dir) if out_dir is not None else results_dir() / "serve-check-endpoint"
+    out_path.mkdir(parents=True, exist_ok=True)
+    out: dict[str, Any] = {"rounds": [], "results": [], "server": {"base_url": base_url, "model": model}}
+    _referee_rounds(out, base_url.rstrip("/"), api_key, model, tokenizer, wl, times, out_path,
+                    max_concurrency=max_concurrency, seed=seed, timeline=timeline, lab=lab, store=store,
+                    recorded={"server": out["server"], "model_info": {"name": model}})
+    return _judged(out, rules)
+
+
+def _referee_rounds(out: dict[str, Any], base_url: str, api_key: str | None, model: str, tokenizer: str, wl: Any,
+                    times: int, out_dir: Path, *, max_concurrency: int | None, seed: int, timeline: bool, lab: str,
+                    store: ResultStore | None, recorded: dict[str, Any]) -> None:
+    """The referee's rounds on one running endpoint, the first client alternating; appended to `out`."""
+    from ..bench.vllm_bench import bench_serve, compare_serve
+
+    expected = sum(r.max_new_tokens for r in wl.requests)
+
+    def lab_run(i: int) -> Result:
+        return run_online(base_url, api_key, model, wl, [math.inf], seed=seed, max_concurrency=max_concurrency,
+                          warmup_requests=len(wl.requests) if i == 0 else 0, timeline=timeline,
+                          lab=lab, store=store, step_prefix=f"check{i}", **recorded)[0]
+
+    def vllm_run(i: int) -> dict[str, Any]:
+        return bench_serve(base_url, api_key, model, tokenizer, wl, math.inf, out_dir / f"round{i}", seed=seed,
+                           max_concurrency=max_concurrency)
+
+    for i in range(times):
+        if i % 2 == 0:
+            result, bench = lab_run(i), vllm_run(i)
+        else:
+            bench, result = vllm_run(i), lab_run(i)
+        out["results"].append(result)
+        rnd = {**compare_serve(result, bench), "lab_first": i % 2 == 0}
+        rnd["output_tokens"]["expected"] = expected
+        out["rounds"].append(rnd)
+
+
+def _judged(out: dict[str, Any], rules: dict[str, Any]) -> dict[str, Any]:
+    from ..bench.referee import agreement, referee
+
     out["referee"] = referee(out["rounds"], **rules)
     out["output_tok_s_ratios"] = [r["figures"]["output_tok_s"]["ratio"] for r in out["rounds"]]
     out["agreement"] = agreement(out["rounds"])

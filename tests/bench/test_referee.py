@@ -154,3 +154,31 @@ def test_cross_check_end_to_end_on_the_fake(monkeypatch, tmp_path):
     assert f"{ref['ratio']:.3f}" in ref["verdict"]  # agreement itself is the H200's test: the fake is no instrument
     assert ref["agree"] == (not ref["failed"])
     assert (tmp_path / "server.log").read_text().count("fake api_server") == 1  # one server for every round
+
+
+def test_the_referee_runs_against_an_endpoint_it_did_not_start(monkeypatch, tmp_path):
+    """cross_check_endpoint on a server started elsewhere (here the fake, standing in for `vllm serve` in front of
+    a Ray cluster): the same alternating rounds and verdict, the server left running, and a bad address refused."""
+    from lablib.config import ServerConfig
+    from lablib.engines.server import VLLMServer
+    from lablib.experiments.serving import cross_check_endpoint
+    from lablib.models import embedded_path
+
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([FAKE, *filter(None, [os.environ.get("PYTHONPATH")])]))
+    monkeypatch.setenv("FAKE_VLLM_TOKEN_DELAY", "0.0005")
+    monkeypatch.delenv("FAKE_VLLM_BENCH_FAIL", raising=False)
+    target = str(embedded_path("target"))
+    with pytest.raises(ValueError, match="cross_check_endpoint.base_url"):
+        cross_check_endpoint("10.0.0.5:8000", None, "m", target)
+    cfg = ServerConfig(model=target, port=0, served_model_name="cluster-model")
+    with VLLMServer(cfg, log_path=tmp_path / "server.log") as server:
+        out = cross_check_endpoint(server.base_url + "/", server.api_key, "cluster-model", target, repeat=1, times=2,
+                                   max_concurrency=8, out_dir=tmp_path / "check", min_window_s=0.01, max_cv=1.0,
+                                   max_bound=1.0)
+        assert server.healthy()  # measured, not owned: still up
+    assert [r["lab_first"] for r in out["rounds"]] == [True, False]
+    assert out["server"] == {"base_url": server.base_url + "/", "model": "cluster-model"}
+    assert [r.model["name"] for r in out["results"]] == ["cluster-model"] * 2
+    expected = sum(q.output_tokens for q in out["results"][0].requests)
+    assert all(r["output_tokens"] == {"lab": expected, "vllm_bench": expected, "expected": expected} for r in out["rounds"])
+    assert out["referee"]["n"] == [2, 2] and (tmp_path / "check" / "round1").is_dir()
