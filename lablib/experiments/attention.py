@@ -80,6 +80,7 @@ from .attention_vllm import (  # noqa: F401 - re-exported, as above
     vllm_backend_sweep,
     wired,
 )
+from .kv import asked_rows
 
 STEP = KEY = "attention"  # scripts/record_reference.py --steps attention writes facts["attention"]
 BIG = "llama-3.1-8b"  # the synthetic 8B shape of the GPU runs
@@ -271,13 +272,23 @@ def hf_prefill_here(threads: int | None = 1, **kw: Any) -> Shown[dict[str, Any]]
 
 
 def hf_prefill_gpu(force: bool | None = None, prompt_lens: Sequence[int] = HF_GPU_LENS) -> Shown[dict[str, Any]]:
-    """hf_prefill on the synthetic Llama-3.1-8B shape on the GPU (live), or facts["attention"]["hf_prefill"]."""
+    """hf_prefill on the synthetic Llama-3.1-8B shape on the GPU (live), or facts["attention"]["hf_prefill"].
+
+    The recording ran HF_RECORD_LENS: it shows the asked lengths when it holds them all, else every length it
+    has, and the line under the cell says which lengths (and which model) stand in."""
     def live() -> dict[str, Any]:
         from ..models.synthetic import synthetic_spec
 
         return hf_prefill(synthetic_spec(BIG), prompt_lens=prompt_lens, device="cuda")
 
-    return _labelled(live_or_recorded(live, lambda: _recorded_part("hf_prefill"), force=force))
+    def recorded() -> dict[str, Any]:
+        value = _recorded_part("hf_prefill")
+        return {**value, "rows": asked_rows(value["rows"], "prompt_tokens", prompt_lens)}
+
+    return _labelled(live_or_recorded(
+        live, recorded, force=force, asked={"model": f"synthetic:{BIG}", "prompt_lens": sorted(prompt_lens)},
+        recorded_with=lambda v: {"model": v["provenance"]["model"],
+                                 "prompt_lens": sorted({r["prompt_tokens"] for r in v["rows"]})}))
 
 
 def vllm_backends(force: bool | None = None) -> Shown[list[dict[str, Any]] | None]:

@@ -89,7 +89,7 @@ def rows_of(shown: Shown, panel: str = "prefill") -> list[dict[str, Any]]:
 
 def table(shown: Shown, panel: str = "prefill", columns: list[str] | None = None) -> Any:
     """A DataFrame of one panel's rows with a provenance column (one line saying why, when nothing was measured)."""
-    return Shown(rows_of(shown, panel) or None, shown.live, shown.label).table(columns)
+    return shown.derived(rows_of(shown, panel) or None).table(columns)  # same label, same stand-ins
 
 
 def speedups(shown: Shown) -> list[dict[str, Any]]:
@@ -128,7 +128,7 @@ def describe_here(shown: Shown) -> str:
 
 def speedup_table(shown: Shown) -> Any:
     """speedups as a DataFrame with a provenance column (one line saying why, when nothing was measured)."""
-    return Shown(speedups(shown) or None, shown.live, shown.label).table()
+    return shown.derived(speedups(shown) or None).table()
 
 
 # The Checks cell's claims, each on a Shown's value ({"rows", "provenance"}): Checks.live passes the value.

@@ -290,3 +290,22 @@ def test_record_writes_facts_attention_and_round_trips(monkeypatch, tmp_path, he
     with pytest.raises(ValueError, match=REFUSAL.format("record", "parts")):
         A.record(tmp_path, None, {}, parts=["bench", "all"])
     assert math.isfinite(sum(r["median_ms"] for r in shown.value["rows"] if r["status"] == "ok"))
+
+
+def test_the_recorded_hf_prefill_shows_the_asked_lengths_or_says_what_stands_in(monkeypatch, capsys):
+    """Issue 11.8: the cell's own call (HF_GPU_LENS on the synthetic 8B) shows those lengths of the recording
+    (HF_RECORD_LENS) and says nothing; a length the recording lacks shows every recorded one and says so."""
+    rows = [{"impl": i, "prompt_tokens": n, "status": "ok"} for i in ("eager", "sdpa") for n in A.HF_RECORD_LENS]
+    prov = {"device": "NVIDIA H200", "date": "2026-12-02T10:00:00+00:00", "model": "synthetic:llama-3.1-8b",
+            "config": {"prompt_lens": list(A.HF_RECORD_LENS)}}
+    monkeypatch.setattr(A, "recorded_facts", lambda key, step: {"hf_prefill": {"rows": rows, "provenance": prov}})
+    lab = A.hf_prefill_gpu(force=False)
+    assert lab.stand_ins == {} and capsys.readouterr().out == ""
+    assert sorted({r["prompt_tokens"] for r in lab.value["rows"]}) == list(A.HF_GPU_LENS) and len(lab.value["rows"]) == 6
+    wide = A.hf_prefill_gpu(force=False, prompt_lens=(1024, 65536))
+    assert wide.stand_ins == {"prompt_lens": {"asked": [1024, 65536], "shown": list(A.HF_RECORD_LENS)}}
+    assert wide.value["rows"] == rows and "prompt_lens: asked [1024, 65536]" in capsys.readouterr().out
+    assert A.table(wide, "hf").shape[0] == len(rows) and A.table(wide, "hf")["provenance"][0] == wide.label
+    monkeypatch.setattr(A, "recorded_facts", lambda key, step: (_ for _ in ()).throw(NotRecorded(key, step)))
+    none = A.hf_prefill_gpu(force=False, prompt_lens=(512,))
+    assert none.value is None and none.stand_ins == {} and "--steps attention" in none.label
