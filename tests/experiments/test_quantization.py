@@ -11,6 +11,7 @@ rows; lm_head kept against quantized, live on fp8 (~15 s). The GPU half on the f
 kernels and memory, fixed-length prompts, refusals before any engine, the speed runs, the recording step, and
 the notebook's live and not-recorded-yet paths.
 """
+import dataclasses
 import json
 import math
 import re
@@ -358,6 +359,39 @@ def test_speed_not_recorded_yet_names_its_step():
     assert qe.kv_sentence(shown.value).startswith("FP8 KV cache: not measured here")
 
 
+def test_the_recorded_speed_shows_what_a_cell_asked_or_says_what_stands_in(start, monkeypatch, capsys):  # noqa: F811
+    """Issue 11.8, on runs of the fake vLLM recorded as the step would: the knobs they ran with are read back from
+    their rows (model, batches, schemes, lengths, engine settings); asked ones shown exactly say nothing, a subset of
+    batches is picked out, and every knob the recording ran otherwise is named. Not recorded: no value, no error."""
+    import pynvml
+
+    import lablib.results.reference as reference
+
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetCount", lambda: 1)
+    monkeypatch.setattr(pynvml, "nvmlShutdown", lambda: None)
+    kw = {"model": "embedded", "prompt_len": 16, "output_len": 4, "gpu_memory_utilization": 0.3, "max_model_len": 256}
+    runs = [dataclasses.replace(r, provenance="recorded")
+            for r in qe.vllm_speed_runs(("bf16", "fp8"), (1, 4), **kw)]
+    monkeypatch.setattr(reference, "load_reference", lambda *steps, prefix=None: runs)
+    same = qe.speed(force=False, schemes=("fp8", "bf16"), batches=(1, 4), **kw)
+    assert same.stand_ins == {} and len(same.value) == 4 and capsys.readouterr().out == ""
+    part = qe.speed(force=False, batches=(4,), **kw)
+    assert part.stand_ins == {} and [(r["scheme"], r["batch"]) for r in part.value] == [("bf16", 4), ("fp8", 4)]
+    lab = qe.speed(force=False)  # the notebook's call: the synthetic 8B at BATCHES
+    assert lab.stand_ins == {"model": {"asked": "synthetic:llama-3.1-8b", "shown": "embedded"},
+                             "batches": {"asked": [1, 8, 64, 256], "shown": [1, 4]}} and len(lab.value) == 4
+    assert "model: asked synthetic:llama-3.1-8b, shown embedded; batches: asked [1, 8, 64, 256], shown [1, 4]." in (
+        capsys.readouterr().out)
+    other = qe.speed(force=False, schemes=("gptq-w4a16",), batches=(1, 4),
+                     **(kw | {"prompt_len": 128, "max_model_len": 4096}))
+    assert other.stand_ins == {"schemes": {"asked": ["gptq-w4a16"], "shown": ["bf16", "fp8"]},
+                               "workload": {"asked": "fixed-128x4", "shown": "fixed-16x4"},
+                               "max_model_len": {"asked": 4096, "shown": 256}}
+    monkeypatch.setattr(reference, "load_reference", lambda *steps, prefix=None: [])
+    none = qe.speed(force=False, schemes=("awq-w4a16",), batches=(2,), model="embedded")
+    assert none.value is None and none.stand_ins == {} and "--steps quantization" in none.label
+
+
 def test_speed_runs_and_record_on_the_fake_vllm(start, tmp_path, monkeypatch):  # noqa: F811
     import pynvml
 
@@ -392,3 +426,15 @@ def test_live_speed_runs_what_is_prepared_on_the_fake_vllm(start, tmp_path):  # 
                      gpu_memory_utilization=0.3, max_model_len=256)
     assert shown.live and [r["scheme"] for r in shown.value] == ["bf16", "fp8", "bf16-kv-fp8"]
     assert {r["provenance"] for r in shown.value} == {shown.label}
+
+
+def test_checkpoints_default_to_the_results_folder_wherever_the_process_started(tmp_path, monkeypatch):
+    from lablib.experiments.quantization.measures import work_folder
+    from lablib.results.store import results_dir
+
+    monkeypatch.chdir(tmp_path)  # a relative "results/quantized" would land here
+    assert work_folder() == results_dir() / "quantized" and work_folder().is_absolute()
+    assert work_folder(tmp_path / "w") == tmp_path / "w"
+    monkeypatch.setenv("LABLIB_RESULTS", str(tmp_path / "r"))
+    assert work_folder() == tmp_path / "r" / "quantized"
+    assert [r["scheme"] for r in qe.storage_rows([])] == ["bf16"]  # no scheme: nothing read from the default folder

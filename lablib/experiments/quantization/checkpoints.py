@@ -24,7 +24,7 @@ from ...models.quantize import (
     quantize,
     read_facts,
 )
-from .measures import OWNER
+from .measures import OWNER, work_folder
 
 
 @contextlib.contextmanager
@@ -82,7 +82,7 @@ def _reuse_or_quantize(model_dir: Path, folder: Path, scheme: str, num_samples: 
                        threads=threads), "reused": False}
 
 
-def quantize_all(schemes: Sequence[str] = tuple(SCHEMES), *, work_dir: str | Path = "results/quantized",
+def quantize_all(schemes: Sequence[str] = tuple(SCHEMES), *, work_dir: str | Path | None = None,
                  num_samples: int = 64, threads: int = 1, python: str | None = None,
                  fresh: bool = False) -> list[dict[str, Any]]:
     """Quantize the embedded target with each scheme, live (llm-compressor in its own process), or reuse a checkpoint
@@ -94,7 +94,7 @@ def quantize_all(schemes: Sequence[str] = tuple(SCHEMES), *, work_dir: str | Pat
     for s in schemes:
         validate.choice(OWNER, "schemes", s, list(SCHEMES), f"pick from {list(SCHEMES)}.")
     validate.integer(OWNER, "threads", threads, "pass e.g. 1 (a shared CPU).")
-    model_dir, work = embedded_path("target"), Path(work_dir)
+    model_dir, work = embedded_path("target"), work_folder(work_dir)
     rows = []
     for s in schemes:
         f = _quantized(model_dir, work / s, s, num_samples, python, threads, fresh)

@@ -32,9 +32,16 @@ from typing import Any
 
 from ... import validate
 from ...hardware.device import device_facts
+from ...results.store import results_dir
 from ...workloads import Workload, load_workload
 
 OWNER = "quantization"
+
+
+def work_folder(work_dir: str | Path | None = None) -> Path:
+    """Where the embedded target's checkpoints go: `work_dir`, or by default results_dir()/"quantized" (the lab's
+    WORK), wherever the process was started (a relative "results/..." would follow the working directory)."""
+    return Path(work_dir) if work_dir is not None else results_dir() / "quantized"
 
 
 @dataclass(frozen=True)

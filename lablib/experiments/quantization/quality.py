@@ -29,11 +29,12 @@ from .measures import (
     perplexity,
     provenance,
     quality_gate,
+    work_folder,
 )
 from .sizes import storage, weight_bytes
 
 
-def quality_table(schemes: Sequence[str] = tuple(SCHEMES), *, work_dir: str | Path = "results/quantized",
+def quality_table(schemes: Sequence[str] = tuple(SCHEMES), *, work_dir: str | Path | None = None,
                   eval_texts: int | None = None, prompts: int = 4, max_new_tokens: int = 32,
                   max_increase_pct: float = 1.0, num_samples: int = 64, threads: int = 1,
                   python: str | None = None, fresh: bool = False) -> list[dict[str, Any]]:
@@ -43,7 +44,8 @@ def quality_table(schemes: Sequence[str] = tuple(SCHEMES), *, work_dir: str | Pa
     oneshot; `quantize_wall_s` adds the worker's start and the save), perplexity on the evaluation set
     (`eval_texts`: the first N windows; all 64 by default) and its change, the gate at `max_increase_pct`,
     greedy agreement and mean first divergence on the first `prompts` journey prompts x max_new_tokens.
-    Checkpoints go to work_dir/<scheme> and are reused when they hold the same quantization.
+    Checkpoints go to work_dir/<scheme> (by default results_dir()/"quantized") and are reused when they hold the
+    same quantization.
     """
     import torch
 
@@ -52,7 +54,7 @@ def quality_table(schemes: Sequence[str] = tuple(SCHEMES), *, work_dir: str | Pa
     validate.integer(OWNER, "prompts", prompts, "pass a number of journey prompts, e.g. 4.")
     validate.integer(OWNER, "max_new_tokens", max_new_tokens, "pass e.g. 32.")
     validate.integer(OWNER, "threads", threads, "pass e.g. 1 (a shared CPU).")
-    model_dir, work = embedded_path("target"), Path(work_dir)
+    model_dir, work = embedded_path("target"), work_folder(work_dir)
     evaluation = evaluation_set(eval_texts)
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
@@ -140,7 +142,7 @@ def _reference(eval_texts: int | None, prompts: int, max_new_tokens: int, with_p
 
 
 def lm_head_rows(scheme: str = "gptq-w4a16", *, quality: Sequence[dict[str, Any]] | None = None,
-                 work_dir: str | Path = "results/quantized", eval_texts: int | None = None, prompts: int = 4,
+                 work_dir: str | Path | None = None, eval_texts: int | None = None, prompts: int = 4,
                  max_new_tokens: int = 32, num_samples: int = 64, max_increase_pct: float = 1.0, threads: int = 1,
                  python: str | None = None) -> list[dict[str, Any]]:
     """The seeds' "embeddings and lm_head in full precision", measured both ways on the embedded target (live).
@@ -157,7 +159,7 @@ def lm_head_rows(scheme: str = "gptq-w4a16", *, quality: Sequence[dict[str, Any]
     """
     validate.choice(OWNER, "scheme", scheme, list(SCHEMES), f"pick from {list(SCHEMES)}.")
     validate.integer(OWNER, "threads", threads, "pass e.g. 1 (a shared CPU).")
-    model_dir, work = embedded_path("target"), Path(work_dir)
+    model_dir, work = embedded_path("target"), work_folder(work_dir)
     with _on_cpu(threads):
         made = [("kept 16-bit", work / scheme, _quantized(model_dir, work / scheme, scheme, num_samples, python,
                                                           threads, False)),

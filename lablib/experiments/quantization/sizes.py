@@ -14,7 +14,7 @@ from typing import Any
 
 from ... import validate
 from ...models import embedded_path, parameter_count
-from .measures import OWNER
+from .measures import OWNER, work_folder
 
 QUANTIZED_DTYPES = {"F8_E4M3": "fp8 e4m3", "I8": "int8", "I32": "int4, 8 packed per int32"}
 
@@ -86,9 +86,9 @@ def storage(folder: str | Path, name: str | None = None) -> dict[str, Any]:
             "tie_word_embeddings": bool(cfg.get("tie_word_embeddings"))}
 
 
-def storage_rows(schemes: Sequence[str], work_dir: str | Path = "results/quantized") -> list[dict[str, Any]]:
+def storage_rows(schemes: Sequence[str], work_dir: str | Path | None = None) -> list[dict[str, Any]]:
     """storage() of the bf16 target and of each scheme's checkpoint in work_dir, each with its size against bf16."""
-    rows = [storage(embedded_path("target"), "bf16")] + [storage(Path(work_dir) / s, s) for s in schemes]
+    rows = [storage(embedded_path("target"), "bf16")] + [storage(work_folder(work_dir) / s, s) for s in schemes]
     for r in rows:
         r["vs_bf16"] = r["file_bytes"] / rows[0]["file_bytes"]
         r["provenance"] = "read from the checkpoints made on this machine"

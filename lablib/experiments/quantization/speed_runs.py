@@ -35,6 +35,7 @@ VLLM_SWITCHES: dict[str, dict[str, Any]] = {"bf16": {}, "fp8": {"quantization": 
                                             "bf16-kv-fp8": {"kv_cache_dtype": "fp8"}}
 SPEED_SCHEMES = ("bf16", "fp8", "gptq-w4a16", "awq-w4a16", "w8a8-int8", "bf16-kv-fp8")
 KERNEL_LINE = re.compile(r"(?:Using|Selected) (\w+Kernel) for (\w+)")
+ENGINE_KNOBS = ("gpu_memory_utilization", "max_model_len")  # vllm_speed_runs' engine settings a speed row carries
 LOAD_LINE = re.compile(r"Model loading took ([\d.]+) GiB")
 KV_LINE = re.compile(r"Available KV cache memory: ([\d.]+) GiB")
 
@@ -101,6 +102,11 @@ def vllm_log_facts(log: str) -> dict[str, Any]:
             "kv_cache_gib": float(kv[-1]) if kv else None}
 
 
+def fixed_name(prompt_len: int = 128, output_len: int = 128) -> str:
+    """The name of fixed_workload's set, as a Result's workload carries it: the lengths a speed run ran."""
+    return f"fixed-{prompt_len}x{output_len}"
+
+
 def fixed_workload(n: int, prompt_len: int = 128, output_len: int = 128) -> Workload:
     """n requests of exactly prompt_len tokens (the embedded tokenizer's, bos included), output_len tokens out each:
     code cut from the calibration windows (speed runs score no quality), cycled when n asks for more."""
@@ -125,8 +131,14 @@ def fixed_workload(n: int, prompt_len: int = 128, output_len: int = 128) -> Work
                               "pass e.g. 128.")
     reqs = tuple(Request(f"fixed-{i:03d}", texts[i % len(texts)], ({"role": "user", "content": texts[i % len(texts)]},),
                          output_len, prompt_len) for i in range(n))
-    return Workload(f"fixed-{prompt_len}x{output_len}", 1, "code cut to a fixed token length, fixed output length",
+    return Workload(fixed_name(prompt_len, output_len), 1, "code cut to a fixed token length, fixed output length",
                     reqs)
+
+
+def base_model(model: str) -> str:
+    """The name the speed runs' bf16 engine reports for `model` (a synthetic shape, or "embedded"); a checkpoint
+    scheme's engine reports "<that>+<scheme>" (`_speed_engine`)."""
+    return f"synthetic:{model}" if model != "embedded" else "embedded"
 
 
 def _speed_engine(scheme: str, model: str, work_dir: Path, gpu_memory_utilization: float, max_num_seqs: int,
@@ -136,9 +148,8 @@ def _speed_engine(scheme: str, model: str, work_dir: Path, gpu_memory_utilizatio
 
     config = VLLMConfig(gpu_memory_utilization=gpu_memory_utilization, max_num_seqs=max_num_seqs,
                         max_model_len=max_model_len, **VLLM_SWITCHES.get(scheme, {}))
-    base = f"synthetic:{model}" if model != "embedded" else "embedded"
     if scheme in VLLM_SWITCHES:
-        return base, config
+        return base_model(model), config
     folder = work_dir / model / scheme
     if read_facts(folder) is None:
         raise validate.refuse(OWNER, "schemes", scheme, f"a scheme whose checkpoint is in {folder} (not made yet)",
@@ -219,6 +230,7 @@ def speed_rows(results: Sequence[Result]) -> list[dict[str, Any]]:
                      "linear_kernels": ", ".join(f"{k} ({layer})" for layer, k in (f.get("linear_kernels") or {}).items())
                      or "none logged (bf16: cuBLAS)", "gpu": r.hardware.get("gpu"),
                      "model": r.model.get("name"), "synthetic": bool(r.model.get("synthetic")),
+                     "workload": r.workload.get("name"), **{k: r.config.get(k) for k in ENGINE_KNOBS},
                      "provenance": (f"recorded on {r.hardware.get('gpu') or 'CPU'}, {r.recorded_at[:10]}"
                                     if r.provenance == "recorded" else live_label())})
     return rows
@@ -249,8 +261,12 @@ def speed(force: bool | None = None, schemes: Sequence[str] | None = None, **kw:
 
     Live, `schemes=None` runs what can run now (`available_speed_schemes`: a checkpoint scheme only once
     prepare_checkpoints has made it in the quantization environment); name them to have a missing one refused.
+    Recorded, the rows at the asked batches (and schemes, when named) when the recording holds them all, else
+    every recorded one; the line under the cell names each knob where the recording ran otherwise
+    (`speed_knobs`).
     """
     from ...results.reference import NotRecorded, load_reference
+    from ..kv import asked_rows
 
     def live() -> list[dict[str, Any]]:
         chosen = schemes if schemes is not None else available_speed_schemes(kw.get("model", SPEED_MODEL),
@@ -261,9 +277,31 @@ def speed(force: bool | None = None, schemes: Sequence[str] | None = None, **kw:
         runs = load_reference(prefix="quant-")
         if not runs:
             raise NotRecorded("lab 06's speed and memory per scheme on the synthetic 8B", "quantization")
-        return speed_rows(runs)
+        rows = asked_rows(speed_rows(runs), "batch", kw.get("batches", BATCHES))
+        return rows if schemes is None else asked_rows(rows, "scheme", schemes)
 
-    return live_or_recorded(live, recorded, force=force)
+    return live_or_recorded(live, recorded, force=force, asked=speed_knobs(schemes, kw), recorded_with=ran_with)
+
+
+def speed_knobs(schemes: Sequence[str] | None, kw: dict[str, Any]) -> dict[str, Any]:
+    """What a `speed(schemes, **kw)` call asks for, named as speed rows carry it: the model, the batches, the schemes
+    when named (None: what can run, which a recording cannot say), the lengths and engine settings when passed."""
+    asked: dict[str, Any] = {"model": base_model(kw.get("model", SPEED_MODEL)),
+                             "batches": sorted(kw.get("batches", BATCHES))}
+    if schemes is not None:
+        asked["schemes"] = sorted(schemes)
+    if "prompt_len" in kw or "output_len" in kw:
+        asked["workload"] = fixed_name(**{k: kw[k] for k in ("prompt_len", "output_len") if k in kw})
+    return asked | {k: kw[k] for k in ENGINE_KNOBS if k in kw}
+
+
+def ran_with(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The same knobs as the speed rows ran them (the model of a vLLM switch's row: the others add "+<scheme>")."""
+    first = rows[0]
+    model = next((r["model"] for r in rows if r["scheme"] in VLLM_SWITCHES), str(first["model"]).split("+")[0])
+    return {"model": model, "batches": sorted({r["batch"] for r in rows}),
+            "schemes": sorted({r["scheme"] for r in rows}), "workload": first.get("workload"),
+            **{k: first.get(k) for k in ENGINE_KNOBS}}
 
 
 def record(out_dir: str | Path, store: ResultStore, facts: dict[str, Any], *, schemes: Sequence[str] = SPEED_SCHEMES,
