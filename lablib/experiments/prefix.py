@@ -150,7 +150,9 @@ def counters(max_num_seqs: int = 1, *, store: Any = None, force: bool | None = N
                     "1 (exact by construction) or 32 (the batch case).")
     step = "prefix" if max_num_seqs == 1 else "prefix-batch"
     return live_or_recorded(lambda: counter_rows(max_num_seqs, store=store),
-                            lambda: recorded_facts(f"prefix_seqs_{max_num_seqs}", step), force=force)
+                            lambda: recorded_facts(f"prefix_seqs_{max_num_seqs}", step), force=force,
+                            asked={"max_num_seqs": max_num_seqs},
+                            recorded_with=lambda rows: {"max_num_seqs": rows[0]["max_num_seqs"]})
 
 
 def _run_from_empty_cache(engine: Any, workload: Workload, caching: bool, lab: str, step: str) -> Result:
@@ -218,9 +220,13 @@ def on_off_runs(models: tuple[Any, ...] = ("embedded", BIG), *, lab: str = LAB, 
 
 
 def on_off(models: tuple[Any, ...] = ("embedded", BIG), *, store: Any = None, force: bool | None = None) -> Any:
-    """`on_off_runs` live on a GPU with vLLM (its Results appended to `store`); else what `record` recorded."""
+    """`on_off_runs` live on a GPU with vLLM (its Results appended to `store`); else what `record` recorded: the asked
+    models' runs when the recording holds them all, else every model's (and the line under the cell says so)."""
     from ..results.reference import recorded_facts
     from ..session import live_or_recorded
+    from .kv import asked_rows
+
+    names = [_run_name(m) for m in models]
 
     def live() -> dict[str, Any]:
         value, results = on_off_runs(models)
@@ -228,7 +234,17 @@ def on_off(models: tuple[Any, ...] = ("embedded", BIG), *, store: Any = None, fo
             store.append(r)
         return value
 
-    return live_or_recorded(live, lambda: recorded_facts(ON_OFF_KEY, ON_OFF_STEP), force=force)
+    def recorded() -> dict[str, Any]:
+        value = recorded_facts(ON_OFF_KEY, ON_OFF_STEP)
+        return {k: asked_rows(value[k], "model", names) for k in ("runs", "agreement")}
+
+    return live_or_recorded(live, recorded, force=force, asked={"models": sorted(names)},
+                            recorded_with=lambda v: {"models": sorted({r["model"] for r in v["runs"]})})
+
+
+def _run_name(model: Any) -> str:
+    """The name a Result of `on_off_runs` carries for `model`: BIG runs as its synthetic checkpoint."""
+    return f"synthetic:{BIG}" if model == BIG else model if isinstance(model, str) else model.name
 
 
 def record(out_dir: Any, store: Any, facts: dict[str, Any], models: tuple[Any, ...] = ("embedded", BIG)) -> None:

@@ -15,10 +15,8 @@ from .prefix_workloads import BIG
 def part(shown: Any, key: str, then: Any = None) -> Any:
     """One part of a Shown dict (e.g. on_off's "runs"), passed through `then` if given, still labelled; no value
     stays no value."""
-    from ..session import Shown
-
     value = None if shown.value is None else shown.value[key] if then is None else then(shown.value[key])
-    return Shown(value, shown.live, shown.label, shown.why)
+    return shown.derived(value)  # the same label and stand-ins
 
 
 def on_off_pairs(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -51,11 +49,12 @@ def falls_with_capacity(rows: list[dict[str, Any]]) -> bool:
     return True
 
 
-def checks(idea: Any, chain: Any, lengths: Any, advice: Any, demo: Any, scarce: Any, seq: Any, onoff: Any) -> str:
+def checks(idea: Any, chain: Any, lengths: Any, advice: Any, demo: Any, scarce: Any, seq: Any, onoff: Any) -> None:
     """Lab 07's Checks cell: the simulator's exact cases asserted on this run, vLLM's claims when measured live.
 
     Takes what the lab's cells computed: the repeat table, the hash chain, the prefix-length rows, the advice
-    runs, the eviction demo, the scarce-memory rows, the sequential counters and the on/off runs."""
+    runs, the eviction demo, the scarce-memory rows, the sequential counters and the on/off runs. Prints what ran
+    and what did not (and returns nothing, so the cell shows it once)."""
     from ..session import Checks
 
     c = Checks("07_prefix_caching")
@@ -113,4 +112,4 @@ def checks(idea: Any, chain: Any, lengths: Any, advice: Any, demo: Any, scarce: 
         lambda rows: all(a["identical"] == a["of"] for a in rows if a["model"] == "embedded"),
         lambda rows: [a for a in rows if a["diverged"]],
     )
-    return c.done()
+    c.done()

@@ -263,3 +263,39 @@ def test_the_scarce_memory_claim_notices_a_rate_that_rises_as_room_shrinks():
     onoff = prefix.on_off(force=False)
     fake = type(onoff)({"runs": [1, 2]}, False, "recorded on NVIDIA H200, 2026-12-01")
     assert prefix.part(fake, "runs", len).value == 2 and prefix.part(fake, "runs").label == fake.label
+
+
+def test_a_recorded_on_off_or_counters_shows_what_the_cell_asked_or_says_what_stands_in(monkeypatch, capsys):
+    """Issue 11.8: the recording's models are read from its runs; the lab's own call on a recording of both models
+    says nothing, one model picks its runs out, a model it lacks shows every run and names the stand-in (the parts
+    keep it). Not recorded: no value, no error, whatever was asked."""
+    import lablib.results.reference as reference
+
+    big = "synthetic:llama-3.1-8b"
+    facts = {prefix.ON_OFF_KEY: {"runs": [{"model": m, "workload": w} for m in ("embedded", big) for w in "ab"],
+                                 "agreement": [{"model": m, "identical": 1, "of": 1} for m in ("embedded", big)]},
+             "prefix_seqs_1": [{"workload": "a", "max_num_seqs": 1}]}
+
+    def recorded(key, step):
+        if key not in facts:
+            raise reference.NotRecorded(key, step)
+        return facts[key]
+
+    monkeypatch.setattr(reference, "recorded_facts", recorded)
+    lab = prefix.on_off(force=False)
+    assert lab.stand_ins == {} and lab.value == facts[prefix.ON_OFF_KEY] and capsys.readouterr().out == ""
+    one = prefix.on_off(("embedded",), force=False)
+    assert one.stand_ins == {} and {r["model"] for r in one.value["runs"] + one.value["agreement"]} == {"embedded"}
+    other = prefix.on_off(("embedded", "llama-3.1-70b"), force=False)
+    assert other.stand_ins == {"models": {"asked": ["embedded", "llama-3.1-70b"], "shown": ["embedded", big]}}
+    assert other.value == facts[prefix.ON_OFF_KEY] and "models: asked ['embedded', 'llama-3.1-70b']" in (
+        capsys.readouterr().out)
+    assert prefix.part(other, "runs").stand_ins == other.stand_ins and prefix.part(other, "runs", len).value == 4
+    seq = prefix.counters(1, force=False)
+    assert seq.stand_ins == {} and seq.value == facts["prefix_seqs_1"]
+    facts["prefix_seqs_1"] = [{"workload": "a", "max_num_seqs": 32}]  # a recording filed under the wrong key says so
+    assert prefix.counters(1, force=False).stand_ins == {"max_num_seqs": {"asked": 1, "shown": 32}}
+    batch = prefix.counters(32, force=False)
+    assert batch.value is None and batch.stand_ins == {} and "--steps prefix-batch`" in batch.label
+    del facts[prefix.ON_OFF_KEY]
+    assert prefix.on_off(("llama-3.1-70b",), force=False).value is None
