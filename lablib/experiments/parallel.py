@@ -211,31 +211,53 @@ def measure(model: str, scheme: str = "bf16", t: int = 1, batches: tuple[int, ..
     return rows, results
 
 
-def _recorded(key: str, step: str) -> list[dict[str, Any]]:
+def _recorded(key: str, step: str, fields: tuple[str, ...], points: list[tuple], batches: tuple[int, ...]
+              ) -> list[dict[str, Any]]:
+    """facts[key]'s rows at the asked points (`fields` of a row, e.g. model and scheme) and batches when the
+    recording holds them all; otherwise every row (and `_knobs` of each side says which stand in)."""
     got = recorded_facts(key, step)
-    return [{**row, "provenance": f"recorded on {got['gpu']}, {got['date']}"} for row in got["rows"]]
+    rows = [{**row, "provenance": f"recorded on {got['gpu']}, {got['date']}"} for row in got["rows"]]
+    want = {(*p, b) for p in points for b in batches}
+    keep = [r for r in rows if (*(r[f] for f in fields), r["batch"]) in want]
+    return keep if len(keep) == len(want) else rows
+
+
+def _knobs(fields: tuple[str, ...], points: list[Any], batches: Any) -> dict[str, Any]:
+    """The runs and batches a cell asked for, or a recording holds, named the same way on both sides."""
+    return {f"({', '.join(fields)})": sorted({tuple(p) for p in points}), "batches": sorted(set(batches))}
+
+
+def _shown(fields: tuple[str, ...]) -> Any:
+    """recorded_with for rows keyed by `fields` and batch: the knobs as the recorded rows ran them."""
+    return lambda rows: _knobs(fields, [[r[f] for f in fields] for r in rows], [r["batch"] for r in rows])
 
 
 def tp1_baseline(runs: tuple[tuple[str, str], ...] = TP1_RUNS, batches: tuple[int, ...] = (1, 8, 64),
                  force: bool | None = None, store: ResultStore | None = None) -> Shown[list[dict[str, Any]]]:
-    """TP=1 on one GPU for each (model, scheme): live with vLLM, else the recording (facts["tp1"], step tp1)."""
+    """TP=1 on one GPU for each (model, scheme): live with vLLM, else the recording (facts["tp1"], step tp1): the
+    asked runs and batches when it holds them all, else every row, and the line under the cell names the stand-ins."""
     def live() -> list[dict[str, Any]]:
         return [{**row, "provenance": live_label()} for m, s in runs for row in measure(m, s, 1, batches, store=store)[0]]
 
-    return live_or_recorded(live, lambda: _recorded("tp1", "tp1"), force=force)
+    fields = ("model", "scheme")
+    return live_or_recorded(live, lambda: _recorded("tp1", "tp1", fields, list(runs), batches), force=force,
+                            asked=_knobs(fields, runs, batches), recorded_with=_shown(fields))
 
 
 def tp_scaling(runs: tuple[tuple[str, str, tuple[int, ...]], ...] = SCALING_RUNS, batches: tuple[int, ...] = (1, 64),
                force: bool | None = None, store: ResultStore | None = None) -> Shown[list[dict[str, Any]]]:
     """TP=1/2/4 on one host: live only on a machine with 2 or more GPUs and vLLM, else the recording
-    (facts["tp_scaling"], step tp-scaling); t above the machine's GPU count is a "not measured" row."""
+    (facts["tp_scaling"], step tp-scaling), picked as tp1_baseline's; t above the machine's GPU count is a "not
+    measured" row."""
     def live() -> list[dict[str, Any]]:
         return [{**row, "provenance": live_label()} for m, s, ts in runs for t in ts
                 for row in _measure_or_skip(m, s, t, batches, store)]
 
     if force is None and device_facts()["gpu_count"] < 2:
         force = False  # one GPU: show what a multi-GPU machine recorded
-    return live_or_recorded(live, lambda: _recorded("tp_scaling", "tp-scaling"), force=force)
+    fields, points = ("model", "scheme", "t"), [(m, s, t) for m, s, ts in runs for t in ts]
+    return live_or_recorded(live, lambda: _recorded("tp_scaling", "tp-scaling", fields, points, batches), force=force,
+                            asked=_knobs(fields, points, batches), recorded_with=_shown(fields))
 
 
 def _measure_or_skip(model: str, scheme: str, t: int, batches: tuple[int, ...],

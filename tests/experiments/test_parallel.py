@@ -253,7 +253,8 @@ def test_a_run_this_machine_cannot_make_says_why_and_starts_nothing(fake_engine,
     assert exp.why_not("llama-3.1-70b", "fp8", 1, VLLMConfig(max_model_len=4096, quantization="fp8")) is None
 
 
-def test_record_writes_facts_and_recorded_results_and_the_lab_reads_them_back(fake_engine, monkeypatch, tmp_path):
+def test_record_writes_facts_and_recorded_results_and_the_lab_reads_them_back(fake_engine, monkeypatch, tmp_path,
+                                                                              capsys):
     store, facts = ResultStore(tmp_path / "ref.jsonl"), {}
     exp.record(tmp_path, store, facts)
     got = facts["tp1"]
@@ -265,6 +266,16 @@ def test_record_writes_facts_and_recorded_results_and_the_lab_reads_them_back(fa
     monkeypatch.setattr(exp, "recorded_facts", lambda key, step: facts[key])
     shown = exp.tp1_baseline(force=False)
     assert not shown.live and {r["provenance"] for r in shown.value} == {f"recorded on NVIDIA H200, {got['date']}"}
+    # issue 11.8: the lab's own call is what was recorded; a subset is picked out; what the recording lacks is named
+    assert shown.stand_ins == {} and len(shown.value) == 6
+    some = exp.tp1_baseline((("llama-3.1-70b", "fp8"),), (8, 64), force=False)
+    assert some.stand_ins == {} and [(r["model"], r["batch"]) for r in some.value] == [("llama-3.1-70b", 8),
+                                                                                      ("llama-3.1-70b", 64)]
+    other = exp.tp1_baseline((("llama-3.1-8b", "fp8"),), (1, 256), force=False)
+    assert other.stand_ins == {
+        "(model, scheme)": {"asked": [["llama-3.1-8b", "fp8"]], "shown": [[m, s] for m, s in sorted(exp.TP1_RUNS)]},
+        "batches": {"asked": [1, 256], "shown": [1, 8, 64]}} and len(other.value) == 6
+    assert "(model, scheme): asked [['llama-3.1-8b', 'fp8']]" in capsys.readouterr().out
 
 
 def test_scaling_runs_only_what_the_machine_holds(fake_engine):
@@ -274,13 +285,22 @@ def test_scaling_runs_only_what_the_machine_holds(fake_engine):
     assert shown.live
 
 
-def test_record_scaling_keeps_the_rows_it_could_not_run(fake_engine, tmp_path):
+def test_record_scaling_keeps_the_rows_it_could_not_run(fake_engine, tmp_path, monkeypatch):
     store, facts = ResultStore(tmp_path / "ref.jsonl"), {}
     exp.record_scaling(tmp_path, store, facts)
     rows = facts["tp_scaling"]["rows"]
     skipped = {(r["model"], r["scheme"], r["t"]) for r in rows if r["status"] != "measured"}
     assert skipped == {("llama-3.1-8b", "bf16", 4), ("llama-3.1-70b", "bf16", 4), ("llama-3.1-70b", "fp8", 4)}
     assert len(store.load()) == 2 * 5 and len(rows) == 2 * 8  # batch 1 and 64 of every planned run
+    monkeypatch.setattr(exp, "recorded_facts", lambda key, step: facts[key])
+    monkeypatch.setattr(exp, "device_facts", lambda: {"gpu": "NVIDIA H200", "gpu_count": 1})
+    lab = exp.tp_scaling()  # issue 11.8: the lab's own call on one GPU shows the recording, all of it asked
+    assert not lab.live and lab.stand_ins == {} and len(lab.value) == 16
+    two = exp.tp_scaling((("llama-3.1-70b", "fp8", (2, 4)),), (64,))
+    assert two.stand_ins == {} and [(r["t"], r["batch"]) for r in two.value] == [(2, 64), (4, 64)]
+    eight = exp.tp_scaling((("llama-3.1-8b", "bf16", (1, 8)),), (1, 64))
+    assert set(eight.stand_ins) == {"(model, scheme, t)"} and len(eight.value) == 16
+    assert eight.stand_ins["(model, scheme, t)"]["asked"] == [["llama-3.1-8b", "bf16", 1], ["llama-3.1-8b", "bf16", 8]]
 
 
 def test_without_two_gpus_scaling_shows_the_recording_or_says_it_is_missing(monkeypatch):
@@ -290,6 +310,9 @@ def test_without_two_gpus_scaling_shows_the_recording_or_says_it_is_missing(monk
     assert "tp_scaling is not recorded yet" in shown.label and "--steps tp-scaling" in shown.label
     missing = exp.tp1_baseline(force=False)
     assert missing.value is None and "--steps tp1" in missing.label
+    for other in (exp.tp1_baseline((("llama-3.1-8b", "fp8"),), (256,), force=False),
+                  exp.tp_scaling((("llama-3.1-8b", "bf16", (8,)),), (2,))):  # other knobs: still no value, no error
+        assert other.value is None and other.stand_ins == {} and "not recorded yet" in other.label
 
 
 def test_remaining_runs_say_what_each_needs():
