@@ -135,6 +135,7 @@ class JupyterLab:
             "JUPYTERLAB_SETTINGS_DIR": str(settings), "JUPYTERLAB_WORKSPACES_DIR": str(self.home / "workspaces"),
             "IPYTHONDIR": str(self.home / "ipython"), "JUPYTER_PLATFORM_DIRS": "1",
             "PYDEVD_DISABLE_FILE_VALIDATION": "1",  # no debugger warning on the kernel's stderr
+            "LABLIB_RESULTS": str(self.root / "results"),  # the panels' stores in the served folder, not the clone's
         }
         cmd = [sys.executable, "-m", "jupyter", "lab", "--no-browser", f"--ServerApp.port={self.port}",
                "--ServerApp.port_retries=0", "--ServerApp.ip=127.0.0.1", f"--IdentityProvider.token={self.token}",

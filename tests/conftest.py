@@ -10,6 +10,7 @@ the same name in two folders (mechanisms/test_kv.py, plots/...) import as distin
 import os
 import random
 import sys
+import tempfile
 import types
 
 import pytest
@@ -110,3 +111,8 @@ def _chat_lengths(n: int = 200, seed: int = 0) -> list[tuple[int, int]]:
 def chat_lengths():
     """The chat-like (prompt_len, output_len) generator: chat_lengths(n=200, seed=0)."""
     return _chat_lengths
+
+
+# Every store a test (or a lab under nbval, whose kernel inherits this) opens by default goes to a folder of its
+# own, not the clone's results/: a developer's own runs never change a test, and a test never adds to them.
+os.environ.setdefault("LABLIB_RESULTS", tempfile.mkdtemp(prefix="lablib-test-results-"))

@@ -137,7 +137,7 @@ def _pick_other_model(page: bs.Page) -> tuple[str, int, int]:
 
 
 def _stored(lab: bs.JupyterLab) -> list[str]:
-    path = lab.root / "results" / "01_batching.jsonl"  # the panel's default store, in the notebook's folder
+    path = lab.root / "results" / "01_batching.jsonl"  # the panel's default store: $LABLIB_RESULTS, set to the served folder
     return path.read_text().splitlines() if path.exists() else []
 
 

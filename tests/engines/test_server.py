@@ -179,8 +179,11 @@ def test_client_check_weighs_clumps_against_a_reference_client_on_the_same_serve
 
 
 def test_client_check_weighs_the_client_against_the_api_server_not_the_engine():
-    """Time the API server spends before the engine (tokenizing, in vLLM) is in every client's latency: not lag."""
-    srv = _fake_api_server().make_server(HOST, 0, KEY, max_num_seqs=8, delay=TOKEN_DELAY, frontend_delay=0.1)
+    """Time the API server spends before the engine (tokenizing, in vLLM) is in every client's latency: not lag.
+
+    The fake's front end takes 0.3 s a request, so the client's own cost (10-16 ms a request on a loaded 2-core
+    machine, measured: with 0.1 s the ratio read 1.105 in CI) stays a small part of what is compared."""
+    srv = _fake_api_server().make_server(HOST, 0, KEY, max_num_seqs=8, delay=TOKEN_DELAY, frontend_delay=0.3)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     try:
         (r,) = run_online(srv.url, KEY, "fake", _workload(), [math.inf], seed=1, warmup_requests=0, max_tokens=5)
@@ -188,8 +191,8 @@ def test_client_check_weighs_the_client_against_the_api_server_not_the_engine():
         srv.shutdown()
         srv.server_close()
     check = client_check(r)
-    assert check["kept_up"] is True and 1.0 <= check["lag"] < 1.1, check  # against the API server's 0.15 s
-    assert check["server_e2e_ms"] < 100 and check["api_share"] > 0.5  # 0.1 s of each 0.15 s was the API server's
+    assert check["kept_up"] is True and 1.0 <= check["lag"] < 1.1, check  # against the API server's ~0.35 s
+    assert check["server_e2e_ms"] < 100 and check["api_share"] > 0.5  # 0.3 s of each ~0.35 s was the API server's
     assert "the API server's own" in check["verdict"]
     del r.engine_facts["server_latency"]["http_s"]  # a server without the HTTP histogram: the engine's time only
     engine_only = client_check(r)
