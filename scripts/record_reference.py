@@ -29,6 +29,7 @@ Steps:
   attention  lab 02: the attention microbenchmark, HF eager/sdpa/flex prefill on the synthetic 8B, vLLM's backends
   quantization  lab 06: speed and memory per scheme on the synthetic 8B (after prepare_checkpoints() in the
            llm-compressor environment: see lablib.experiments.quantization.record)
+  journey-fp8  the journey's quantized rung: vLLM with FP8 weights on the synthetic 8B, as `big` runs bf16
 """
 from __future__ import annotations
 
@@ -244,6 +245,17 @@ def step_prefix(out: Path, store: ResultStore, facts: dict, max_num_seqs: int = 
     facts[f"prefix_seqs_{max_num_seqs}"] = rows
 
 
+def step_journey_fp8(out: Path, store: ResultStore, facts: dict) -> None:
+    """The quantized rung of the journey (lab 06's): vLLM with FP8 weights on the synthetic 8B, as step_big runs bf16."""
+    from lablib.experiments.journey import FP8_RECORDED
+    from lablib.models.synthetic import synthetic_spec
+
+    with VLLMEngine(synthetic_spec(BIG), VLLMConfig(max_model_len=4096, quantization="fp8")) as eng:
+        r = recorded(run(eng, load_workload("journey"), BenchConfig(progress=False), lab=LAB, step=FP8_RECORDED))
+        store.append(r)
+        log(out, f"{FP8_RECORDED}: {r.summary['output_tok_s']:.0f} out tok/s, MBU {r.roofline.get('mbu')}")
+
+
 def _lab(module: str, name: str):
     """A later lab's own recording function, `lablib.experiments.<module>.<name>(out, store, facts)`."""
     def step(out: Path, store: ResultStore, facts: dict) -> None:
@@ -260,7 +272,7 @@ STEPS = {"smoke": step_smoke, "startup": step_startup, "big": step_big, "big-lab
          "prefix-batch": lambda o, s, f: step_prefix(o, s, f, 32), "prefix-on-off": _lab("prefix", "record"),
          "speculative": _lab("speculative", "record"), "tp1": _lab("parallel", "record"),
          "tp-scaling": _lab("parallel", "record_scaling"), "attention": _lab("attention", "record"),
-         "quantization": _lab("quantization", "record")}
+         "quantization": _lab("quantization", "record"), "journey-fp8": step_journey_fp8}
 
 
 def main() -> None:

@@ -65,3 +65,25 @@ def test_unparseable_batch_sizes_are_an_argparse_error(tmp_path, capsys):
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert "--batch-sizes" in err and "comma-separated integers" in err and "Traceback" not in err
+
+
+def test_the_fp8_rung_is_on_the_ladder_and_says_it_is_not_recorded_yet():
+    """Lab 06's rung joins the ladder; until a GPU session records it, the road leaves it out and says which step
+    records it (never a made-up bar)."""
+    import importlib.util
+    from pathlib import Path
+
+    from lablib.experiments.journey import FP8_RECORDED, available, ladder, road
+    from lablib.results.reference import reference_steps
+
+    step = next(s for s in ladder([1, 4]) if s.name == "vllm-fp8")
+    assert step.needs == "gpu+vllm" and step.recorded == (FP8_RECORDED,)
+    ok, why = available(step)
+    if FP8_RECORDED not in reference_steps():  # on a CPU, before the recording ships
+        assert not ok and "not recorded yet" in why and "--steps journey-fp8" in why
+        assert FP8_RECORDED not in {r.step for r in road([], [1, 4])}
+    path = Path(__file__).resolve().parents[1] / "scripts" / "record_reference.py"
+    spec = importlib.util.spec_from_file_location("record_reference", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    assert script.STEPS["journey-fp8"] is script.step_journey_fp8

@@ -25,7 +25,7 @@ from ..config import BenchConfig, HFConfig
 from ..engines.hf import HFEngine
 from ..hardware.device import torch_threads
 from ..results.record import Result
-from ..results.reference import load_reference
+from ..results.reference import load_reference, reference_steps
 from ..results.store import ResultStore
 from ..workloads import load_workload
 
@@ -43,6 +43,8 @@ class Step:
 
 # HF static batching of the whole journey in one batch of 64, on the synthetic 8B: the H200's HF rung.
 HF_RECORDED = ("hf-static-b64-8b-journey",)
+# vLLM with FP8 weights (lab 06's rung) on the synthetic 8B: scripts/record_reference.py --steps journey-fp8
+FP8_RECORDED = "vllm-fp8-8b-journey"
 
 
 def hf_steps(batch_sizes: list[int]) -> list[Step]:
@@ -66,7 +68,10 @@ def ladder(batch_sizes: list[int]) -> list[Step]:
         Step("vllm", lambda m: VLLMEngine(m, VLLMConfig()), needs="gpu+vllm", recorded=("vllm-8b-journey",),
              why="vLLM: paged KV cache, continuous batching, CUDA graphs (its own worker process)"),
         Step("vllm-server", lambda m: ServerEngine(m), needs="gpu+vllm", recorded=("serve-rate-inf",),
-             why="the same engine behind its OpenAI server: every request over HTTP, streamed")]
+             why="the same engine behind its OpenAI server: every request over HTTP, streamed"),
+        Step("vllm-fp8", lambda m: VLLMEngine(m, VLLMConfig(quantization="fp8")), needs="gpu+vllm",
+             recorded=(FP8_RECORDED,), why="vLLM with FP8 weights (Hopper's own format, quantized as it loads): "
+                                          "half the bytes each decode step reads (lab 06)")]
 
 
 def available(step: Step) -> tuple[bool, str]:
@@ -77,8 +82,17 @@ def available(step: Step) -> tuple[bool, str]:
     m = mode()
     if m["live"]:
         return True, ""
-    return False, m["why"] + (f"; the report shows its run recorded on the H200 ({', '.join(step.recorded)})"
-                              if step.recorded else "; it runs on a machine with an NVIDIA GPU and vLLM")
+    shipped = set(reference_steps())
+    have = [name for name in step.recorded if name in shipped]
+    if have:
+        return False, m["why"] + f"; the report shows its run recorded on the H200 ({', '.join(have)})"
+    if step.recorded:
+        return False, m["why"] + (f"; its H200 run ({', '.join(step.recorded)}) is not recorded yet: "
+                                  f"scripts/record_reference.py --steps {RECORD_STEPS.get(step.name, step.name)}")
+    return False, m["why"] + "; it runs on a machine with an NVIDIA GPU and vLLM"
+
+
+RECORD_STEPS = {"vllm-fp8": "journey-fp8"}  # the recording step of a rung whose name is not its step
 
 
 def run_journey(model: str = "embedded", workload: str = "journey", requests: int | None = None,
@@ -123,12 +137,13 @@ def road(results: list[Result], batch_sizes: list[int] = (1, 4, 16)) -> list[Res
     `results` is not added twice; a Result whose step is on no rung goes at the end, never dropped.
     """
     steps = ladder(list(batch_sizes))
-    given = {r.step for r in results}
+    given, shipped = {r.step for r in results}, set(reference_steps())
     out: list[Result] = []
     for step in steps:
         out += [r for r in results if r.step == step.name]
-        for name in step.recorded:
-            out += [r for r in results if r.step == name] if name in given else load_reference(name)
+        for name in step.recorded:  # a recording not shipped yet is left out (`available` says which step records it)
+            out += ([r for r in results if r.step == name] if name in given else
+                    load_reference(name) if name in shipped else [])
     on_ladder = {s.name for s in steps} | {name for s in steps for name in s.recorded}
     return out + [r for r in results if r.step not in on_ladder]
 

@@ -44,6 +44,8 @@ COLOURS: dict[str, str] = {
     "vllm": "#2ca02c",
     "vllm-server": "#17becf",
     "vllm-8b-journey": "#2ca02c",  # the H200 recordings of a rung take the rung's colour
+    "vllm-fp8": "#9467bd",
+    "vllm-fp8-8b-journey": "#9467bd",
     "serve-rate-inf": "#17becf",
     "static": "#e6550d",  # the simulators' policies: drawn like the engines that implement them
     "continuous": "#2ca02c",

@@ -8,7 +8,7 @@ from lablib.experiments import journey as jx
 from lablib.plots import style
 from lablib.plots.journey import where, whole_road
 from lablib.results import RequestRecord, Result
-from lablib.results.reference import load_reference
+from lablib.results.reference import load_reference, reference_steps
 
 CPU = {"gpu": None, "cpu": "Test CPU 9000", "cpu_cores_logical": 2}
 LIVE = "live on this machine (CPU: Test CPU 9000, 2 cores)"
@@ -35,8 +35,9 @@ def steps_of(fig) -> list[str]:
 
 def test_road_follows_the_ladder_and_adds_each_rungs_recording(live):
     road = jx.road(live, [1, 2, 4])
+    shipped = set(reference_steps())  # a rung's recording not shipped yet is left out, never drawn empty
     expected = [name for step in jx.ladder([1, 2, 4]) for name in
-                ([step.name] if step.needs == "cpu" else []) + list(step.recorded)]
+                ([step.name] if step.needs == "cpu" else []) + [n for n in step.recorded if n in shipped]]
     assert [r.step for r in road] == expected
     assert expected[:3] == ["hf-naive", "hf-static-b2", "hf-static-b4"]  # live first, in ladder order
     assert [r.provenance for r in road] == ["live"] * 3 + ["recorded"] * (len(expected) - 3)
