@@ -76,7 +76,7 @@ def _cores(marker: str) -> list[int]:
 @pytest.fixture
 def fake_gpu(monkeypatch):
     """Patch pynvml into one GPU; returns a setter for its name, compute capability and memory."""
-    gpu = {"name": "NVIDIA H200", "cc": (9, 0), "total": 140 * GiB, "free": None, "marker": None}
+    gpu = {"name": "NVIDIA H200", "cc": (9, 0), "total": 140 * GiB, "free": None, "marker": None, "count": 1}
 
     def memory(handle):
         used = BASE_USED + CORE_BYTES * (len(_cores(gpu["marker"])) if gpu["marker"] else 0)
@@ -88,6 +88,7 @@ def fake_gpu(monkeypatch):
     monkeypatch.setattr(pynvml, "nvmlDeviceGetMemoryInfo", memory)
     monkeypatch.setattr(pynvml, "nvmlDeviceGetCudaComputeCapability", lambda h: gpu["cc"])
     monkeypatch.setattr(pynvml, "nvmlDeviceGetName", lambda h: gpu["name"])
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetCount", lambda: gpu["count"])
 
     def set_gpu(**kw):
         gpu.update(kw)
@@ -490,13 +491,13 @@ def test_prefix_cache_hits_per_request_and_per_run_and_the_reset(start):
     assert [r.cached_tokens for r in off.generate(reqs, progress=False)] == [None] * 3
 
 
-def test_preflight_refuses_parallel_sizes_this_machine_or_the_model_cannot_take(with_fake_vllm, fake_gpu, monkeypatch):
-    monkeypatch.setattr(pynvml, "nvmlDeviceGetCount", lambda: 2)
+def test_preflight_refuses_parallel_sizes_this_machine_or_the_model_cannot_take(with_fake_vllm, fake_gpu):
+    fake_gpu(count=2)
     spec = resolve_model("embedded")  # 4 heads, 5 layers
     assert preflight(spec, VLLMConfig(tensor_parallel_size=2))["fits"] is True
     with pytest.raises(ValueError, match=r"needs 4 GPUs; this machine has 2.*distributed_executor_backend='ray'"):
         preflight(spec, VLLMConfig(tensor_parallel_size=2, pipeline_parallel_size=2))
-    monkeypatch.setattr(pynvml, "nvmlDeviceGetCount", lambda: 8)
+    fake_gpu(count=8)
     with pytest.raises(ValueError, match=r"tensor_parallel_size=8 does not divide .*4 attention heads"):
         preflight(spec, VLLMConfig(tensor_parallel_size=8))
     with pytest.raises(ValueError, match=r"pipeline_parallel_size=6 is more stages than .*5 layers"):

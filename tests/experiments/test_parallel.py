@@ -135,8 +135,11 @@ def test_on_an_h200_the_engines_preflight_refuses_70b_bf16_and_accepts_tp2(with_
     fake_gpu(name="NVIDIA H200", cc=(9, 0), total=143771 * 2**20)
     said = exp.engine_refusal("llama-3.1-70b", VLLMConfig(max_model_len=8192))
     assert said.startswith("refused before launch: synthetic:llama-3.1-70b: the weights alone (131.42 GiB per GPU")
-    assert exp.engine_refusal("llama-3.1-70b", VLLMConfig(max_model_len=8192, tensor_parallel_size=2)).startswith(
-        "accepted")
+    tp2 = VLLMConfig(max_model_len=8192, tensor_parallel_size=2)
+    assert exp.engine_refusal("llama-3.1-70b", tp2).startswith(  # one H200: the GPUs, before the memory
+        "refused before launch: tensor_parallel_size=2 x pipeline_parallel_size=1 needs 2 GPUs; this machine has 1")
+    fake_gpu(count=2)
+    assert exp.engine_refusal("llama-3.1-70b", tp2).startswith("accepted")  # two: 65.7 GiB of weights each fit
 
 
 # --- measured runs, through a fake engine ---------------------------------------------------------
