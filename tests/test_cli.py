@@ -67,7 +67,7 @@ def test_unparseable_batch_sizes_are_an_argparse_error(tmp_path, capsys):
     assert "--batch-sizes" in err and "comma-separated integers" in err and "Traceback" not in err
 
 
-def test_the_fp8_rung_is_on_the_ladder_and_says_it_is_not_recorded_yet():
+def test_the_fp8_rung_is_on_the_ladder_and_says_it_is_not_recorded_yet(monkeypatch):
     """Lab 06's rung joins the ladder; until a GPU session records it, the road leaves it out and says which step
     records it (never a made-up bar)."""
     import importlib.util
@@ -76,12 +76,19 @@ def test_the_fp8_rung_is_on_the_ladder_and_says_it_is_not_recorded_yet():
     from lablib.experiments.journey import FP8_RECORDED, available, ladder, road
     from lablib.results.reference import reference_steps
 
+    from lablib import session
+    from lablib.experiments import journey
+
     step = next(s for s in ladder([1, 4]) if s.name == "vllm-fp8")
     assert step.needs == "gpu+vllm" and step.recorded == (FP8_RECORDED,)
-    ok, why = available(step)
-    if FP8_RECORDED not in reference_steps():  # on a CPU, before the recording ships
-        assert not ok and "not recorded yet" in why and "--steps journey-fp8" in why
-        assert FP8_RECORDED not in {r.step for r in road([], [1, 4])}
+    monkeypatch.setattr(session, "mode", lambda: {"live": False, "why": "no NVIDIA GPU visible"})  # as on a CPU
+    monkeypatch.setattr(journey, "reference_steps", lambda: [s for s in reference_steps() if s != FP8_RECORDED])
+    ok, why = available(step)  # before the recording ships
+    assert not ok and "not recorded yet" in why and "--steps journey-fp8" in why
+    assert FP8_RECORDED not in {r.step for r in road([], [1, 4])}
+    monkeypatch.setattr(journey, "reference_steps", lambda: [*reference_steps(), FP8_RECORDED])
+    ok, why = available(step)  # once it ships, the report shows it
+    assert not ok and f"the report shows its run recorded on the H200 ({FP8_RECORDED})" in why
     path = Path(__file__).resolve().parents[1] / "scripts" / "record_reference.py"
     spec = importlib.util.spec_from_file_location("record_reference", path)
     script = importlib.util.module_from_spec(spec)

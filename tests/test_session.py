@@ -107,3 +107,13 @@ def test_a_recorded_cell_shows_what_it_asked_or_says_what_stands_in(capsys):
         "model": {"asked": "embedded", "shown": "synthetic:llama-3.1-8b"}}
     sweep = serving.rate_sweep_or_recorded("embedded", repeat=4, max_num_seqs=32, force=False)
     assert set(sweep.stand_ins) == {"model", "max_num_seqs"} and "repeat" not in sweep.stand_ins
+    capsys.readouterr()
+    other = serving.rate_sweep_or_recorded("embedded", repeat=2, workload="shared-prefix-128", api_key="sk-SECRET",
+                                           port=8123, force=False)  # a key or a port changes no measurement
+    assert other.stand_ins["workload"] == {"asked": "shared-prefix-128", "shown": "journey"}
+    assert other.stand_ins["repeat"] == {"asked": 2, "shown": 4} and not {"api_key", "port"} & set(other.stand_ins)
+    assert "sk-SECRET" not in capsys.readouterr().out  # the line is printed into the notebook: never the key
+    # asked in another order than recorded: the same points, shown in the order asked, nothing to say
+    flipped = kv.gpu_memory_utilization_rows([0.3, 0.1], force=False)
+    assert [r["gpu_memory_utilization"] for r in flipped.value] == [0.3, 0.1] and flipped.stand_ins == {}
+    assert scheduling.scheduler_rows([64, 8], force=False).stand_ins.keys() == {"model"}

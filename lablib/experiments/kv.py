@@ -49,8 +49,9 @@ COLD_START_GMU = 0.3  # the cold start's gpu_memory_utilization, here and in scr
 def asked_rows(rows: list[dict[str, Any]], knob: str, values: Any) -> list[dict[str, Any]]:
     """The recorded rows at the values a cell asked for, when the recording has every one of them; otherwise all
     of them (and the stand-in line says what was shown instead)."""
-    keep = [r for r in rows if r[knob] in list(values)]
-    return keep if len({r[knob] for r in keep}) == len(set(values)) else rows
+    asked = list(values)
+    keep = sorted((r for r in rows if r[knob] in asked), key=lambda r: asked.index(r[knob]))  # in the asked order
+    return keep if len({r[knob] for r in keep}) == len(set(asked)) else rows
 
 
 def cold_start(gpu_memory_utilization: float = COLD_START_GMU, force: bool | None = None) -> Shown[dict[str, Any]]:

@@ -50,9 +50,10 @@ def scheduler_rows(max_num_seqs: list[int] = (8, 64), max_num_batched_tokens: li
 
 def _asked_pairs(rows: list[dict[str, Any]], seqs: Any, tokens: Any) -> list[dict[str, Any]]:
     """The recorded rows at the asked (max_num_seqs, max_num_batched_tokens) pairs, when all are recorded."""
-    want = {(n, b) for n in seqs for b in tokens}
-    keep = [r for r in rows if (r["max_num_seqs"], r["max_num_batched_tokens"]) in want]
-    return keep if len(keep) == len(want) else rows
+    want = [(n, b) for n in seqs for b in tokens]
+    keep = sorted((r for r in rows if (r["max_num_seqs"], r["max_num_batched_tokens"]) in want),
+                  key=lambda r: want.index((r["max_num_seqs"], r["max_num_batched_tokens"])))  # in the asked order
+    return keep if len(keep) == len(set(want)) else rows
 
 
 def more_seqs_help(rows: list[dict[str, Any]]) -> bool:

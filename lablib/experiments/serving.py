@@ -286,6 +286,12 @@ def _judged(out: dict[str, Any], rules: dict[str, Any]) -> dict[str, Any]:
 # --- lab 05 in a notebook: one call per cell, live on a GPU with vLLM, else the H200's recordings (labelled) ---
 
 
+# The server knobs that change what a load test measures (a port, a key or a tokenizer path do not): a recorded
+# sweep stands in for asked values of these, and says so. Never the API key: the stand-in line is printed.
+MEASURED_SERVER_KNOBS = ("max_num_seqs", "gpu_memory_utilization", "max_model_len", "enable_prefix_caching", "dtype",
+                         "extra_args")
+
+
 def rate_sweep_or_recorded(model: str | ModelSpec = "embedded", repeat: int = 4, *, lab: str = "05_serving",
                            force: bool | None = None, **kw: Any):
     """`rate_sweep` live on a GPU with vLLM; otherwise the one recorded on the H200 (the synthetic 8B).
@@ -303,19 +309,21 @@ def rate_sweep_or_recorded(model: str | ModelSpec = "embedded", repeat: int = 4,
         return {**out, "model_name": str(out["server"]["model"]).rstrip("/").split("/")[-1],
                 "burst_output_tok_s": burst(out["results"]).summary["output_tok_s"]}
 
-    server_knobs = {k: v for k, v in kw.items() if k in ServerConfig.__dataclass_fields__}
+    server_knobs = {k: v for k, v in kw.items() if k in MEASURED_SERVER_KNOBS}
+    workload = kw.get("workload", "journey")
 
     def recorded_with(value: dict[str, Any]) -> dict[str, Any]:
-        first = value["results"][0]
-        return {"model": value["server"].get("served_model_name") or value["model_name"],
-                "repeat": first.workload["requests"] // len(load_workload(kw.get("workload", "journey")).requests),
-                **{k: value["server"].get(k) for k in server_knobs}}
+        name = value["results"][0].workload["name"]  # e.g. "journeyx4": the base set, repeated
+        base, _, times = name.rpartition("x")
+        base, times = (base, int(times)) if times.isdigit() and base else (name, 1)
+        return {"model": value["server"].get("served_model_name") or value["model_name"], "workload": base,
+                "repeat": times, **{k: value["server"].get(k) for k in server_knobs}}
 
     return live_or_recorded(lambda: described(rate_sweep(model, repeat=repeat, lab=lab, **kw)),
                             lambda: described({**reference_facts()["serve"],
                                                "results": load_reference(prefix="serve-rate-")}), force=force,
-                            asked={"model": model if isinstance(model, str) else model.name, "repeat": repeat,
-                                   **server_knobs}, recorded_with=recorded_with)
+                            asked={"model": model if isinstance(model, str) else model.name, "workload": workload,
+                                   "repeat": repeat, **server_knobs}, recorded_with=recorded_with)
 
 
 def burst(results: list[Result]) -> Result:

@@ -176,20 +176,24 @@ class LiveServerMetrics:
 
     `update(rate, sample)` is called from the scraper's thread, in the process whose client is timing token
     arrivals: any Python it runs holds the GIL and delays the client's reads (a 5-11 ms parse every 0.5 s
-    clumped a quarter of the lab client's token gaps on the H200). So it only appends the sample, and at most
-    every `min_interval_s` redraws: the figure's validated JSON is built once per new rate (its colours
-    change, `rate_colours`, so rows and legend agree) and between those only the x/y lists change, shown
-    unvalidated (~5 ms instead of ~25 ms for a full plotly build). The figure lives in a `FigureArea` (an
-    Output widget), so it survives a browser refresh; without ipywidgets the samples are kept and `.figure`
-    draws them on demand.
+    clumped a quarter of the lab client's token gaps on the H200). So it stays cheap: it appends the sample and,
+    at most every `min_interval_s`, redraws from plain dicts (the layout validated once, at construction; a new
+    rate adds one small trace per gauge and recolours the rest, `rate_colours`, so rows and legend agree), shown
+    unvalidated: a few ms, where a full plotly build takes ~25-40 ms. `flush` draws what a throttled update
+    left out: pass it as the sweep's `on_result`. The figure lives in a `FigureArea` (an Output widget), so it survives a
+    browser refresh; without ipywidgets the samples are kept and `.figure` draws them on demand.
     """
 
     def __init__(self, names: tuple[str, ...] = DEFAULT_GAUGES, min_interval_s: float = 1.0):
         self.names = tuple(names)
         self.samples: dict[float, list[dict[str, Any]]] = {}
         self._lock = threading.Lock()
-        self._template: dict[str, Any] | None = None  # the validated figure's JSON at the last new rate
-        self._slots: list[tuple[float, str]] = []  # (rate, gauge) of each trace in the template, in order
+        base = self._base()
+        for row, name in enumerate(self.names, start=1):  # where each gauge's row draws: its axes, read once
+            base.add_trace(go.Scatter(x=[], y=[]), row, 1)
+        self._axes = {name: (t.xaxis, t.yaxis) for name, t in zip(self.names, base.data)}
+        self._layout = base.to_dict()["layout"]
+        self._traces: dict[tuple[float, str], dict[str, Any]] = {}  # (rate, gauge) -> its trace, as plain JSON
         try:
             from ..widgets.figure import FigureArea
 
@@ -205,18 +209,34 @@ class LiveServerMetrics:
         with self._lock:
             new_rate = rate not in self.samples
             self.samples.setdefault(rate, []).append(dict(sample))
-            if self.area is None or not (new_rate or self.area.due()):
+            if self.area is None:
                 return
-            if new_rate or self._template is None:
-                self._template = self._build().to_dict()
-                self._slots = [(r, n) for r in self.samples for n in self.names]
-            else:
-                for trace, (r, n) in zip(self._template["data"], self._slots):
-                    scale = GAUGE_SCALE.get(n, 1.0)
-                    trace["x"] = [x["t"] for x in self.samples[r]]
-                    trace["y"] = [_scaled(x.get(n), scale) for x in self.samples[r]]
-            fig = go.Figure(self._template, _validate=False)
-        self.area.show(fig)
+            if new_rate:
+                colours = rate_colours(list(self.samples))
+                for row, name in enumerate(self.names, start=1):
+                    trace = _gauge_line(rate, [], name, row, colours[rate]).to_plotly_json()
+                    trace["xaxis"], trace["yaxis"] = self._axes[name]
+                    self._traces[(rate, name)] = trace
+                for (r, _), trace in self._traces.items():
+                    trace["line"] = {**trace.get("line", {}), "color": colours[r]}
+            elif not self.area.due():
+                return
+            self._draw()
+
+    def _draw(self) -> None:
+        """Fill every trace from its samples (plain lists: cheap) and show them all (the lock held)."""
+        for (rate, name), trace in self._traces.items():
+            scale = GAUGE_SCALE.get(name, 1.0)
+            trace["x"] = [x["t"] for x in self.samples[rate]]
+            trace["y"] = [_scaled(x.get(name), scale) for x in self.samples[rate]]
+        self.area.show(go.Figure({"data": list(self._traces.values()), "layout": self._layout}, _validate=False))
+
+    def flush(self, _result: Any = None) -> None:
+        """Draw every sample received so far, now (what the interval held back at the end of a test). Takes an
+        ignored argument so it can be a sweep's `on_result`: it then runs between load tests, never during one."""
+        with self._lock:
+            if self.area is not None and self.samples:
+                self._draw()
 
     def _build(self) -> go.Figure:
         fig = self._base()
@@ -228,7 +248,7 @@ class LiveServerMetrics:
 
     @property
     def figure(self) -> go.Figure:
-        """A static figure of everything received so far."""
+        """A static figure of everything received so far (validated: for the end of the run, tests, exports)."""
         with self._lock:
             return self._build()
 

@@ -57,8 +57,21 @@ def test_checks_pass_on_a_run_that_batches_and_fail_where_it_does_not(capsys):
     # a step that costs B single steps: batching shares nothing, and naive wins throughput
     with pytest.raises(AssertionError, match="costs less than 8 steps of one"):
         batching.checks([_result("hf-naive", 1, 0.002)] + [_result(f"hf-static-b{b}", b, 0.0021 * b) for b in (2, 8)])
-    # a static batch whose members finish at different times is not what HF generate does
-    bad = _line(0.003, 0.001)
-    bad[-1] = _result("hf-static-b8", 8, 0.011, finishes=[0.2 + i for i in range(8)])
-    with pytest.raises(AssertionError, match="wait for the longest"):
-        batching.checks(bad)
+    # a batch that cost no one any latency would contradict the lab's own latency figures
+    cheap = _line(0.003, 0.001)
+    cheap[-1] = _result("hf-static-b8", 8, 0.011, prefill_s=0.0)
+    with pytest.raises(AssertionError, match="costs a single user latency"):
+        batching.checks(cheap)
+    with pytest.raises(ValueError, match="needs the hf-naive run"):
+        batching.checks(_line(0.003, 0.001)[1:])
+
+
+def test_vllm_runs_stay_off_the_static_batching_line():
+    """On a GPU the journey's results include vLLM's rungs: no fixed batch, so not points of the fit (nor the best)."""
+    runs = _line(0.003, 0.001)
+    fast = _result("vllm", 1, 0.0005)
+    fast.engine = "vllm"
+    costs = batching.step_costs(runs + [fast])
+    assert costs["fixed_s"] == pytest.approx(0.003) and costs["max_gain"] == pytest.approx(4.0)
+    assert "vllm" not in {r["step"] for r in costs["rows"]}
+    assert batching.step_costs(_line(-0.001, 0.002))["max_gain"] is None  # a fixed part the noise made negative

@@ -243,7 +243,9 @@ def test_live_server_metrics_redraws_an_output_widget_at_most_once_per_interval_
     shown = live.area.shown()
     assert len(shown["data"]) == 3 * len(names) and len(shown["data"][0]["x"]) == 5  # rate 1's lines whole
     assert len(shown["data"][-1]["x"]) == 1  # the newest rate as it was when it arrived
-    live.area.min_interval_s = 0  # due again: later samples redraw from the template, x/y only
+    live.flush()  # between load tests (a sweep's on_result): every sample drawn
+    assert len(live.area.shown()["data"][-1]["x"]) == 5 and live.area.renders == 5
+    live.area.min_interval_s = 0  # due again: later samples redraw from the plain traces, x/y only
     live.update(math.inf, {"t": 2.0, **{n: 9.0 for n in names}})
     shown, fig = live.area.shown(), live.figure
     assert [list(t["y"]) for t in shown["data"]] == [list(t.y) for t in fig.data]
