@@ -107,7 +107,9 @@ class VLLMConfig:
         validate.integer("VLLMConfig", "pipeline_parallel_size", self.pipeline_parallel_size, "1 for no pipeline.")
         validate.choice("VLLMConfig", "distributed_executor_backend", self.distributed_executor_backend,
                         EXECUTOR_BACKENDS)
-        validate.choice("VLLMConfig", "disable_custom_all_reduce", self.disable_custom_all_reduce, (False, True))
+        if not isinstance(self.disable_custom_all_reduce, bool):
+            raise validate.refuse("VLLMConfig", "disable_custom_all_reduce", self.disable_custom_all_reduce,
+                                  "True or False", "True for NCCL's all-reduce, False (the default) for vLLM's own.")
         validate.choice("VLLMConfig", "attention_backend", self.attention_backend, ATTENTION_BACKENDS)
         for name in ("max_num_batched_tokens", "max_model_len"):
             validate.optional_integer("VLLMConfig", name, getattr(self, name),

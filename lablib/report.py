@@ -135,7 +135,7 @@ def _story(results: list[Result]) -> str:
         out.append(text)
     hf = _best(rec, "hf-static")
     same = [r for r in rec if hf and r.model.get("name") == hf.model.get("name")]  # one model: a fair ratio
-    vllm = _best(same, "vllm")
+    vllm = _best([r for r in same if not r.config.get("quantization")], "vllm")  # bf16 vLLM, not the FP8 rung
     if hf and vllm:
         x, y = hf.summary["output_tok_s"], vllm.summary["output_tok_s"]
         weights, gpu = vllm.model.get("weight_bytes"), vllm.hardware.get("gpu") or "GPU"

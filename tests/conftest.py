@@ -115,4 +115,5 @@ def chat_lengths():
 
 # Every store a test (or a lab under nbval, whose kernel inherits this) opens by default goes to a folder of its
 # own, not the clone's results/: a developer's own runs never change a test, and a test never adds to them.
-os.environ.setdefault("LABLIB_RESULTS", tempfile.mkdtemp(prefix="lablib-test-results-"))
+if "LABLIB_RESULTS" not in os.environ:
+    os.environ["LABLIB_RESULTS"] = tempfile.mkdtemp(prefix="lablib-test-results-")

@@ -40,6 +40,16 @@ SETTLE_SLACK = 256 * 2**20  # bytes above baseline still counted as "back"
 _nvml_used = nvml_memory  # this module's name for it: the engine tests replace it with a fake GPU's
 
 
+def visible_gpus(count: int) -> int:
+    """The GPUs a worker can use: `CUDA_VISIBLE_DEVICES`'s entries when it is set (NVML counts them all)."""
+    import os
+
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if env is None:
+        return count
+    return len([d for d in env.split(",") if d.strip() and d.strip() != "-1"])
+
+
 def preflight(spec: ModelSpec, config: VLLMConfig) -> dict[str, Any]:
     """Every check that needs no GPU time; raises ValueError naming the fix. Returns the fit report."""
     if importlib.util.find_spec("vllm") is None:
@@ -62,7 +72,7 @@ def preflight(spec: ModelSpec, config: VLLMConfig) -> dict[str, Any]:
         raise ValueError(f"fp8 needs compute capability 8.9 (Ada) or 9.0 (Hopper); this GPU is {major}.{minor}. "
                          "Fix: quantization=None and kv_cache_dtype='auto', or a newer GPU.")
     if config.gpus > 1 and config.distributed_executor_backend != "ray":  # a Ray cluster may span more machines
-        count = pynvml.nvmlDeviceGetCount()
+        count = visible_gpus(pynvml.nvmlDeviceGetCount())
         if config.gpus > count:
             raise ValueError(f"tensor_parallel_size={config.tensor_parallel_size} x pipeline_parallel_size="
                              f"{config.pipeline_parallel_size} needs {config.gpus} GPUs; this machine has {count}. "
@@ -73,9 +83,14 @@ def preflight(spec: ModelSpec, config: VLLMConfig) -> dict[str, Any]:
                          "'ray[default]' on every node and `ray start` them, or use 'mp' on one machine.")
     if spec.config:
         arch = spec.architecture()
-        if config.tensor_parallel_size > 1 and arch.get("heads") and arch["heads"] % config.tensor_parallel_size:
-            raise ValueError(f"tensor_parallel_size={config.tensor_parallel_size} does not divide {spec.name}'s "
-                             f"{arch['heads']} attention heads (vLLM refuses it). Fix: a divisor of {arch['heads']}.")
+        t, heads, kv = config.tensor_parallel_size, arch.get("heads"), arch.get("kv_heads")
+        if t > 1 and heads and heads % t:
+            raise ValueError(f"tensor_parallel_size={t} does not divide {spec.name}'s {heads} attention heads "
+                             f"(vLLM refuses it). Fix: a divisor of {heads}.")
+        if t > 1 and kv and kv % t and t % kv:  # vLLM splits KV heads t ways, or replicates them: one divides the other
+            allowed = [d for d in range(1, heads + 1) if heads % d == 0 and (kv % d == 0 or d % kv == 0)]
+            raise ValueError(f"tensor_parallel_size={t} neither divides {spec.name}'s {kv} KV heads nor is a multiple "
+                             f"of them (vLLM refuses it). Fix: one of {allowed}.")
         if arch.get("layers") and config.pipeline_parallel_size > arch["layers"]:
             raise ValueError(f"pipeline_parallel_size={config.pipeline_parallel_size} is more stages than "
                              f"{spec.name}'s {arch['layers']} layers. Fix: at most {arch['layers']}.")

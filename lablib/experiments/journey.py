@@ -102,7 +102,8 @@ def run_journey(model: str = "embedded", workload: str = "journey", requests: in
                 ) -> tuple[list[Result], list[dict[str, str]]]:
     """Run every available step on the workload; return the Results and the skipped steps.
 
-    `cpu_threads` pins torch's threads for the HF steps (None: as they are). On a shared CPU (Colab, CI) a
+    `cpu_threads` pins torch's threads in this process for every step (None: as they are); only the HF steps
+    compute here, vLLM's run in their own worker. On a shared CPU (Colab, CI) a
     second OpenMP thread spins against other processes and one run can come out 3x slower than the next;
     one thread measures the same thing, steadily."""
     validate.integers("run_journey", "batch_sizes", batch_sizes, "e.g. --batch-sizes 1,4,16.")

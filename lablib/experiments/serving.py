@@ -231,7 +231,8 @@ def cross_check_endpoint(base_url: str, api_key: str | None, model: str, tokeniz
     validate.integer("cross_check_endpoint", "times", times, "rounds of lab + vllm bench serve, e.g. 3.")
     validate.optional_integer("cross_check_endpoint", "max_concurrency", max_concurrency,
                               "None for all at once, or e.g. 256.")
-    if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
+    if (not isinstance(base_url, str) or not base_url.startswith(("http://", "https://"))
+            or base_url.rstrip("/").endswith("/v1")):
         raise validate.refuse("cross_check_endpoint", "base_url", base_url, "an http(s) address",
                               "pass the server's root, e.g. 'http://10.0.0.5:8000' (without /v1).")
     rules = {k: v for k, v in (("confidence", confidence), ("max_cv", max_cv), ("max_bound", max_bound),

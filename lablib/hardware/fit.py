@@ -64,10 +64,10 @@ def check_fit(spec: ModelSpec, config: VLLMConfig, total_bytes: int, free_bytes:
     """
     kv_per_tok = spec.kv_bytes_per_token(1 if config.kv_cache_dtype.startswith("fp8") else 2) or 0
     t, p = config.tensor_parallel_size, config.pipeline_parallel_size
-    if p > 1 and kv_per_tok:  # a stage holds ceil(layers / p) layers' KV: the first stages the most
-        layers = spec.architecture().get("layers") or 0
-        if layers:
-            kv_per_tok = kv_per_tok * -(-layers // p) // layers
+    layers = spec.architecture().get("layers") or 0
+    stage = -(-layers // p) if layers else 0  # the largest stage's layers (vLLM's get_pp_indices: first stages most)
+    if p > 1 and kv_per_tok and layers:  # vLLM sizes KV by the GPU with the least room: the largest stage
+        kv_per_tok = kv_per_tok * stage // layers
     if t > 1 and kv_per_tok:  # each GPU holds kv_heads / t heads, never fewer than one (replicated below that)
         arch = spec.architecture()
         kv_heads = arch.get("kv_heads") or arch.get("num_key_value_heads")
@@ -75,7 +75,9 @@ def check_fit(spec: ModelSpec, config: VLLMConfig, total_bytes: int, free_bytes:
             kv_per_tok = kv_per_tok * max(kv_heads // t, 1) // kv_heads
     max_len = config.max_model_len or spec.architecture()["context"] or 2048
     budget = int(config.gpu_memory_utilization * total_bytes)
-    weights = weight_bytes(spec, config) // config.gpus
+    weights = weight_bytes(spec, config) // t
+    if p > 1 and layers:  # the largest stage's share of the layers (embeddings, on the end stages, left out)
+        weights = weights * stage // layers
     overhead = int(ACTIVATION_OVERHEAD + (0 if config.enforce_eager else GRAPH_OVERHEAD))
     kv = max(0, budget - weights - overhead - int(CONTEXT_OVERHEAD))
     tokens = kv // kv_per_tok if kv_per_tok else 0
@@ -90,7 +92,8 @@ def check_fit(spec: ModelSpec, config: VLLMConfig, total_bytes: int, free_bytes:
         advice = (f"{spec.name}: the weights alone ({weights / GiB:.2f} GiB per GPU at tensor_parallel_size="
                   f"{config.tensor_parallel_size}, pipeline_parallel_size={config.pipeline_parallel_size}) + overhead {overhead / GiB:.2f} GiB exceed the budget "
                   f"{budget / GiB:.1f} GiB, so no max_model_len helps. Fix: a larger tensor_parallel_size (split the "
-                  "weights across GPUs), quantization='fp8' (or a W4A16 checkpoint), or a smaller model.")
+                  "weights across GPUs) or pipeline_parallel_size (split the layers), quantization='fp8' (or a W4A16 "
+                  "checkpoint), or a smaller model.")
     elif not fits:
         advice = (f"{spec.name}: weights {weights / GiB:.2f} GiB + overhead {overhead / GiB:.2f} GiB leave room for "
                   f"{tokens:,} KV tokens, fewer than one sequence of max_model_len={max_len:,}. Fix: lower "

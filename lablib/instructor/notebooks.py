@@ -95,7 +95,8 @@ def with_badge(markdown: str, notebook: str, repo: str = COLAB_REPO) -> str:
 
 
 def synced(nb: Any, notebook: str, repo: str = COLAB_REPO, metadata: dict[str, Any] | None = None) -> Any:
-    """A copy of `nb` with its badge, first code cell and kernel metadata as they should be; nothing else changes."""
+    """A copy of `nb` with its badge, first code cell, kernel metadata (and in lab 00 the terms) as they should be;
+    nothing else changes."""
     import copy
 
     nb = copy.deepcopy(nb)
@@ -178,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--labs-dir", type=Path, default=LABS_DIR)
     args = ap.parse_args(argv)
     changed = sync(args.labs_dir, README if args.labs_dir == LABS_DIR else None, check=args.check)
-    print("\n".join(changed) or "every lab's badge, first cell and kernel metadata are up to date")
+    print("\n".join(changed) or "every lab's badge, first cell and kernel metadata, and the terms, are up to date")
     return 1 if args.check and changed else 0
 
 

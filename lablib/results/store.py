@@ -21,11 +21,11 @@ def results_dir() -> Path:
     """The one folder every measurement is written to (see the module docstring for how it is found)."""
     env = os.environ.get("LABLIB_RESULTS")
     if env:
-        return Path(env)
+        return Path(env).resolve()
     root = Path(__file__).resolve().parents[2]
     if (root / "labs").is_dir() and (root / "pyproject.toml").is_file():
         return root / "results"
-    return Path("results")
+    return Path("results").resolve()  # outside a clone: below the folder the process works in
 
 
 class ResultStore:

@@ -90,6 +90,7 @@ def test_vllm_bench_serve_cross_check_on_the_same_requests(sweep):
     # the two agree is a statistical question one burst on 2 shared cores cannot answer (a single pair read 2.2x
     # with another process busy): the referee's repeated rounds answer it, on the H200 (tests/test_gpu_vllm.py).
     assert fig["output_tok_s"]["vllm_bench"] == bench["output_throughput"]
+    assert 0.1 < fig["output_tok_s"]["ratio"] < 10  # a units or counting bug (ms for s, tokens twice) shows; noise not
     assert fig["output_tok_s"]["ratio"] == pytest.approx(fig["output_tok_s"]["lab"] / bench["output_throughput"])
     expected = sum(wl.output_lengths)
     assert online["compare"]["output_tokens"] == {"lab": expected, "vllm_bench": expected}

@@ -152,6 +152,7 @@ def test_cross_check_end_to_end_on_the_fake(monkeypatch, tmp_path):
     assert ref["ratio"] == pytest.approx(sum(r["steady"]["lab"]["tok_s"] for r in out["rounds"]) /
                                          sum(r["steady"]["vllm_bench"]["tok_s"] for r in out["rounds"]))
     assert f"{ref['ratio']:.3f}" in ref["verdict"]  # agreement itself is the H200's test: the fake is no instrument
+    assert 0.1 < ref["ratio"] < 10  # but a units or counting bug in either statistic would show
     assert ref["agree"] == (not ref["failed"])
     assert (tmp_path / "server.log").read_text().count("fake api_server") == 1  # one server for every round
 
@@ -168,8 +169,9 @@ def test_the_referee_runs_against_an_endpoint_it_did_not_start(monkeypatch, tmp_
     monkeypatch.setenv("FAKE_VLLM_TOKEN_DELAY", "0.0005")
     monkeypatch.delenv("FAKE_VLLM_BENCH_FAIL", raising=False)
     target = str(embedded_path("target"))
-    with pytest.raises(ValueError, match="cross_check_endpoint.base_url"):
-        cross_check_endpoint("10.0.0.5:8000", None, "m", target)
+    for bad in ("10.0.0.5:8000", "http://10.0.0.5:8000/v1"):  # no scheme; the client adds /v1 itself
+        with pytest.raises(ValueError, match="cross_check_endpoint.base_url"):
+            cross_check_endpoint(bad, None, "m", target)
     cfg = ServerConfig(model=target, port=0, served_model_name="cluster-model")
     with VLLMServer(cfg, log_path=tmp_path / "server.log") as server:
         out = cross_check_endpoint(server.base_url + "/", server.api_key, "cluster-model", target, repeat=1, times=2,

@@ -108,6 +108,11 @@ def with_fake_vllm(monkeypatch):
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([FAKE, *filter(None, [os.environ.get("PYTHONPATH")])]))
     for var in ("FAKE_VLLM_FAIL_START", "FAKE_VLLM_CRASH_AFTER", "FAKE_VLLM_GPU_BLOCKS", "FAKE_VLLM_ORPHAN_WATCH"):
         monkeypatch.delenv(var, raising=False)
+    from lablib import session
+
+    session.mode.cache_clear()  # decided once per process: not while the fake GPU and fake vLLM stand in
+    yield
+    session.mode.cache_clear()  # a later test (the main job) must not inherit "live" from the fakes
 
 
 @pytest.fixture
@@ -491,7 +496,7 @@ def test_prefix_cache_hits_per_request_and_per_run_and_the_reset(start):
     assert [r.cached_tokens for r in off.generate(reqs, progress=False)] == [None] * 3
 
 
-def test_preflight_refuses_parallel_sizes_this_machine_or_the_model_cannot_take(with_fake_vllm, fake_gpu):
+def test_preflight_refuses_parallel_sizes_this_machine_or_the_model_cannot_take(with_fake_vllm, fake_gpu, monkeypatch):
     fake_gpu(count=2)
     spec = resolve_model("embedded")  # 4 heads, 5 layers
     assert preflight(spec, VLLMConfig(tensor_parallel_size=2))["fits"] is True
@@ -502,6 +507,14 @@ def test_preflight_refuses_parallel_sizes_this_machine_or_the_model_cannot_take(
         preflight(spec, VLLMConfig(tensor_parallel_size=8))
     with pytest.raises(ValueError, match=r"pipeline_parallel_size=6 is more stages than .*5 layers"):
         preflight(spec, VLLMConfig(pipeline_parallel_size=6))
+    # 4 heads, 2 KV heads: TP=4 replicates each KV head twice, which vLLM allows
+    assert preflight(spec, VLLMConfig(tensor_parallel_size=4))["fits"] is True
+    qwen7b = ModelSpec("synthetic:qwen2.5-7b", "/nonexistent/qwen2.5-7b", "synthetic", architectures()["qwen2.5-7b"])
+    with pytest.raises(ValueError, match=r"tensor_parallel_size=7 neither divides .*4 KV heads.*one of \[1, 2, 4, 28\]"):
+        preflight(qwen7b, VLLMConfig(tensor_parallel_size=7, max_model_len=4096))  # 28 heads split 7 ways; 4 KV do not
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")  # NVML sees 8; a worker would see 1
+    with pytest.raises(ValueError, match=r"needs 2 GPUs; this machine has 1"):
+        preflight(spec, VLLMConfig(tensor_parallel_size=2))
     if importlib.util.find_spec("ray") is None:  # a Ray cluster may have more GPUs than this node: Ray itself is checked
         with pytest.raises(ValueError, match=r"needs Ray, which is not installed"):
             preflight(spec, VLLMConfig(tensor_parallel_size=4, pipeline_parallel_size=4,

@@ -144,8 +144,9 @@ def test_pipeline_parallel_splits_the_layers_weights_and_kv_with_tensor_parallel
     assert fit[1, 2].weight_bytes == one.weight_bytes // 2 and fit[2, 2].weight_bytes == one.weight_bytes // 4
     assert fit[1, 2].kv_bytes_per_token == 64 * 1024 and fit[2, 2].kv_bytes_per_token == 32 * 1024  # 16 layers each
     assert fit[1, 3].kv_bytes_per_token == 128 * 1024 * 11 // 32  # 32 layers in 3 stages: the first holds 11
+    assert fit[1, 3].weight_bytes == one.weight_bytes * 11 // 32  # and the most weights: the GPU that binds
     assert VLLMConfig(tensor_parallel_size=2, pipeline_parallel_size=4).gpus == 8
     for field, bad in (("pipeline_parallel_size", 0), ("distributed_executor_backend", "slurm"),
-                       ("disable_custom_all_reduce", "yes")):
+                       ("disable_custom_all_reduce", "yes"), ("disable_custom_all_reduce", 1)):
         with pytest.raises(ValueError, match=f"VLLMConfig.{field}"):
             VLLMConfig(**{field: bad})
