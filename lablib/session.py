@@ -194,13 +194,17 @@ class Checks:
             return
         self.that(claim, test(shown.value), detail(shown.value) if detail else None)
 
-    def done(self) -> str:
+    def summary(self) -> str:
+        """What passed on this run, and what needs a live GPU run and was not checked here."""
         text = f"{self.lab}: {len(self.passed)} checks on this run passed"
         if self.not_here:
             text += (f"; {len(self.not_here)} need a live GPU run and were not checked here (the recordings are "
                      "tested in tests/): " + "; ".join(self.not_here))
-        print(text)
         return text
+
+    def done(self) -> None:
+        """Print the summary: a Checks cell's last line (returning nothing, so the cell shows it once)."""
+        print(self.summary())
 
 
 LABS = [
