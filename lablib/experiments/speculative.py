@@ -29,38 +29,29 @@ express. The in-loop
 ratios account for the measured speedup up to the Python outside the forwards and the cut last step's
 unused drafts. Every timing is labelled as this CPU's (`provenance`); on a shared machine it is noisy.
 
-The rest of lab 08 (below the loop): the formula's tables (`maths_tables`), the study as tables and lines,
-the batch model at 8B scale on the H200's spec-sheet roofline (`batch_model`: where the verify pass stops
-being free and the speedup reverses), and vLLM. There `vllm_spec_runs` runs the draft model and n-gram
-against a baseline on the SAME engine settings: vLLM 0.26 moves draft_model and ngram to its V1 model runner
-with async scheduling off, so every run here pins both (`PinnedVLLMConfig`, `runner_env`), and a second
-baseline at vLLM's defaults shows what the switch alone costs. vLLM's counter deltas are read with the
-formula's definitions (`counters_from_delta`) and checked against the loop's alpha on the same prompts
-(`cross_check`). `gpu_study` is the notebook's call (live or recorded); `record` is the recording step
-`speculative`. Every bad knob (k, a method vLLM 0.26 lacks or this lab does not run, n-gram lookups, a draft
-of another vocabulary, min_p/logit_bias) is refused before an engine starts (`speculative_config`).
+The same loop with an EAGLE-1 head as the drafter is `greedy_eagle` (the head: `lablib.models.eagle`, trained
+for the embedded target by scripts/train_eagle.py): the head drafts from the target's own features, which the
+verify pass hands it for free. `drafter_acceptance` runs both drafters on the same prompts, counted alike.
+
+The rest of lab 08's CPU half: the formula's tables (`maths_tables`), the study as tables and lines, and the
+batch model at 8B scale on the H200's spec-sheet roofline (`batch_model`: where the verify pass stops being
+free and the speedup reverses). The vLLM half (the draft model, n-gram and the EAGLE head on vLLM against a
+pinned baseline, `speculative_config`, `gpu_study`, `record`) is `lablib.experiments.speculative_vllm`; its
+names are re-exported here, loaded on first use, so that `spec.gpu_study` and the CPU loop share one name space.
 """
 from __future__ import annotations
 
-import contextlib
 import copy
-import dataclasses
 import itertools
-import json
 import math
-import os
-import re
 import statistics
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from ..hardware.device import torch_threads
 from .. import validate
-from ..config import BenchConfig, VLLMConfig
-from ..hardware.device import device_facts
+from ..hardware.device import device_facts, torch_threads
 from ..mechanisms.gpus import GPU_PEAKS
 from ..mechanisms.speculative import (
     Roofline,
@@ -69,16 +60,13 @@ from ..mechanisms.speculative import (
     break_even_alpha,
     estimate_alpha,
     expected_tokens_per_step,
-    implied_draft_cost,
     optimal_k,
     reversal_batch,
     speedup,
     speedup_vs_batch,
 )
-from ..models import embedded_path, load_hf_model, load_tokenizer, resolve_model
+from ..models import load_hf_model, load_tokenizer, resolve_model
 from ..models.architecture import architectures, parameter_count
-from ..results.reference import recorded_facts
-from ..session import Shown, live_label, live_or_recorded
 from ..workloads import load_workload
 
 OWNER = "greedy_speculative"
@@ -118,20 +106,21 @@ def _ids(owner: str, input_ids: Any, vocab: int) -> list[int]:
                              "(one request: tokenizer(text).input_ids).", 0, vocab - 1)
 
 
-def _check(target: Any, draft: Any | None, input_ids: Any, max_new_tokens: int, k: int | None) -> list[int]:
+def _check(target: Any, draft: Any | None, input_ids: Any, max_new_tokens: int, k: int | None,
+           owner: str = OWNER) -> list[int]:
     """Refuse bad arguments before any forward pass: k, max_new_tokens, the vocabularies, the context."""
     vocab = target.config.vocab_size
     if k is not None:
-        validate.integer(OWNER, "k", k, "draft at least one token per step, e.g. k=4.", 1)
-    validate.integer(OWNER, "max_new_tokens", max_new_tokens, "generate at least one token, e.g. 64.", 1)
+        validate.integer(owner, "k", k, "draft at least one token per step, e.g. k=4.", 1)
+    validate.integer(owner, "max_new_tokens", max_new_tokens, "generate at least one token, e.g. 64.", 1)
     if draft is not None and draft.config.vocab_size != vocab:
-        raise validate.refuse(OWNER, "draft.vocab_size", draft.config.vocab_size,
+        raise validate.refuse(owner, "draft.vocab_size", draft.config.vocab_size,
                               f"{vocab} (the target's: the target scores the draft's ids)",
                               "use a draft trained on the target's tokenizer: the embedded draft, data/models/draft.")
-    ids = _ids(OWNER, input_ids, vocab)
+    ids = _ids(owner, input_ids, vocab)
     limit = target.config.max_position_embeddings
     if len(ids) + max_new_tokens + (k or 0) > limit:
-        raise validate.refuse(OWNER, "max_new_tokens", max_new_tokens,
+        raise validate.refuse(owner, "max_new_tokens", max_new_tokens,
                               f"prompt ({len(ids)}) + max_new_tokens + k within the context of {limit}",
                               "shorten the prompt or ask for fewer tokens.")
     return ids
@@ -191,6 +180,48 @@ def greedy_speculative(target: Any, draft: Any, input_ids: Any, max_new_tokens: 
             _keep(d_cache, len(seq) + accepted)
             new = new[:max_new_tokens - (len(seq) - n_prompt)]
             mask = tuple(i < accepted for i in range(k))
+            steps.append(Step(tuple(drafts), accepted, mask, tuple(new), t1 - t0, t2 - t1))
+            seq += new
+    return SpeculativeRun(k, seq[n_prompt:], steps)
+
+
+def greedy_eagle(target: Any, head: Any, input_ids: Any, max_new_tokens: int, k: int) -> SpeculativeRun:
+    """The same loop with an EAGLE-1 head as the drafter (`lablib.models.eagle`); output = the target's greedy tokens.
+
+    The head drafts from the target's features, so the target must have read a position before the head can
+    draft after it: the target first reads the prompt but its last token (no token comes out of that), and from
+    then on every step is the loop above. 1. the head reads the features it has not seen (row p: [e(x_{p+1}),
+    h_p]) and drafts k tokens on its own features; 2. the target verifies [last token, k drafts] in one pass,
+    which also gives the features of the positions it accepts; 3. the longest agreeing prefix + the correction;
+    4. the target's cache is cropped to the sequence and the head's to the rows built from the target's features:
+    its rows built from its own drafted features are dropped, and rebuilt next step from the verified ones.
+    vLLM's first token comes from the prefill, undrafted; here every token comes from a step, as in
+    `greedy_speculative`, so the two loops' counters compare one for one.
+    """
+    from ..models.eagle import check_pair, propose, target_features
+
+    seq = _check(target, None, input_ids, max_new_tokens, k, "greedy_eagle")
+    check_pair(target, head, "greedy_eagle")
+    if len(seq) < 2:
+        raise validate.refuse("greedy_eagle", "input_ids", seq, "at least 2 tokens (the head reads the feature "
+                              "of the token before the last)", "pass the prompt with its bos token, as tokenizers add.")
+    n_prompt, steps, h_cache = len(seq), [], None
+    with _torch().inference_mode():
+        features, _, t_cache = target_features(target, seq[:-1], None)  # the head's rows: tokens seq[1:], these
+        tokens = seq[1:]
+        while len(seq) - n_prompt < max_new_tokens:
+            t0 = time.perf_counter()
+            drafts, h_cache = propose(target, head, h_cache, tokens, features, k)  # 1.
+            t1 = time.perf_counter()
+            verified, best, t_cache = target_features(target, [seq[-1], *drafts], t_cache)  # 2. rows 0..k
+            t2 = time.perf_counter()
+            accepted = next((i for i in range(k) if drafts[i] != best[i]), k)  # 3.
+            new = drafts[:accepted] + [best[accepted]]
+            _keep(t_cache, len(seq) + accepted)  # 4.
+            _keep(h_cache, len(seq) - 1)
+            tokens, features = new, verified[:, :accepted + 1]  # the head's next rows, all from the target
+            mask = tuple(i < accepted for i in range(k))
+            new = new[:max_new_tokens - (len(seq) - n_prompt)]
             steps.append(Step(tuple(drafts), accepted, mask, tuple(new), t1 - t0, t2 - t1))
             seq += new
     return SpeculativeRun(k, seq[n_prompt:], steps)
@@ -405,17 +436,6 @@ def _timing_row(k: int, per_round: list[dict[Any, Any]], costs: dict[str, Any], 
 # model at 8B scale, and vLLM: the draft model and n-gram against a baseline on the same engine settings.
 # ------------------------------------------------------------------------------------------------------------------
 
-LAB = "08_speculative_decoding"
-STEP = "speculative"  # the recording step: scripts/record_reference.py --steps speculative calls `record` below
-METHODS = ("draft_model", "ngram")  # what this lab runs on vLLM
-# vLLM 0.26's SpeculativeMethod (vllm/config/speculative.py), its MTP model types folded into "mtp"
-VLLM_METHODS = ("ngram", "ngram_gpu", "medusa", "mlp_speculator", "draft_model", "suffix", "custom_class", "eagle",
-                "eagle3", "extract_hidden_states", "mtp", "dflash", "dspark")
-NOT_IN_THIS_LAB = {
-    "eagle": "an EAGLE head trained for the embedded target; none ships yet (issue 15, out of this lab's scope)",
-    "eagle3": "an EAGLE-3 head trained for the embedded target; none ships yet (issue 15, out of this lab's scope)",
-}
-REFUSED_WITH_SPECULATION = ("min_p", "logit_bias")  # vLLM 0.26 raises on these with any speculative method
 MODEL_BATCHES = tuple(sorted({round(2 ** (i / 8)) for i in range(8 * 9 + 1)}))  # 1..512, 8 points per octave
 
 
@@ -533,6 +553,79 @@ def assisted_matches(pair: tuple[Any, Any, Any] | None = None, n_prompts: int = 
             "all_identical": all(same)}
 
 
+MODEL_DRAFTERS = ("draft_model", "eagle")  # vLLM's names of the drafters that run a forward per draft token
+
+
+def load_eagle(target: Any) -> Any:
+    """The EAGLE head shipped for the embedded target (data/models/eagle; float32, CPU, eval), checked against it."""
+    from ..models.eagle import load_head
+
+    return load_head(target=target)
+
+
+def drafter_acceptance(drafters: Sequence[str] = MODEL_DRAFTERS, n_prompts: int = 8, max_new_tokens: int = 32,
+                       ks: Sequence[int] = (2, 4), threads: int = 1, pair: tuple[Any, Any, Any] | None = None,
+                       head: Any = None) -> list[dict[str, Any]]:
+    """Each drafter's greedy loop on the same journey prompts, per k, counted alike (vLLM's definitions).
+
+    "draft_model" is the embedded draft in `greedy_speculative`, "eagle" the EAGLE head (`head`, by default the
+    shipped one) in `greedy_eagle`. A row per drafter and k: `AcceptanceReport.row()` (mean acceptance length and
+    its standard error, the per-position rates, alpha and the formula's length at it), whether every prompt's
+    tokens equal plain `greedy`'s, and whether the counters hang together (`counters_consistent`). Greedy and
+    deterministic: the same prompts give the same counts on any CPU, up to float32 near-ties.
+    """
+    owner = "drafter_acceptance"
+    drafters = list(drafters)
+    if not drafters:
+        raise validate.refuse(owner, "drafters", drafters, f"one or more of {MODEL_DRAFTERS}", "e.g. ('eagle',).")
+    for d in drafters:
+        validate.choice(owner, "drafters", d, MODEL_DRAFTERS)
+    ks = validate.integers(owner, "ks", ks, "draft lengths, e.g. (2, 4).")
+    validate.integer(owner, "n_prompts", n_prompts, "journey prompts, e.g. 8.", 1, 64)
+    validate.integer(owner, "max_new_tokens", max_new_tokens, "new tokens per prompt, e.g. 32.")
+    with _threads(threads):
+        target, draft, tok = pair or load_pair()
+        if head is None and "eagle" in drafters:
+            head = load_eagle(target)
+        prompts = load_workload("journey", limit=n_prompts).prompt_ids(tok)
+        plain = [greedy(target, p, max_new_tokens) for p in prompts]
+        out = []
+        for d in drafters:
+            for k in ks:
+                runs = [greedy_eagle(target, head, p, max_new_tokens, k) if d == "eagle" else
+                        greedy_speculative(target, draft, p, max_new_tokens, k) for p in prompts]
+                rep = acceptance_report(runs)
+                out.append({"drafter": d, **rep.row(), "identical_to_greedy": all(
+                    r.tokens == g for r, g in zip(runs, plain)), "counters_consistent": counters_consistent(
+                    rep.counters, k)[0], "prompts": len(prompts), "max_new_tokens": max_new_tokens,
+                    "provenance": provenance(threads)})
+    return out
+
+
+DRAFTER_NAMES = {"draft_model": "draft model", "eagle": "EAGLE head"}
+
+
+def drafter_table(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`drafter_acceptance`'s rows, the columns a reader compares: length, per position, alpha, greedy's tokens."""
+    return [{"drafter": DRAFTER_NAMES[r["drafter"]], "k": r["k"], "drafts": r["num_drafts"],
+             "accepted": r["num_accepted_tokens"], "mean_length": r["measured_length"], "stderr": r["length_stderr"],
+             "per_position": [round(x, 3) for x in r["measured_per_position"]], "alpha": r["alpha"],
+             "formula_length": r["predicted_length"], "identical_to_greedy": r["identical_to_greedy"],
+             "counters_consistent": r["counters_consistent"]} for r in rows]
+
+
+def drafter_lines(rows: Sequence[dict[str, Any]]) -> str:
+    """One line per drafter and k: mean acceptance length and per-position acceptance, measured here."""
+    head = rows[0] if rows else {}
+    lines = [f"{head.get('prompts')} journey prompts x {head.get('max_new_tokens')} new tokens, "
+             + str(head.get("provenance"))]
+    for r in drafter_table(rows):
+        lines.append(f"{r['drafter']}, k={r['k']}: mean acceptance length {r['mean_length']:.3f} +/- {r['stderr']:.3f}"
+                     f", per position {', '.join(f'{x:.2f}' for x in r['per_position'])} (alpha {r['alpha']:.3f}); "
+                     f"tokens identical to greedy: {r['identical_to_greedy']}")
+    return "\n".join(lines)
+
+
 def roofline_of(arch: str, gpu: str = "H200", overhead_s: float = 0.0) -> Roofline:
     """A synthetic architecture in bf16 on a GPU of the spec-sheet table: 2 bytes and 2 FLOPs per parameter."""
     validate.choice("roofline_of", "arch", arch, tuple(architectures()))
@@ -566,408 +659,11 @@ def batch_model(alpha: float, k: int, batches: Sequence[int] = MODEL_BATCHES, gp
             "target": target, "draft": draft, "curves": curves, "reversal": reversal, "rows": rows, "where": where}
 
 
-# ------------------------------------------------------------------------------------------------------------------
-# vLLM: every run, baseline included, on the same engine settings
-# ------------------------------------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class PinnedVLLMConfig(VLLMConfig):
-    """VLLMConfig plus the two settings that speculative decoding changes behind the user's back in vLLM 0.26.
-
-    Turning on `draft_model` or `ngram` moves vLLM from Model Runner V2 to V1 and switches async scheduling
-    off (vllm/config/vllm.py), so a speculative run set against a default baseline compares two engines.
-    VLLMConfig has no field for either (config.py; a later change may move these two there), so this
-    subclass carries them and every Result's config records them. `async_scheduling` is an `LLM(...)`
-    argument and goes through llm_kwargs; the model runner is chosen by the environment variable
-    VLLM_USE_V2_MODEL_RUNNER, which `vllm_spec_runs` sets while the worker is spawned (the worker and
-    vLLM's engine core inherit it). None leaves vLLM's own choice.
-    """
-
-    async_scheduling: bool | None = None  # False: off in every run (the only setting draft_model and ngram share)
-    model_runner_v2: bool | None = None  # False: VLLM_USE_V2_MODEL_RUNNER=0, the V1 runner ngram needs
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        for name in ("async_scheduling", "model_runner_v2"):
-            if getattr(self, name) not in (None, True, False):
-                raise validate.refuse("PinnedVLLMConfig", name, getattr(self, name), "None, True or False",
-                                      "None leaves vLLM's choice; False pins it off in every run.")
-
-    def llm_kwargs(self) -> dict[str, Any]:
-        kw = super().llm_kwargs()
-        kw.pop("model_runner_v2", None)  # an environment variable, not an LLM argument
-        return kw
-
-
-RUNNER_ENV = "VLLM_USE_V2_MODEL_RUNNER"
-
-
-@contextlib.contextmanager
-def runner_env(v2: bool | None) -> Iterator[None]:
-    """VLLM_USE_V2_MODEL_RUNNER set to 1/0 (None: unset, vLLM decides) while a worker is spawned; restored after."""
-    before = os.environ.get(RUNNER_ENV)
-    if v2 is None:
-        os.environ.pop(RUNNER_ENV, None)
-    else:
-        os.environ[RUNNER_ENV] = "1" if v2 else "0"
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop(RUNNER_ENV, None)
-        else:
-            os.environ[RUNNER_ENV] = before
-
-
-def _vocab(path: str | Path) -> int | None:
-    try:
-        return json.loads((Path(path) / "config.json").read_text()).get("vocab_size")
-    except (OSError, ValueError):
-        return None
-
-
-def speculative_config(method: str, k: int, *, prompt_lookup_min: int | None = None,
-                       prompt_lookup_max: int | None = None, draft: str | Path | None = None,
-                       target: str | Path | None = None, sampling: dict[str, Any] | None = None) -> dict[str, Any]:
-    """vLLM's `speculative_config` for one method, every bad knob refused before an engine starts.
-
-    `draft_model` drafts with a small model (the embedded draft unless `draft` names another folder; its
-    vocabulary must be the target's, as vLLM requires); `ngram` looks the last prompt_lookup_min..max tokens
-    up in the prompt and proposes what followed (vLLM's defaults 5 and 5). `sampling` is what the run would
-    pass to SamplingParams: lablib's worker decodes greedily, and vLLM 0.26 raises mid-run on min_p and
-    logit_bias with any speculative method, so both are refused here.
-    """
-    owner = "speculative_config"
-    if method not in VLLM_METHODS:
-        raise validate.refuse(owner, "method", method, f"a method vLLM 0.26 has: {', '.join(VLLM_METHODS)}",
-                              f"this lab runs {' and '.join(METHODS)}.")
-    if method not in METHODS:
-        needs = NOT_IN_THIS_LAB.get(method, "weights or code this lab does not ship")
-        raise validate.refuse(owner, "method", method, f"{' or '.join(METHODS)} in this lab",
-                              f"{method} needs {needs}.")
-    validate.integer(owner, "k", k, "draft at least one token per step, e.g. k=4 (num_speculative_tokens).")
-    bad = sorted(set(sampling or {}) & set(REFUSED_WITH_SPECULATION))
-    if bad:
-        raise validate.refuse(owner, "sampling", {b: sampling[b] for b in bad},  # type: ignore[index]
-                              f"no {' or '.join(REFUSED_WITH_SPECULATION)} with speculative decoding",
-                              "vLLM 0.26 raises on them with any speculative method: drop them, or run without one.")
-    other = sorted(set(sampling or {}) - {"temperature"})
-    if other or (sampling or {}).get("temperature", 0) != 0:
-        raise validate.refuse(owner, "sampling", sampling, "greedy decoding (temperature 0) only",
-                              "lablib's vLLM worker decodes greedily, so the counters read as the formula does.")
-    if method == "ngram":
-        lo = validate.optional_integer(owner, "prompt_lookup_min", prompt_lookup_min, "an n-gram length >= 1, e.g. 2.")
-        hi = validate.optional_integer(owner, "prompt_lookup_max", prompt_lookup_max, "an n-gram length >= 1, e.g. 5.")
-        lo, hi = lo or hi or 5, hi or lo or 5  # vLLM's rule: one given sets the other; neither, both 5
-        if lo > hi:
-            raise validate.refuse(owner, "prompt_lookup_min", lo, f"<= prompt_lookup_max={hi}",
-                                  "the shortest n-gram looked up cannot be longer than the longest.")
-        if draft is not None:
-            raise validate.refuse(owner, "draft", str(draft), "None with ngram (it drafts from the prompt)",
-                                  "drop draft, or use method='draft_model'.")
-        return {"method": "ngram", "num_speculative_tokens": k, "model": None,  # None: the engine adds no draft
-                "prompt_lookup_min": lo, "prompt_lookup_max": hi}
-    for name, value in (("prompt_lookup_min", prompt_lookup_min), ("prompt_lookup_max", prompt_lookup_max)):
-        if value is not None:
-            raise validate.refuse(owner, name, value, "None with draft_model (n-gram knobs)",
-                                  "drop it, or use method='ngram'.")
-    draft_path = Path(draft) if draft is not None else embedded_path("draft")
-    target_path = Path(target) if target is not None else embedded_path("target")
-    dv, tv = _vocab(draft_path), _vocab(target_path)
-    if dv is None or tv is None or dv != tv:
-        raise validate.refuse(owner, "draft", str(draft_path), f"a draft whose vocab_size equals the target's ({tv})"
-                              f"; this one has {dv}", "vLLM scores the draft's token ids with the target: use a "
-                              "draft trained on the target's tokenizer (the embedded draft, data/models/draft).")
-    return {"method": "draft_model", "num_speculative_tokens": k, "model": str(draft_path)}
-
-
-@dataclass(frozen=True)
-class Setting:
-    """One engine configuration of the comparison: what drafts, how many tokens, on which engine settings."""
-
-    method: str  # "baseline" or one of METHODS
-    k: int | None  # draft tokens per step; None for a baseline
-    spec: dict[str, Any] | None  # vLLM's speculative_config; None for a baseline
-    pinned: bool  # V1 runner and async scheduling off (True) or vLLM's defaults (a baseline only)
-
-    @property
-    def name(self) -> str:
-        if self.method == "baseline":
-            return "baseline, pinned (V1, no async)" if self.pinned else "baseline, vLLM defaults"
-        if self.method == "ngram":
-            return f"n-gram k={self.k} (lookup {self.spec['prompt_lookup_min']}-{self.spec['prompt_lookup_max']})"
-        return f"draft model k={self.k}"
-
-    def step(self, batch: int) -> str:
-        tail = "" if self.method == "baseline" else f"-k{self.k}"
-        if self.method == "ngram":
-            tail += f"-l{self.spec['prompt_lookup_min']}-{self.spec['prompt_lookup_max']}"
-        return f"spec-{self.method}{tail}{'' if self.pinned else '-defaults'}-b{batch}"
-
-    def config(self, batch: int, gpu_memory_utilization: float) -> PinnedVLLMConfig:
-        pin = False if self.pinned else None
-        return PinnedVLLMConfig(gpu_memory_utilization=gpu_memory_utilization, max_num_seqs=batch,
-                                speculative_config=self.spec, async_scheduling=pin, model_runner_v2=pin)
-
-
-def settings(methods: Sequence[str] = METHODS, ks: Sequence[int] = (2, 4), prompt_lookup: tuple[int, int] = (2, 5),
-             defaults_baseline: bool = True) -> list[Setting]:
-    """The runs of one batch size, every knob checked: the pinned baseline, vLLM's default baseline, each method x k."""
-    ks = validate.integers("settings", "ks", ks, "draft lengths, e.g. (2, 4).")
-    if not methods:
-        raise validate.refuse("settings", "methods", list(methods), f"one or more of {METHODS}", "e.g. ('ngram',).")
-    out = [Setting("baseline", None, None, True)]
-    if defaults_baseline:
-        out.append(Setting("baseline", None, None, False))
-    lookup = {"prompt_lookup_min": prompt_lookup[0], "prompt_lookup_max": prompt_lookup[1]}
-    for m in methods:
-        for k in ks:
-            out.append(Setting(m, k, speculative_config(m, k, **(lookup if m == "ngram" else {})), True))
-    return out
-
-
-def _metric(delta: dict[str, Any], name: str) -> Any:
-    return delta.get(name, delta.get(f"{name}_total"))
-
-
-def counters_from_delta(delta: dict[str, Any]) -> SpecCounters | None:
-    """vLLM's speculative counters from one run's metrics_delta; None when it drafted nothing (or has none).
-
-    `vllm:spec_decode_num_accepted_tokens_per_pos` is a Vector in `LLM.get_metrics()`; the worker keeps only
-    scalar values, so it is read when a list is there and left None otherwise.
-    """
-    drafts, tokens, accepted = (_metric(delta, f"vllm:spec_decode_num_{n}") for n in
-                                ("drafts", "draft_tokens", "accepted_tokens"))
-    if not drafts or tokens is None or accepted is None:
-        return None
-    per_pos = _metric(delta, "vllm:spec_decode_num_accepted_tokens_per_pos")
-    per_pos = tuple(int(x) for x in per_pos) if isinstance(per_pos, (list, tuple)) else None
-    return SpecCounters(int(drafts), int(tokens), int(accepted), per_pos)
-
-
-def _log_facts(log_path: str | None, s: Setting) -> dict[str, Any]:
-    """What the engine's log says ran: "Using V2 Model Runner", "Asynchronous scheduling is enabled/disabled"."""
-    try:
-        log = Path(log_path).read_text(errors="replace") if log_path else ""
-    except OSError:
-        log = ""
-    runner = ("V2" if "Using V2 Model Runner" in log else "V1" if "using the V1 model runner" in log or
-              (s.pinned and "Model Runner" not in log) else "unknown")
-    found = re.findall(r"Asynchronous scheduling is (enabled|disabled)", log)
-    return {"model_runner": runner, "async_scheduling": (found[-1] == "enabled") if found else None,
-            "log_says_runner": "Model Runner" in log, "log_says_async": bool(found)}
-
-
-def _divergence(a: list[int] | None, b: list[int] | None) -> int | None:
-    """The first position where two token lists differ (None: identical or not comparable)."""
-    if a is None or b is None:
-        return None
-    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None if len(a) == len(b) else min(len(a), len(b)))
-
-
-def _row(s: Setting, batch: int, result: Any, facts: dict[str, Any], logged: dict[str, Any]) -> dict[str, Any]:
-    delta = ((result.engine_facts or {}).get("last_run") or {}).get("metrics_delta") or {}
-    row: dict[str, Any] = {"name": s.name, "step": result.step, "method": s.method, "k": s.k, "batch": batch,
-                           "pinned": s.pinned, "prompt_lookup": None if s.method != "ngram" else
-                           [s.spec["prompt_lookup_min"], s.spec["prompt_lookup_max"]], **logged,
-                           "output_tok_s": result.summary["output_tok_s"], "wall_s": result.wall_s,
-                           "back_to_baseline": facts.get("vram_back_to_baseline"),
-                           "num_drafts": None, "num_draft_tokens": None, "num_accepted_tokens": None,
-                           "accepted_per_pos": None, "mean_acceptance_length": None, "acceptance_rate": None,
-                           "alpha": None, "formula_length": None, "counters_consistent": None,
-                           "counters_note": "a baseline drafts nothing" if s.method == "baseline" else
-                           "vLLM reported no drafts (no spec_decode counters in this run's metrics)"}
-    c = None if s.method == "baseline" else counters_from_delta(delta)
-    if c is not None:
-        ok, note = counters_consistent(c, s.k, every_draft_k=s.method == "draft_model")
-        alpha = None
-        if c.accepted_per_pos is not None or c.num_draft_tokens % c.num_drafts == 0:
-            alpha = estimate_alpha(c)
-        row.update({"num_drafts": c.num_drafts, "num_draft_tokens": c.num_draft_tokens,
-                    "num_accepted_tokens": c.num_accepted_tokens, "accepted_per_pos": c.accepted_per_pos and
-                    list(c.accepted_per_pos), "mean_acceptance_length": c.mean_acceptance_length,
-                    "acceptance_rate": c.acceptance_rate, "alpha": alpha,
-                    "formula_length": None if alpha is None else float(expected_tokens_per_step(alpha, s.k)),
-                    "counters_consistent": ok, "counters_note": note if alpha is not None else
-                    note + "; alpha: drafts of varying length need the per-position counters"})
-    return row
-
-
-def vllm_spec_runs(methods: Sequence[str] = METHODS, ks: Sequence[int] = (2, 4),
-                   batches: Sequence[int] = (1, 4, 16, 64), *, prompt_lookup: tuple[int, int] = (2, 5),
-                   n_prompts: int = 64, max_new_tokens: int = 64, defaults_baseline: bool = True,
-                   gpu_memory_utilization: float = 0.3, model: str = "embedded", store: Any = None,
-                   lab: str = LAB) -> list[dict[str, Any]]:
-    """The draft model and n-gram on vLLM against a baseline on the same engine settings, at each batch size.
-
-    At each batch (max_num_seqs) one engine per setting (`settings`), each started in its own worker and
-    closed before the next: the pinned baseline (V1 runner, async scheduling off: what vLLM falls back to
-    for draft_model and ngram), vLLM's default baseline (V2 runner, async on: what the switch alone costs),
-    and each method x k, pinned. Every run decodes the first n_prompts journey prompts greedily to exactly
-    max_new_tokens (EOS ignored). A row per run: tok/s, the speedup over the pinned baseline at that batch,
-    vLLM's counter deltas (`counters_from_delta`) read as the formula reads them (alpha, E(alpha, k)), the
-    runner and async setting the engine's log reports, the greedy tokens against the baseline's (match
-    rate, first divergence: vLLM's verify pass is not bit-identical), VRAM back to baseline. Each row's
-    "result" is the Result (stored in `store` as it is made).
-    """
-    owner = "vllm_spec_runs"
-    batches = validate.integers(owner, "batches", batches, "batch sizes (max_num_seqs), e.g. (1, 4, 16, 64).")
-    validate.integer(owner, "n_prompts", n_prompts, "journey prompts per run, e.g. 64.", 1, 64)
-    validate.integer(owner, "max_new_tokens", max_new_tokens, "new tokens per request, e.g. 64.")
-    runs = settings(methods, ks, prompt_lookup, defaults_baseline)  # every refusal before any engine starts
-    from ..bench.offline import run
-    from ..engines.vllm import VLLMEngine
-
-    wl = load_workload("journey", limit=n_prompts)
-    bench = BenchConfig(warmup_requests=1, max_new_tokens=max_new_tokens, progress=False,
-                        tags={"speculative": True})
-    rows = []
-    for b in batches:
-        here = []
-        for s in runs:
-            engine = VLLMEngine(model, s.config(b, gpu_memory_utilization))
-            try:
-                with runner_env(engine.config.model_runner_v2):
-                    engine.start()
-                result = run(engine, wl, bench, lab=lab, step=s.step(b), store=store)
-            finally:
-                engine.close()
-            here.append((s, result, _row(s, b, result, engine.facts, _log_facts(getattr(engine, "log_path", None), s))))
-        base = here[0][1]  # the pinned baseline's Result: every speedup is over it
-        ids = {r.request_id: r.output_ids for r in base.requests}
-        for s, result, row in here:
-            firsts = [_divergence(r.output_ids, ids.get(r.request_id)) for r in result.requests]
-            same = [f is None for f in firsts]
-            row.update({"speedup": row["output_tok_s"] / base.summary["output_tok_s"],
-                        "token_match": sum(same) / len(same),
-                        "first_divergence": min((f for f in firsts if f is not None), default=None),
-                        "implied_c": None if row["mean_acceptance_length"] is None or s.method != "draft_model" else
-                        implied_draft_cost(row["mean_acceptance_length"], s.k,
-                                           row["output_tok_s"] / base.summary["output_tok_s"]),
-                        "result": result, "provenance": live_label()})
-            rows.append(row)
-    return rows
-
-
-def loop_acceptance(n_prompts: int = 64, max_new_tokens: int = 64, ks: Sequence[int] = (2, 4), threads: int = 1,
-                    pair: tuple[Any, Any, Any] | None = None) -> list[dict[str, Any]]:
-    """The torch loop's acceptance (on this machine's CPU, float32) on the prompts and lengths vLLM is given.
-
-    Greedy and deterministic: its counters are what the same pair drafts and accepts on the same text,
-    the reference vLLM's counters are checked against (`cross_check`)."""
-    ks = validate.integers("loop_acceptance", "ks", ks, "draft lengths, e.g. (2, 4).")
-    with _threads(threads):
-        target, draft, tok = pair or load_pair()
-        prompts = load_workload("journey", limit=n_prompts).prompt_ids(tok)
-        out = []
-        for k in ks:
-            rep = acceptance_report([greedy_speculative(target, draft, p, max_new_tokens, k) for p in prompts])
-            out.append({**rep.row(), "prompts": len(prompts), "max_new_tokens": max_new_tokens,
-                        "provenance": provenance(threads)})
-    return out
-
-
-def cross_check(rows: Sequence[dict[str, Any]], loop: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """vLLM's mean acceptance length per draft-model run against the formula at the loop's alpha, same k.
-
-    Both decode the same pair greedily on the same prompts, so under the i.i.d. model vLLM's length should
-    be E(alpha_loop, k) up to sampling error: `stderr` combines the loop's (its length_stderr) and vLLM's,
-    the loop's per-step spread over sqrt(vLLM's num_drafts) (the per-step counts are not in vLLM's
-    counters). vLLM's first token of each request comes from the prefill, undrafted, and its bf16 verify
-    can flip near-tied argmaxes, so small gaps are expected; over 3 standard errors is a finding.
-    """
-    by_k = {r["k"]: r for r in loop}
-    out = []
-    for r in rows:
-        if r["method"] != "draft_model" or r.get("mean_acceptance_length") is None or r["k"] not in by_k:
-            continue
-        ref = by_k[r["k"]]
-        spread = ref["length_stderr"] * math.sqrt(ref["num_drafts"])  # the loop's per-step std of accepted counts
-        se = math.sqrt(ref["length_stderr"] ** 2 + spread**2 / r["num_drafts"])
-        gap = r["mean_acceptance_length"] - ref["predicted_length"]
-        out.append({"name": r["name"], "batch": r["batch"], "k": r["k"], "vllm_length": r["mean_acceptance_length"],
-                    "vllm_acceptance_rate": r["acceptance_rate"], "loop_alpha": ref["alpha"],
-                    "formula_length": ref["predicted_length"], "loop_length": ref["measured_length"], "gap": gap,
-                    "stderr": se, "gap_in_stderrs": gap / se if se else math.inf,
-                    "within_3_stderrs": abs(gap) <= 3 * se,
-                    "provenance": r.get("provenance")})
-    return out
-
-
-def _measure(batches: Sequence[int], ks: Sequence[int], methods: Sequence[str], prompt_lookup: tuple[int, int],
-             n_prompts: int, max_new_tokens: int, store: Any) -> dict[str, Any]:
-    rows = vllm_spec_runs(methods, ks, batches, prompt_lookup=prompt_lookup, n_prompts=n_prompts,
-                          max_new_tokens=max_new_tokens, store=store)
-    loop = loop_acceptance(n_prompts, max_new_tokens, sorted({r["k"] for r in rows if r["method"] == "draft_model"})
-                           or ks)
-    results = [r.pop("result") for r in rows]
-    return {"rows": rows, "loop": loop, "cross_check": cross_check(rows, loop), "results": results,
-            "workload": {"name": "journey", "requests": n_prompts, "max_new_tokens": max_new_tokens},
-            "settings": {"batches": list(batches), "ks": list(ks), "methods": list(methods),
-                         "prompt_lookup": list(prompt_lookup)}}
-
-
-def _recorded() -> dict[str, Any]:
-    facts = dict(recorded_facts("speculative", STEP))
-    label = f"recorded on {facts.get('gpu') or 'a GPU'}, {facts.get('date') or 'date unknown'}"
-    for part in ("rows", "loop", "cross_check"):
-        facts[part] = [{**r, "provenance": label} for r in facts.get(part, [])]
-    return facts
-
-
-def gpu_study(batches: Sequence[int] = (1, 64), ks: Sequence[int] = (4,), methods: Sequence[str] = METHODS, *,
-              prompt_lookup: tuple[int, int] = (2, 5), n_prompts: int = 64, max_new_tokens: int = 64,
-              store: Any = None, force: bool | None = None) -> Shown[dict[str, Any] | None]:
-    """Lab 08's vLLM step: live on a GPU with vLLM (`vllm_spec_runs` + the loop on the same prompts + `cross_check`),
-    otherwise the recording of `record` (all batches 1, 4, 16, 64 and k 2, 4), or "not recorded yet"."""
-    settings(methods, ks, prompt_lookup)  # refuse bad knobs on every machine, before the mode decides
-    return live_or_recorded(lambda: _measure(batches, ks, methods, prompt_lookup, n_prompts, max_new_tokens, store),
-                            _recorded, force=force)
-
-
-def gpu_table(shown: Shown, part: str = "rows", columns: list[str] | None = None) -> Any:
-    """One part of `gpu_study`'s value ("rows", "loop", "cross_check") as a table with its provenance column."""
-    validate.choice("gpu_table", "part", part, ("rows", "loop", "cross_check"))
-    value = None if shown.value is None else shown.value[part]
-    table = Shown(value, shown.live, shown.label, shown.why).table()
-    return table if columns is None or shown.value is None else table[[c for c in columns if c in table] +
-                                                                       ["provenance"]]
-
-
-def record(out_dir: Path, store: Any, facts: dict[str, Any], *, batches: Sequence[int] = (1, 4, 16, 64),
-           ks: Sequence[int] = (2, 4), methods: Sequence[str] = METHODS, prompt_lookup: tuple[int, int] = (2, 5),
-           n_prompts: int = 64, max_new_tokens: int = 64) -> None:
-    """The recording step `speculative` (scripts/record_reference.py --steps speculative), for a GPU session.
-
-    Every setting at every batch (4 batch sizes x (2 baselines + 2 methods x 2 k) = 24 engine starts with the
-    defaults), the loop's acceptance on the same 64 prompts x 64 tokens on the machine's CPU, the cross-check.
-    Results go into `store` marked recorded; facts["speculative"] holds the rows, the loop, the cross-check,
-    the GPU and the date; out_dir/speculative.json a copy."""
-    got = _measure(batches, ks, methods, prompt_lookup, n_prompts, max_new_tokens, None)
-    results = got.pop("results")
-    for r in results:
-        store.append(dataclasses.replace(r, provenance="recorded"))
-    gpu = next((r.hardware.get("gpu") for r in results if r.hardware.get("gpu")), None) or device_facts().get("gpu")
-    got.update({"gpu": gpu, "date": time.strftime("%Y-%m-%d")})
-    facts["speculative"] = got
-    Path(out_dir).mkdir(parents=True, exist_ok=True)
-    (Path(out_dir) / "speculative.json").write_text(json.dumps(got, indent=1, default=str))
-
-
 def pays_then_reverses(model: dict[str, Any]) -> bool:
     """`batch_model`'s claim: every drafter pays at batch 1 and is slower than plain decoding from some batch on."""
     return all(points[0].batch == 1 and points[0].speedup > 1 for points in model["curves"].values()) and all(
         b is not None for b in model["reversal"].values())
 
-
-def speedup_falls_with_batch(value: dict[str, Any]) -> bool:
-    """`gpu_study`'s claim: every speculative setting pays less at its largest batch than at its smallest."""
-    rows = [r for r in value["rows"] if r["method"] != "baseline"]
-    by_name: dict[str, list[dict[str, Any]]] = {}
-    for r in rows:
-        by_name.setdefault(r["name"], []).append(r)
-    runs = [sorted(rs, key=lambda r: r["batch"]) for rs in by_name.values()]
-    return bool(runs) and all(rs[-1]["speedup"] < rs[0]["speedup"] for rs in runs if len(rs) > 1)
 
 
 def summary_lines(study: dict[str, Any], model: dict[str, Any]) -> str:
@@ -986,3 +682,23 @@ def summary_lines(study: dict[str, Any], model: dict[str, Any]) -> str:
         f"k={model['k']}): "
         + "; ".join(f"{name} {pts[0].speedup:.2f}x at batch 1, slower from batch {model['reversal'][name]}"
                     for name, pts in model["curves"].items())])
+
+
+# The vLLM half, re-exported on first use (PEP 562): `spec.gpu_study` works, and importing the CPU loop loads no
+# vLLM-side code. speculative_vllm imports this module, so the names cannot be imported at the top.
+VLLM_NAMES = ("LAB", "STEP", "METHODS", "VLLM_METHODS", "NOT_IN_THIS_LAB", "REFUSED_WITH_SPECULATION",
+              "PinnedVLLMConfig", "RUNNER_ENV", "runner_env", "speculative_config", "Setting", "settings",
+              "counters_from_delta", "vllm_spec_runs", "loop_acceptance", "cross_check", "gpu_study", "gpu_table",
+              "record", "speedup_falls_with_batch")
+
+
+def __getattr__(name: str) -> Any:
+    if name in VLLM_NAMES:
+        from . import speculative_vllm
+
+        return getattr(speculative_vllm, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *VLLM_NAMES])

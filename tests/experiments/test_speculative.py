@@ -21,6 +21,7 @@ import pytest
 from lablib.config import VLLMConfig
 from lablib.engines.vllm import VLLMEngine
 from lablib.experiments import speculative as spec
+from lablib.experiments import speculative_vllm as spec_vllm
 from lablib.mechanisms.speculative import SpecCounters, expected_tokens_per_step, reversal_batch, simulate_acceptance
 from lablib.mechanisms.speculative import speedup as formula_speedup
 from lablib.models import embedded_path
@@ -294,13 +295,30 @@ def test_speculative_configs_for_both_methods():
     got = spec.speculative_config("ngram", 2)
     assert (got["prompt_lookup_min"], got["prompt_lookup_max"]) == (5, 5)  # vLLM's defaults
     assert spec.speculative_config("draft_model", 2, sampling={"temperature": 0})["method"] == "draft_model"
+    assert spec.speculative_config("eagle", 4) == {  # the head trained for the embedded target (data/models/eagle)
+        "method": "eagle", "model": str(embedded_path("eagle")), "num_speculative_tokens": 4}
+
+
+def test_an_eagle_head_is_checked_before_vllm(tmp_path):
+    with pytest.raises(ValueError, match=SHAPE.format(owner="EagleHead", field="path")):
+        spec.speculative_config("eagle", 4, draft=tmp_path)  # no config.json
+    (tmp_path / "config.json").write_text((embedded_path("eagle") / "config.json").read_text().replace(
+        '"hidden_size": 256', '"hidden_size": 128'))
+    with pytest.raises(ValueError, match=SHAPE.format(owner="EagleHead", field="hidden_size")) as e:
+        spec.speculative_config("eagle", 4, draft=tmp_path)
+    assert "256" in str(e.value) and "train_eagle.py" in str(e.value)
+    with pytest.raises(ValueError, match=SHAPE.format(owner="EagleHead", field="architectures")):
+        spec.speculative_config("eagle", 4, draft=embedded_path("draft"))  # a draft model is no EAGLE head
+    with pytest.raises(ValueError, match=SHAPE.format(owner="speculative_config", field="prompt_lookup_min")):
+        spec.speculative_config("eagle", 4, prompt_lookup_min=2)
 
 
 @pytest.mark.parametrize("args, kwargs, field, words", [
     (("draft_model", 0), {}, "k", "integers >= 1"), (("ngram", -1), {}, "k", "integers >= 1"),
     (("draft_model", 1.5), {}, "k", "integers"), (("draft_model", True), {}, "k", "integers"),
     (("lookahead", 4), {}, "method", "a method vLLM 0.26 has"),
-    (("eagle", 4), {}, "method", "out of this lab's scope"), (("medusa", 4), {}, "method", "draft_model or ngram"),
+    (("eagle3", 4), {}, "method", "out of this lab's scope"),
+    (("medusa", 4), {}, "method", "draft_model or ngram or eagle"),
     (("ngram", 4), {"prompt_lookup_min": 5, "prompt_lookup_max": 2}, "prompt_lookup_min", "<= prompt_lookup_max=2"),
     (("ngram", 4), {"prompt_lookup_min": 0}, "prompt_lookup_min", "integers >= 1"),
     (("draft_model", 4), {"prompt_lookup_max": 3}, "prompt_lookup_max", "None with draft_model"),
@@ -335,6 +353,9 @@ def test_the_settings_of_one_batch():
     assert (default.async_scheduling, default.model_runner_v2, default.speculative_config) == (None, None, None)
     assert [s.name for s in spec.settings(("ngram",), (4,), (3, 3), defaults_baseline=False)] == [
         "baseline, pinned (V1, no async)", "n-gram k=4 (lookup 3-3)"]
+    eagle = spec.settings(("eagle",), (4,), defaults_baseline=False)[1]
+    assert (eagle.name, eagle.step(1), eagle.spec["method"]) == ("EAGLE head k=4", "spec-eagle-k4-b1", "eagle")
+    assert eagle.config(1, 0.3).model_runner_v2 is False  # pinned like every run, so the comparison is one engine
 
 
 def test_counters_from_a_runs_metrics_delta():
@@ -366,6 +387,10 @@ def test_the_cross_check_accepts_the_formulas_own_counters_and_flags_others():
     assert ok["stderr"] == pytest.approx(se) and ok["formula_length"] == pytest.approx(2.7731)
     baseline = {"method": "baseline", "k": None, "mean_acceptance_length": None}
     assert spec.cross_check([baseline, {**_vllm_row(2, same), "k": 2}], loop) == []  # no loop row for k=2
+    eagle_row = {**_vllm_row(k, same), "method": "eagle", "name": "EAGLE head k=4"}
+    assert spec.cross_check([eagle_row], loop) == []  # the loop rows are the draft model's: no EAGLE reference
+    [got] = spec.cross_check([eagle_row], [{**loop[0], "drafter": "eagle"}])
+    assert got["drafter"] == "eagle" and got["within_3_stderrs"]
 
 
 def test_bad_knobs_are_refused_before_any_engine(monkeypatch):
@@ -373,7 +398,7 @@ def test_bad_knobs_are_refused_before_any_engine(monkeypatch):
         raise AssertionError("an engine was made before the knobs were checked")
 
     monkeypatch.setattr(VLLMEngine, "__init__", no_engine)
-    for kwargs, field in (({"ks": (0,)}, "ks"), ({"batches": (0,)}, "batches"), ({"methods": ("eagle",)}, "method"),
+    for kwargs, field in (({"ks": (0,)}, "ks"), ({"batches": (0,)}, "batches"), ({"methods": ("eagle3",)}, "method"),
                           ({"prompt_lookup": (6, 2)}, "prompt_lookup_min"), ({"n_prompts": 65}, "n_prompts")):
         with pytest.raises(ValueError, match=rf"\.{field}="):
             spec.vllm_spec_runs(**kwargs)
@@ -440,7 +465,7 @@ def test_the_gpu_step_without_a_recording_says_which_step_records_it(monkeypatch
     assert list(spec.gpu_table(shown)["provenance"]) == [shown.label]
     recorded = {"rows": [{"name": "baseline, pinned (V1, no async)", "batch": 1, "speedup": 1.0}], "loop": [],
                 "cross_check": [], "gpu": "NVIDIA H200", "date": "2026-12-02"}
-    monkeypatch.setattr(spec, "recorded_facts", lambda key, step: recorded if (key, step) == ("speculative",
+    monkeypatch.setattr(spec_vllm, "recorded_facts", lambda key, step: recorded if (key, step) == ("speculative",
                                                                                              "speculative") else None)
     shown = spec.gpu_study(force=False)
     assert shown.value["rows"][0]["provenance"] == "recorded on NVIDIA H200, 2026-12-02"

@@ -1,0 +1,455 @@
+"""Lab 08 on vLLM: the draft model, n-gram and the EAGLE head against a baseline on the SAME engine settings.
+
+vLLM 0.26 moves draft_model and ngram to its V1 model runner with async scheduling off (EAGLE stays on V2
+with async), so every run here pins both (`PinnedVLLMConfig`, `runner_env`), and a second baseline at vLLM's
+defaults shows what the switch alone costs. `vllm_spec_runs` runs each setting (`settings`) at each batch size;
+vLLM's counter deltas are read with the formula's definitions (`counters_from_delta`) and checked against the
+CPU loop's alpha for the same drafter on the same prompts (`loop_acceptance`, `cross_check`): the embedded draft
+against `greedy_speculative`, the EAGLE head (data/models/eagle, `lablib.models.eagle`) against `greedy_eagle`.
+`gpu_study` is the notebook's call (live or recorded); `record` is the recording step `speculative`. Every bad
+knob (k, a method vLLM 0.26 lacks or this lab does not run, n-gram lookups, a draft of another vocabulary, a head
+made for another target, min_p/logit_bias) is refused before an engine starts (`speculative_config`).
+
+The CPU half of the lab (the loops, the counters, the formula's report, the costs) is
+`lablib.experiments.speculative`, which also re-exports every name here.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import math
+import os
+import re
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .. import validate
+from ..config import BenchConfig, VLLMConfig
+from ..hardware.device import device_facts
+from ..mechanisms.speculative import (
+    SpecCounters,
+    estimate_alpha,
+    expected_tokens_per_step,
+    implied_draft_cost,
+)
+from ..models import embedded_path
+from ..models.eagle import check_head_dir, eagle_path
+from ..results.reference import recorded_facts
+from ..session import Shown, live_label, live_or_recorded
+from ..workloads import load_workload
+from .speculative import MODEL_DRAFTERS, counters_consistent, drafter_acceptance
+
+LAB = "08_speculative_decoding"
+STEP = "speculative"  # the recording step: scripts/record_reference.py --steps speculative calls `record` below
+METHODS = ("draft_model", "ngram", "eagle")  # what this lab runs on vLLM
+# vLLM 0.26's SpeculativeMethod (vllm/config/speculative.py), its MTP model types folded into "mtp"
+VLLM_METHODS = ("ngram", "ngram_gpu", "medusa", "mlp_speculator", "draft_model", "suffix", "custom_class", "eagle",
+                "eagle3", "extract_hidden_states", "mtp", "dflash", "dspark")
+NOT_IN_THIS_LAB = {
+    "eagle3": "an EAGLE-3 head trained for the embedded target; none ships yet (issue 15, out of this lab's scope)",
+}
+REFUSED_WITH_SPECULATION = ("min_p", "logit_bias")  # vLLM 0.26 raises on these with any speculative method
+
+# ------------------------------------------------------------------------------------------------------------------
+# vLLM: every run, baseline included, on the same engine settings
+# ------------------------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class PinnedVLLMConfig(VLLMConfig):
+    """VLLMConfig plus the two settings that speculative decoding changes behind the user's back in vLLM 0.26.
+
+    Turning on `draft_model` or `ngram` moves vLLM from Model Runner V2 to V1 and switches async scheduling
+    off (vllm/config/vllm.py), so a speculative run set against a default baseline compares two engines.
+    VLLMConfig has no field for either (config.py; a later change may move these two there), so this
+    subclass carries them and every Result's config records them. `async_scheduling` is an `LLM(...)`
+    argument and goes through llm_kwargs; the model runner is chosen by the environment variable
+    VLLM_USE_V2_MODEL_RUNNER, which `vllm_spec_runs` sets while the worker is spawned (the worker and
+    vLLM's engine core inherit it). None leaves vLLM's own choice.
+    """
+
+    async_scheduling: bool | None = None  # False: off in every run (the only setting draft_model and ngram share)
+    model_runner_v2: bool | None = None  # False: VLLM_USE_V2_MODEL_RUNNER=0, the V1 runner ngram needs
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        for name in ("async_scheduling", "model_runner_v2"):
+            if getattr(self, name) not in (None, True, False):
+                raise validate.refuse("PinnedVLLMConfig", name, getattr(self, name), "None, True or False",
+                                      "None leaves vLLM's choice; False pins it off in every run.")
+
+    def llm_kwargs(self) -> dict[str, Any]:
+        kw = super().llm_kwargs()
+        kw.pop("model_runner_v2", None)  # an environment variable, not an LLM argument
+        return kw
+
+
+RUNNER_ENV = "VLLM_USE_V2_MODEL_RUNNER"
+
+
+@contextlib.contextmanager
+def runner_env(v2: bool | None) -> Iterator[None]:
+    """VLLM_USE_V2_MODEL_RUNNER set to 1/0 (None: unset, vLLM decides) while a worker is spawned; restored after."""
+    before = os.environ.get(RUNNER_ENV)
+    if v2 is None:
+        os.environ.pop(RUNNER_ENV, None)
+    else:
+        os.environ[RUNNER_ENV] = "1" if v2 else "0"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(RUNNER_ENV, None)
+        else:
+            os.environ[RUNNER_ENV] = before
+
+
+def _config(path: str | Path) -> dict[str, Any]:
+    try:
+        return json.loads((Path(path) / "config.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def speculative_config(method: str, k: int, *, prompt_lookup_min: int | None = None,
+                       prompt_lookup_max: int | None = None, draft: str | Path | None = None,
+                       target: str | Path | None = None, sampling: dict[str, Any] | None = None) -> dict[str, Any]:
+    """vLLM's `speculative_config` for one method, every bad knob refused before an engine starts.
+
+    `draft_model` drafts with a small model (the embedded draft unless `draft` names another folder; its
+    vocabulary must be the target's, as vLLM requires); `eagle` with an EAGLE-1 head (the one trained for the
+    embedded target, data/models/eagle, unless `draft` names another head folder; checked against vLLM's layout
+    and the target's width and vocabulary by `lablib.models.eagle.check_head_dir`); `ngram` looks the last
+    prompt_lookup_min..max tokens up in the prompt and proposes what followed (vLLM's defaults 5 and 5).
+    `sampling` is what the run would pass to SamplingParams: lablib's worker decodes greedily, and vLLM 0.26
+    raises mid-run on min_p and logit_bias with any speculative method, so both are refused here.
+    """
+    owner = "speculative_config"
+    if method not in VLLM_METHODS:
+        raise validate.refuse(owner, "method", method, f"a method vLLM 0.26 has: {', '.join(VLLM_METHODS)}",
+                              f"this lab runs {', '.join(METHODS[:-1])} and {METHODS[-1]}.")
+    if method not in METHODS:
+        needs = NOT_IN_THIS_LAB.get(method, "weights or code this lab does not ship")
+        raise validate.refuse(owner, "method", method, f"{' or '.join(METHODS)} in this lab",
+                              f"{method} needs {needs}.")
+    validate.integer(owner, "k", k, "draft at least one token per step, e.g. k=4 (num_speculative_tokens).")
+    bad = sorted(set(sampling or {}) & set(REFUSED_WITH_SPECULATION))
+    if bad:
+        raise validate.refuse(owner, "sampling", {b: sampling[b] for b in bad},  # type: ignore[index]
+                              f"no {' or '.join(REFUSED_WITH_SPECULATION)} with speculative decoding",
+                              "vLLM 0.26 raises on them with any speculative method: drop them, or run without one.")
+    other = sorted(set(sampling or {}) - {"temperature"})
+    if other or (sampling or {}).get("temperature", 0) != 0:
+        raise validate.refuse(owner, "sampling", sampling, "greedy decoding (temperature 0) only",
+                              "lablib's vLLM worker decodes greedily, so the counters read as the formula does.")
+    if method == "ngram":
+        lo = validate.optional_integer(owner, "prompt_lookup_min", prompt_lookup_min, "an n-gram length >= 1, e.g. 2.")
+        hi = validate.optional_integer(owner, "prompt_lookup_max", prompt_lookup_max, "an n-gram length >= 1, e.g. 5.")
+        lo, hi = lo or hi or 5, hi or lo or 5  # vLLM's rule: one given sets the other; neither, both 5
+        if lo > hi:
+            raise validate.refuse(owner, "prompt_lookup_min", lo, f"<= prompt_lookup_max={hi}",
+                                  "the shortest n-gram looked up cannot be longer than the longest.")
+        if draft is not None:
+            raise validate.refuse(owner, "draft", str(draft), "None with ngram (it drafts from the prompt)",
+                                  "drop draft, or use method='draft_model'.")
+        return {"method": "ngram", "num_speculative_tokens": k, "model": None,  # None: the engine adds no draft
+                "prompt_lookup_min": lo, "prompt_lookup_max": hi}
+    for name, value in (("prompt_lookup_min", prompt_lookup_min), ("prompt_lookup_max", prompt_lookup_max)):
+        if value is not None:
+            raise validate.refuse(owner, name, value, f"None with {method} (n-gram knobs)",
+                                  "drop it, or use method='ngram'.")
+    target_path = Path(target) if target is not None else embedded_path("target")
+    if method == "eagle":
+        head = Path(draft) if draft is not None else eagle_path()
+        check_head_dir(head, _config(target_path))  # refuses a head vLLM would not load, or one for another target
+        return {"method": "eagle", "num_speculative_tokens": k, "model": str(head)}
+    draft_path = Path(draft) if draft is not None else embedded_path("draft")
+    dv, tv = _config(draft_path).get("vocab_size"), _config(target_path).get("vocab_size")
+    if dv is None or tv is None or dv != tv:
+        raise validate.refuse(owner, "draft", str(draft_path), f"a draft whose vocab_size equals the target's ({tv})"
+                              f"; this one has {dv}", "vLLM scores the draft's token ids with the target: use a "
+                              "draft trained on the target's tokenizer (the embedded draft, data/models/draft).")
+    return {"method": "draft_model", "num_speculative_tokens": k, "model": str(draft_path)}
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One engine configuration of the comparison: what drafts, how many tokens, on which engine settings."""
+
+    method: str  # "baseline" or one of METHODS
+    k: int | None  # draft tokens per step; None for a baseline
+    spec: dict[str, Any] | None  # vLLM's speculative_config; None for a baseline
+    pinned: bool  # V1 runner and async scheduling off (True) or vLLM's defaults (a baseline only)
+
+    @property
+    def name(self) -> str:
+        if self.method == "baseline":
+            return "baseline, pinned (V1, no async)" if self.pinned else "baseline, vLLM defaults"
+        if self.method == "ngram":
+            return f"n-gram k={self.k} (lookup {self.spec['prompt_lookup_min']}-{self.spec['prompt_lookup_max']})"
+        return f"{'EAGLE head' if self.method == 'eagle' else 'draft model'} k={self.k}"
+
+    def step(self, batch: int) -> str:
+        tail = "" if self.method == "baseline" else f"-k{self.k}"
+        if self.method == "ngram":
+            tail += f"-l{self.spec['prompt_lookup_min']}-{self.spec['prompt_lookup_max']}"
+        return f"spec-{self.method}{tail}{'' if self.pinned else '-defaults'}-b{batch}"
+
+    def config(self, batch: int, gpu_memory_utilization: float) -> PinnedVLLMConfig:
+        pin = False if self.pinned else None
+        return PinnedVLLMConfig(gpu_memory_utilization=gpu_memory_utilization, max_num_seqs=batch,
+                                speculative_config=self.spec, async_scheduling=pin, model_runner_v2=pin)
+
+
+def settings(methods: Sequence[str] = METHODS, ks: Sequence[int] = (2, 4), prompt_lookup: tuple[int, int] = (2, 5),
+             defaults_baseline: bool = True) -> list[Setting]:
+    """The runs of one batch size, every knob checked: the pinned baseline, vLLM's default baseline, each method x k."""
+    ks = validate.integers("settings", "ks", ks, "draft lengths, e.g. (2, 4).")
+    if not methods:
+        raise validate.refuse("settings", "methods", list(methods), f"one or more of {METHODS}", "e.g. ('ngram',).")
+    out = [Setting("baseline", None, None, True)]
+    if defaults_baseline:
+        out.append(Setting("baseline", None, None, False))
+    lookup = {"prompt_lookup_min": prompt_lookup[0], "prompt_lookup_max": prompt_lookup[1]}
+    for m in methods:
+        for k in ks:
+            out.append(Setting(m, k, speculative_config(m, k, **(lookup if m == "ngram" else {})), True))
+    return out
+
+
+def _metric(delta: dict[str, Any], name: str) -> Any:
+    return delta.get(name, delta.get(f"{name}_total"))
+
+
+def counters_from_delta(delta: dict[str, Any]) -> SpecCounters | None:
+    """vLLM's speculative counters from one run's metrics_delta; None when it drafted nothing (or has none).
+
+    `vllm:spec_decode_num_accepted_tokens_per_pos` is a Vector in `LLM.get_metrics()`; the worker keeps only
+    scalar values, so it is read when a list is there and left None otherwise.
+    """
+    drafts, tokens, accepted = (_metric(delta, f"vllm:spec_decode_num_{n}") for n in
+                                ("drafts", "draft_tokens", "accepted_tokens"))
+    if not drafts or tokens is None or accepted is None:
+        return None
+    per_pos = _metric(delta, "vllm:spec_decode_num_accepted_tokens_per_pos")
+    per_pos = tuple(int(x) for x in per_pos) if isinstance(per_pos, (list, tuple)) else None
+    return SpecCounters(int(drafts), int(tokens), int(accepted), per_pos)
+
+
+def _log_facts(log_path: str | None, s: Setting) -> dict[str, Any]:
+    """What the engine's log says ran: "Using V2 Model Runner", "Asynchronous scheduling is enabled/disabled"."""
+    try:
+        log = Path(log_path).read_text(errors="replace") if log_path else ""
+    except OSError:
+        log = ""
+    runner = ("V2" if "Using V2 Model Runner" in log else "V1" if "using the V1 model runner" in log or
+              (s.pinned and "Model Runner" not in log) else "unknown")
+    found = re.findall(r"Asynchronous scheduling is (enabled|disabled)", log)
+    return {"model_runner": runner, "async_scheduling": (found[-1] == "enabled") if found else None,
+            "log_says_runner": "Model Runner" in log, "log_says_async": bool(found)}
+
+
+def _divergence(a: list[int] | None, b: list[int] | None) -> int | None:
+    """The first position where two token lists differ (None: identical or not comparable)."""
+    if a is None or b is None:
+        return None
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None if len(a) == len(b) else min(len(a), len(b)))
+
+
+def _row(s: Setting, batch: int, result: Any, facts: dict[str, Any], logged: dict[str, Any]) -> dict[str, Any]:
+    delta = ((result.engine_facts or {}).get("last_run") or {}).get("metrics_delta") or {}
+    row: dict[str, Any] = {"name": s.name, "step": result.step, "method": s.method, "k": s.k, "batch": batch,
+                           "pinned": s.pinned, "prompt_lookup": None if s.method != "ngram" else
+                           [s.spec["prompt_lookup_min"], s.spec["prompt_lookup_max"]], **logged,
+                           "output_tok_s": result.summary["output_tok_s"], "wall_s": result.wall_s,
+                           "back_to_baseline": facts.get("vram_back_to_baseline"),
+                           "num_drafts": None, "num_draft_tokens": None, "num_accepted_tokens": None,
+                           "accepted_per_pos": None, "mean_acceptance_length": None, "acceptance_rate": None,
+                           "alpha": None, "formula_length": None, "counters_consistent": None,
+                           "counters_note": "a baseline drafts nothing" if s.method == "baseline" else
+                           "vLLM reported no drafts (no spec_decode counters in this run's metrics)"}
+    c = None if s.method == "baseline" else counters_from_delta(delta)
+    if c is not None:
+        ok, note = counters_consistent(c, s.k, every_draft_k=s.method in MODEL_DRAFTERS)
+        alpha = None
+        if c.accepted_per_pos is not None or c.num_draft_tokens % c.num_drafts == 0:
+            alpha = estimate_alpha(c)
+        row.update({"num_drafts": c.num_drafts, "num_draft_tokens": c.num_draft_tokens,
+                    "num_accepted_tokens": c.num_accepted_tokens, "accepted_per_pos": c.accepted_per_pos and
+                    list(c.accepted_per_pos), "mean_acceptance_length": c.mean_acceptance_length,
+                    "acceptance_rate": c.acceptance_rate, "alpha": alpha,
+                    "formula_length": None if alpha is None else float(expected_tokens_per_step(alpha, s.k)),
+                    "counters_consistent": ok, "counters_note": note if alpha is not None else
+                    note + "; alpha: drafts of varying length need the per-position counters"})
+    return row
+
+
+def vllm_spec_runs(methods: Sequence[str] = METHODS, ks: Sequence[int] = (2, 4),
+                   batches: Sequence[int] = (1, 4, 16, 64), *, prompt_lookup: tuple[int, int] = (2, 5),
+                   n_prompts: int = 64, max_new_tokens: int = 64, defaults_baseline: bool = True,
+                   gpu_memory_utilization: float = 0.3, model: str = "embedded", store: Any = None,
+                   lab: str = LAB) -> list[dict[str, Any]]:
+    """The draft model, n-gram and the EAGLE head on vLLM against a baseline on the same engine settings, per batch.
+
+    At each batch (max_num_seqs) one engine per setting (`settings`), each started in its own worker and
+    closed before the next: the pinned baseline (V1 runner, async scheduling off: what vLLM falls back to
+    for draft_model and ngram), vLLM's default baseline (V2 runner, async on: what the switch alone costs),
+    and each method x k, pinned. Every run decodes the first n_prompts journey prompts greedily to exactly
+    max_new_tokens (EOS ignored). A row per run: tok/s, the speedup over the pinned baseline at that batch,
+    vLLM's counter deltas (`counters_from_delta`) read as the formula reads them (alpha, E(alpha, k)), the
+    runner and async setting the engine's log reports, the greedy tokens against the baseline's (match
+    rate, first divergence: vLLM's verify pass is not bit-identical), VRAM back to baseline. Each row's
+    "result" is the Result (stored in `store` as it is made).
+    """
+    owner = "vllm_spec_runs"
+    batches = validate.integers(owner, "batches", batches, "batch sizes (max_num_seqs), e.g. (1, 4, 16, 64).")
+    validate.integer(owner, "n_prompts", n_prompts, "journey prompts per run, e.g. 64.", 1, 64)
+    validate.integer(owner, "max_new_tokens", max_new_tokens, "new tokens per request, e.g. 64.")
+    runs = settings(methods, ks, prompt_lookup, defaults_baseline)  # every refusal before any engine starts
+    from ..bench.offline import run
+    from ..engines.vllm import VLLMEngine
+
+    wl = load_workload("journey", limit=n_prompts)
+    bench = BenchConfig(warmup_requests=1, max_new_tokens=max_new_tokens, progress=False,
+                        tags={"speculative": True})
+    rows = []
+    for b in batches:
+        here = []
+        for s in runs:
+            engine = VLLMEngine(model, s.config(b, gpu_memory_utilization))
+            try:
+                with runner_env(engine.config.model_runner_v2):
+                    engine.start()
+                result = run(engine, wl, bench, lab=lab, step=s.step(b), store=store)
+            finally:
+                engine.close()
+            here.append((s, result, _row(s, b, result, engine.facts, _log_facts(getattr(engine, "log_path", None), s))))
+        base = here[0][1]  # the pinned baseline's Result: every speedup is over it
+        ids = {r.request_id: r.output_ids for r in base.requests}
+        for s, result, row in here:
+            firsts = [_divergence(r.output_ids, ids.get(r.request_id)) for r in result.requests]
+            same = [f is None for f in firsts]
+            row.update({"speedup": row["output_tok_s"] / base.summary["output_tok_s"],
+                        "token_match": sum(same) / len(same),
+                        "first_divergence": min((f for f in firsts if f is not None), default=None),
+                        "implied_c": None if row["mean_acceptance_length"] is None or s.method not in
+                        MODEL_DRAFTERS else
+                        implied_draft_cost(row["mean_acceptance_length"], s.k,
+                                           row["output_tok_s"] / base.summary["output_tok_s"]),
+                        "result": result, "provenance": live_label()})
+            rows.append(row)
+    return rows
+
+
+def loop_acceptance(n_prompts: int = 64, max_new_tokens: int = 64, ks: Sequence[int] = (2, 4), threads: int = 1,
+                    pair: tuple[Any, Any, Any] | None = None,
+                    drafters: Sequence[str] = ("draft_model",)) -> list[dict[str, Any]]:
+    """The torch loops' acceptance (this machine's CPU, float32) on the prompts and lengths vLLM is given.
+
+    Greedy and deterministic: per drafter (the embedded draft, the EAGLE head) and k, what the same drafter
+    drafts and accepts on the same text, the reference vLLM's counters are checked against (`cross_check`)."""
+    return drafter_acceptance(drafters, n_prompts, max_new_tokens, ks, threads, pair)
+
+
+def cross_check(rows: Sequence[dict[str, Any]], loop: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """vLLM's mean acceptance length per model-drafter run against the formula at the loop's alpha (same drafter, k).
+
+    Both decode the same target and drafter greedily on the same prompts, so under the i.i.d. model vLLM's
+    length should be E(alpha_loop, k) up to sampling error: `stderr` combines the loop's (its length_stderr) and vLLM's,
+    the loop's per-step spread over sqrt(vLLM's num_drafts) (the per-step counts are not in vLLM's
+    counters). vLLM's first token of each request comes from the prefill, undrafted, and its bf16 verify
+    can flip near-tied argmaxes, so small gaps are expected; over 3 standard errors is a finding.
+    """
+    by_key = {(r.get("drafter", "draft_model"), r["k"]): r for r in loop}  # a row without "drafter": the draft model
+    out = []
+    for r in rows:
+        ref = by_key.get((r["method"], r["k"]))
+        if r["method"] not in MODEL_DRAFTERS or r.get("mean_acceptance_length") is None or ref is None:
+            continue
+        spread = ref["length_stderr"] * math.sqrt(ref["num_drafts"])  # the loop's per-step std of accepted counts
+        se = math.sqrt(ref["length_stderr"] ** 2 + spread**2 / r["num_drafts"])
+        gap = r["mean_acceptance_length"] - ref["predicted_length"]
+        out.append({"name": r["name"], "drafter": r["method"], "batch": r["batch"], "k": r["k"],
+                    "vllm_length": r["mean_acceptance_length"],
+                    "vllm_acceptance_rate": r["acceptance_rate"], "loop_alpha": ref["alpha"],
+                    "formula_length": ref["predicted_length"], "loop_length": ref["measured_length"], "gap": gap,
+                    "stderr": se, "gap_in_stderrs": gap / se if se else math.inf,
+                    "within_3_stderrs": abs(gap) <= 3 * se,
+                    "provenance": r.get("provenance")})
+    return out
+
+
+def _measure(batches: Sequence[int], ks: Sequence[int], methods: Sequence[str], prompt_lookup: tuple[int, int],
+             n_prompts: int, max_new_tokens: int, store: Any) -> dict[str, Any]:
+    rows = vllm_spec_runs(methods, ks, batches, prompt_lookup=prompt_lookup, n_prompts=n_prompts,
+                          max_new_tokens=max_new_tokens, store=store)
+    drafters = [m for m in methods if m in MODEL_DRAFTERS] or ["draft_model"]
+    loop = loop_acceptance(n_prompts, max_new_tokens, sorted({r["k"] for r in rows if r["method"] in drafters})
+                           or ks, drafters=drafters)
+    results = [r.pop("result") for r in rows]
+    return {"rows": rows, "loop": loop, "cross_check": cross_check(rows, loop), "results": results,
+            "workload": {"name": "journey", "requests": n_prompts, "max_new_tokens": max_new_tokens},
+            "settings": {"batches": list(batches), "ks": list(ks), "methods": list(methods),
+                         "prompt_lookup": list(prompt_lookup)}}
+
+
+def _recorded() -> dict[str, Any]:
+    facts = dict(recorded_facts("speculative", STEP))
+    label = f"recorded on {facts.get('gpu') or 'a GPU'}, {facts.get('date') or 'date unknown'}"
+    for part in ("rows", "loop", "cross_check"):
+        facts[part] = [{**r, "provenance": label} for r in facts.get(part, [])]
+    return facts
+
+
+def gpu_study(batches: Sequence[int] = (1, 64), ks: Sequence[int] = (4,), methods: Sequence[str] = METHODS, *,
+              prompt_lookup: tuple[int, int] = (2, 5), n_prompts: int = 64, max_new_tokens: int = 64,
+              store: Any = None, force: bool | None = None) -> Shown[dict[str, Any] | None]:
+    """Lab 08's vLLM step: live on a GPU with vLLM (`vllm_spec_runs` + the loop on the same prompts + `cross_check`),
+    otherwise the recording of `record` (all batches 1, 4, 16, 64 and k 2, 4), or "not recorded yet"."""
+    settings(methods, ks, prompt_lookup)  # refuse bad knobs on every machine, before the mode decides
+    return live_or_recorded(lambda: _measure(batches, ks, methods, prompt_lookup, n_prompts, max_new_tokens, store),
+                            _recorded, force=force)
+
+
+def gpu_table(shown: Shown, part: str = "rows", columns: list[str] | None = None) -> Any:
+    """One part of `gpu_study`'s value ("rows", "loop", "cross_check") as a table with its provenance column."""
+    validate.choice("gpu_table", "part", part, ("rows", "loop", "cross_check"))
+    value = None if shown.value is None else shown.value[part]
+    table = Shown(value, shown.live, shown.label, shown.why).table()
+    return table if columns is None or shown.value is None else table[[c for c in columns if c in table] +
+                                                                       ["provenance"]]
+
+
+def record(out_dir: Path, store: Any, facts: dict[str, Any], *, batches: Sequence[int] = (1, 4, 16, 64),
+           ks: Sequence[int] = (2, 4), methods: Sequence[str] = METHODS, prompt_lookup: tuple[int, int] = (2, 5),
+           n_prompts: int = 64, max_new_tokens: int = 64) -> None:
+    """The recording step `speculative` (scripts/record_reference.py --steps speculative), for a GPU session.
+
+    Every setting at every batch (4 batch sizes x (2 baselines + 3 methods x 2 k) = 32 engine starts with the
+    defaults), the loop's acceptance on the same 64 prompts x 64 tokens on the machine's CPU, the cross-check.
+    Results go into `store` marked recorded; facts["speculative"] holds the rows, the loop, the cross-check,
+    the GPU and the date; out_dir/speculative.json a copy."""
+    got = _measure(batches, ks, methods, prompt_lookup, n_prompts, max_new_tokens, None)
+    results = got.pop("results")
+    for r in results:
+        store.append(dataclasses.replace(r, provenance="recorded"))
+    gpu = next((r.hardware.get("gpu") for r in results if r.hardware.get("gpu")), None) or device_facts().get("gpu")
+    got.update({"gpu": gpu, "date": time.strftime("%Y-%m-%d")})
+    facts["speculative"] = got
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
+    (Path(out_dir) / "speculative.json").write_text(json.dumps(got, indent=1, default=str))
+
+
+
+def speedup_falls_with_batch(value: dict[str, Any]) -> bool:
+    """`gpu_study`'s claim: every speculative setting pays less at its largest batch than at its smallest."""
+    rows = [r for r in value["rows"] if r["method"] != "baseline"]
+    by_name: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        by_name.setdefault(r["name"], []).append(r)
+    runs = [sorted(rs, key=lambda r: r["batch"]) for rs in by_name.values()]
+    return bool(runs) and all(rs[-1]["speedup"] < rs[0]["speedup"] for rs in runs if len(rs) > 1)
+
