@@ -410,8 +410,36 @@ def gpu_study(batches: Sequence[int] = (1, 64), ks: Sequence[int] = (4,), method
     """Lab 08's vLLM step: live on a GPU with vLLM (`vllm_spec_runs` + the loop on the same prompts + `cross_check`),
     otherwise the recording of `record` (all batches 1, 4, 16, 64 and k 2, 4), or "not recorded yet"."""
     settings(methods, ks, prompt_lookup)  # refuse bad knobs on every machine, before the mode decides
+    asked = {"batches": sorted(batches), "ks": sorted(ks), "methods": sorted(methods),
+             "prompt_lookup": list(prompt_lookup), "n_prompts": n_prompts, "max_new_tokens": max_new_tokens}
     return live_or_recorded(lambda: _measure(batches, ks, methods, prompt_lookup, n_prompts, max_new_tokens, store),
-                            _recorded, force=force)
+                            lambda: _asked_part(_recorded(), asked), force=force, asked=asked,
+                            recorded_with=_recorded_settings)
+
+
+def _recorded_settings(value: dict[str, Any]) -> dict[str, Any]:
+    """The knobs of the runs a recording shows (after `_asked_part`), in `gpu_study`'s asked form."""
+    rows, work = value.get("rows", []), value.get("workload", {})
+    spec_rows = [r for r in rows if r.get("method") not in (None, "baseline")]
+    return {"batches": sorted({r["batch"] for r in rows if "batch" in r}), "ks": sorted({r["k"] for r in spec_rows}),
+            "methods": sorted({r["method"] for r in spec_rows}),
+            "prompt_lookup": value.get("settings", {}).get("prompt_lookup", "not recorded"),
+            "n_prompts": work.get("requests", "not recorded"), "max_new_tokens": work.get("max_new_tokens", "not recorded")}
+
+
+def _asked_part(value: dict[str, Any], asked: dict[str, Any]) -> dict[str, Any]:
+    """The recorded runs at the asked batches, k and methods (baselines kept) when the recording has all of them;
+    otherwise the whole recording (the stand-in line then says what is shown instead)."""
+    have = _recorded_settings(value)
+    if not all(set(asked[k]) <= set(have[k]) for k in ("batches", "ks", "methods")):
+        return value
+
+    def wanted(r: dict[str, Any]) -> bool:
+        return ("batch" not in r or r["batch"] in asked["batches"]) and (
+            r.get("method") in (None, "baseline") or (r["method"] in asked["methods"] and r.get("k") in asked["ks"]))
+
+    return {**value, **{part: [r for r in value.get(part, []) if wanted(r)] for part in ("rows", "cross_check")},
+            "loop": [r for r in value.get("loop", []) if r.get("k") in asked["ks"]]}
 
 
 def gpu_table(shown: Shown, part: str = "rows", columns: list[str] | None = None) -> Any:

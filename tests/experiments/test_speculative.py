@@ -470,3 +470,23 @@ def test_the_gpu_step_without_a_recording_says_which_step_records_it(monkeypatch
     shown = spec.gpu_study(force=False)
     assert shown.value["rows"][0]["provenance"] == "recorded on NVIDIA H200, 2026-12-02"
     assert list(spec.gpu_table(shown, "rows", ["batch", "speedup"]).columns) == ["batch", "speedup", "provenance"]
+
+
+def test_a_recorded_grid_shows_the_asked_part_or_says_what_stands_in(monkeypatch, capsys):
+    """Issue 11.8 for lab 08: the recording holds batches 1-64, k 2 and 4, three methods; the lab asks (1, 64), k 4."""
+    rows = [{"name": "baseline", "method": "baseline", "k": None, "batch": b} for b in (1, 4, 16, 64)] + [
+        {"name": f"{m} k={k}", "method": m, "k": k, "batch": b} for m in spec.METHODS for k in (2, 4) for b in (1, 4, 16, 64)]
+    recorded = {"rows": rows, "loop": [{"k": 2}, {"k": 4}], "cross_check": [{"method": "ngram", "k": 4}],
+                "workload": {"name": "journey", "requests": 64, "max_new_tokens": 64},
+                "settings": {"batches": [1, 4, 16, 64], "ks": [2, 4], "methods": list(spec.METHODS), "prompt_lookup": [2, 5]},
+                "gpu": "NVIDIA H200", "date": "2026-12-02"}
+    monkeypatch.setattr(spec_vllm, "recorded_facts", lambda key, step: recorded)
+    shown = spec.gpu_study(batches=(1, 64), ks=(4,), force=False)
+    assert shown.stand_ins == {} and capsys.readouterr().out == ""
+    assert {(r["batch"], r["k"]) for r in shown.value["rows"]} == {(1, None), (64, None), (1, 4), (64, 4)}
+    assert shown.value["loop"] == [{"k": 4, "provenance": "recorded on NVIDIA H200, 2026-12-02"}]
+    wide = spec.gpu_study(batches=(1, 128), ks=(4,), n_prompts=16, force=False)  # 128 and 16 prompts: never recorded
+    assert len(wide.value["rows"]) == len(rows)
+    assert wide.stand_ins["batches"] == {"asked": [1, 128], "shown": [1, 4, 16, 64]}
+    assert wide.stand_ins["n_prompts"] == {"asked": 16, "shown": 64}
+    assert "Shown instead of what this cell asked" in capsys.readouterr().out
