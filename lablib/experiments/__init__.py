@@ -12,7 +12,8 @@
   llm-compressor's schemes for size and quality on the CPU, speed by batch on vLLM.
 - `prefix` (+ `prefix_workloads`, `prefix_simulated`, `prefix_checks`): lab 07, the simulator's prediction
   against vLLM's counters, the seeds' advice tested.
-- `speculative` (+ `speculative_vllm`): lab 08, the greedy loop on the embedded pair, vLLM's methods by batch.
+- `speculative` (+ `speculative_loops`, `speculative_acceptance`, `speculative_study`, `speculative_vllm`): lab 08,
+  the greedy loops on the embedded pair against the formula, the CPU costs, the batch model, vLLM's methods by batch.
 - `parallel` (+ `parallel_model`, `parallel_fit`): lab 09, the TP cost model swept, the fit, TP runs.
 
 A lab's module keeps what its notebook calls and re-exports the parts beside it, so `experiments.<lab>.name`
