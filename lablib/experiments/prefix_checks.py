@@ -49,7 +49,8 @@ def falls_with_capacity(rows: list[dict[str, Any]]) -> bool:
     return True
 
 
-def checks(idea: Any, chain: Any, lengths: Any, advice: Any, demo: Any, scarce: Any, seq: Any, onoff: Any) -> None:
+def checks(idea: Any, chain: Any, lengths: Any, advice: Any, demo: Any, scarce: Any, seq: Any, onoff: Any,
+           reuse: Any = None) -> None:
     """Lab 07's Checks cell: the simulator's exact cases asserted on this run, vLLM's claims when measured live.
 
     Takes what the lab's cells computed: the repeat table, the hash chain, the prefix-length rows, the advice
@@ -92,6 +93,13 @@ def checks(idea: Any, chain: Any, lengths: Any, advice: Any, demo: Any, scarce: 
         all(r["hits"] == 0 for r in scarce if r["order"] == "round-robin" and r["num_blocks"] <= r["prefix_blocks"]),
     )
     c.that("scarce memory: less room never raises the hit rate, nor lowers the evictions", falls_with_capacity(scarce))
+    if reuse is not None:  # prefix_reuse.reuse_study: measured on this machine, whatever it is
+        c.that("on this machine, reusing the shared prefix's K/V cuts the median time to first token",
+               reuse["warm_ttft_p50_ms"] < reuse["cold_ttft_p50_ms"],
+               f"{reuse['cold_ttft_p50_ms']:.1f} ms cold, {reuse['warm_ttft_p50_ms']:.1f} ms warm")
+        c.that("the reused K/V give every request the same next token, logits equal to float rounding (< 1e-3)",
+               all(r["same_first_token"] and r["max_logit_diff"] < 1e-3 for r in reuse["rows"]),
+               max(r["max_logit_diff"] for r in reuse["rows"]))
     c.live(
         seq,
         "vLLM's hits equal the simulator's, request by request, one request at a time",
