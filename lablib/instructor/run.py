@@ -54,6 +54,11 @@ class LabRun:
                 f"failed: {f['error']}")
 
 
+# ipykernel 7 logs "Kernel is running over TCP without encryption" at start-up on the kernel's stderr (this
+# command's own): the kernel listens on localhost only, and the line read like an error in the run-all's output.
+# Only the kernel application's own log is quieted; a cell's warnings and errors still land in its notebook.
+KERNEL_QUIET = ["--IPKernelApp.log_level=ERROR"]
+
 def select(labs: list[str] | None, labs_dir: Path = LABS_DIR) -> list[Path]:
     """The notebooks to run: each of `labs` is a notebook path or a lab's number or name ("01", "01_batching")."""
     every = lab_notebooks(labs_dir)
@@ -116,7 +121,8 @@ def run_lab(path: Path, out: Path, *, env: dict[str, str], cell_timeout_s: float
     t0 = time.perf_counter()
     try:
         papermill.execute_notebook(str(path), str(out / run.notebook), cwd=str(path.parent), progress_bar=False,
-                                   log_output=False, execution_timeout=cell_timeout_s, kernel_name="python3")
+                                   log_output=False, execution_timeout=cell_timeout_s, kernel_name="python3",
+                                   extra_arguments=KERNEL_QUIET)
         run.status = "ok"
     except Exception as e:  # noqa: BLE001 -- papermill's execution error, a timeout, a dead kernel: the notebook says which cell
         run.status = "failed"
