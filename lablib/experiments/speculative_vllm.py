@@ -2,7 +2,8 @@
 
 vLLM 0.26 moves draft_model and ngram to its V1 model runner with async scheduling off (EAGLE stays on V2
 with async), so every run here pins both (`PinnedVLLMConfig`, `runner_env`), and a second baseline at vLLM's
-defaults shows what the switch alone costs. `vllm_spec_runs` runs each setting (`settings`) at each batch size;
+defaults shows what the switch alone costs. The EAGLE rows are pinned too, so they measure vLLM's V1 proposer;
+its V2 path (vLLM's defaults for EAGLE) is what tests/models/test_eagle.py's GPU test loads. `vllm_spec_runs` runs each setting (`settings`) at each batch size;
 vLLM's counter deltas are read with the formula's definitions (`counters_from_delta`) and checked against the
 CPU loop's alpha for the same drafter on the same prompts (`loop_acceptance`, `cross_check`): the embedded draft
 against `greedy_speculative`, the EAGLE head (data/models/eagle, `lablib.models.eagle`) against `greedy_eagle`.

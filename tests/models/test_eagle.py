@@ -204,7 +204,9 @@ def test_vllm_loads_the_head_with_method_eagle_and_accepts_its_drafts():
     and async scheduling): the engine starts (its loader took every tensor), drafts k tokens a step and accepts
     some, the counters hang together, and the mean acceptance length keeps at least half the CPU loop's gain
     (training.json: journey 64 x 64 at k=4, float32) on 16 of those prompts: bf16, vLLM's undrafted first token
-    and fewer prompts move it, a head that vLLM fed the wrong feature (or none) would accept almost nothing."""
+    and fewer prompts move it, a head that vLLM fed the wrong feature (or none) would accept almost nothing.
+    The bar is the CPU loop's own length on these same 16 prompts x 32 tokens (2.13 when last measured), less
+    0.3 for vLLM's undrafted first token and bf16 near-ties; and vLLM's greedy outputs must mostly follow the CPU's."""
     from lablib import BenchConfig, VLLMConfig, VLLMEngine, run
 
     k, wl = 4, load_workload("journey", limit=16)
@@ -214,6 +216,15 @@ def test_vllm_loads_the_head_with_method_eagle_and_accepts_its_drafts():
     c = spec.counters_from_delta(result.engine_facts["last_run"]["metrics_delta"])
     assert c is not None and c.num_drafts > 0 and c.num_accepted_tokens > 0, result.engine_facts["last_run"]
     assert spec.counters_consistent(c, k) == (True, "consistent")
-    cpu = json.loads((eagle.eagle_path() / "training.json").read_text())["held_out"]["eagle"]["measured_length"]
-    assert c.mean_acceptance_length > 1 + 0.5 * (cpu - 1), (c, cpu)
+    (loop,) = spec.drafter_acceptance(("eagle",), n_prompts=16, max_new_tokens=32, ks=(k,))  # the same prompts
+    assert c.mean_acceptance_length > loop["measured_length"] - 0.3, (c, loop["measured_length"])
     assert [q.output_tokens for q in result.requests] == [32] * 16
+    target, _, tok = spec.load_pair()
+    plain = [spec.greedy(target, p, 32) for p in wl.prompt_ids(tok)]
+    def prefix(a: list[int], b: list[int]) -> int:
+        return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+    share = sum(prefix(q.output_ids, want) for q, want in zip(result.requests, plain)) / (16 * 32)
+    # vLLM's bf16 greedy against the CPU's float32 matched 78% of each output's prefix on the H200 (facts.json's
+    # greedy_agreement, no speculation): near-ties flip. A verify pass that kept wrong drafts would match ~nothing.
+    assert share > 0.5, f"vLLM with the EAGLE head matches {share:.0%} of the CPU's greedy prefixes"
