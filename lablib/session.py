@@ -123,6 +123,17 @@ def stand_ins(asked: dict[str, Any], shown: dict[str, Any]) -> dict[str, dict[st
     return out
 
 
+def asked_rows(rows: list[dict[str, Any]], key: str | Callable[[dict[str, Any]], Any], values: Any
+               ) -> list[dict[str, Any]]:
+    """The recorded rows at the values a cell asked for, in the asked order, when the recording has every one of
+    them; otherwise all of them (and the stand-in line says what was shown instead). `key` is a row's field, or a
+    function of the row for a point of several knobs (e.g. its (max_num_seqs, max_num_batched_tokens))."""
+    get = key if callable(key) else (lambda r: r[key])
+    asked = list(values)
+    keep = sorted((r for r in rows if get(r) in asked), key=lambda r: asked.index(get(r)))
+    return keep if len({get(r) for r in keep}) == len(set(asked)) else rows
+
+
 def stand_in_line(diffs: dict[str, dict[str, Any]], label: str) -> str:
     """One sentence naming the recorded values that stand in for the ones a cell asked for."""
     def say(v: Any) -> str:

@@ -50,7 +50,7 @@ from ..hardware.device import device_facts, library_versions, torch_threads
 from ..models import ModelSpec, load_hf_model, resolve_model
 from ..results.reference import NotRecorded, recorded_facts
 from ..results.store import ResultStore
-from ..session import Shown, live_or_recorded
+from ..session import Shown, asked_rows, live_or_recorded
 from .attention_findings import (  # noqa: F401 - re-exported: the notebook and the tests read them here
     PREDICT_LENS,
     SLOPED,
@@ -80,7 +80,6 @@ from .attention_vllm import (  # noqa: F401 - re-exported, as above
     vllm_backend_sweep,
     wired,
 )
-from .kv import asked_rows
 
 STEP = KEY = "attention"  # scripts/record_reference.py --steps attention writes facts["attention"]
 BIG = "llama-3.1-8b"  # the synthetic 8B shape of the GPU runs

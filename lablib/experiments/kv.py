@@ -13,7 +13,7 @@ from ..models import ModelSpec
 from ..results.record import Result
 from ..results.store import ResultStore
 from ..results.reference import recorded_rows, reference_facts
-from ..session import Shown, live_label, live_or_recorded
+from ..session import Shown, asked_rows, live_label, live_or_recorded
 from .sweeps import config_sweep
 
 
@@ -44,14 +44,6 @@ def gpu_memory_utilization_rows(values: list[float] = (0.1, 0.3, 0.5), force: bo
 
 
 COLD_START_GMU = 0.3  # the cold start's gpu_memory_utilization, here and in scripts/record_reference.py's smoke step
-
-
-def asked_rows(rows: list[dict[str, Any]], knob: str, values: Any) -> list[dict[str, Any]]:
-    """The recorded rows at the values a cell asked for, when the recording has every one of them; otherwise all
-    of them (and the stand-in line says what was shown instead)."""
-    asked = list(values)
-    keep = sorted((r for r in rows if r[knob] in asked), key=lambda r: asked.index(r[knob]))  # in the asked order
-    return keep if len({r[knob] for r in keep}) == len(set(asked)) else rows
 
 
 def cold_start(gpu_memory_utilization: float = COLD_START_GMU, force: bool | None = None) -> Shown[dict[str, Any]]:

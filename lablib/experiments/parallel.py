@@ -34,7 +34,7 @@ from ..models.architecture import architectures, parameter_count
 from ..results.record import Result
 from ..results.reference import load_reference, recorded_facts
 from ..results.store import ResultStore
-from ..session import Shown, live_label, live_or_recorded
+from ..session import Shown, asked_rows, live_label, live_or_recorded
 from ..workloads import Request, Workload, load_workload
 from .parallel_fit import (  # noqa: F401 - re-exported: the notebook and the tests read them here
     ONE_LONG_SEQUENCE,
@@ -217,9 +217,7 @@ def _recorded(key: str, step: str, fields: tuple[str, ...], points: list[tuple],
     recording holds them all; otherwise every row (and `_knobs` of each side says which stand in)."""
     got = recorded_facts(key, step)
     rows = [{**row, "provenance": f"recorded on {got['gpu']}, {got['date']}"} for row in got["rows"]]
-    want = {(*p, b) for p in points for b in batches}
-    keep = [r for r in rows if (*(r[f] for f in fields), r["batch"]) in want]
-    return keep if len(keep) == len(want) else rows
+    return asked_rows(rows, lambda r: (*(r[f] for f in fields), r["batch"]), [(*p, b) for p in points for b in batches])
 
 
 def _knobs(fields: tuple[str, ...], points: list[Any], batches: Any) -> dict[str, Any]:

@@ -223,8 +223,7 @@ def on_off(models: tuple[Any, ...] = ("embedded", BIG), *, store: Any = None, fo
     """`on_off_runs` live on a GPU with vLLM (its Results appended to `store`); else what `record` recorded: the asked
     models' runs when the recording holds them all, else every model's (and the line under the cell says so)."""
     from ..results.reference import recorded_facts
-    from ..session import live_or_recorded
-    from .kv import asked_rows
+    from ..session import asked_rows, live_or_recorded
 
     names = [_run_name(m) for m in models]
 

@@ -33,13 +33,17 @@ def reusable_tokens(prompt_len: int, shared: int, block_size: int = 16) -> int:
     return max(whole, 0)
 
 
-def _first_token(model: Any, ids: list[int], cache: Any = None) -> tuple[int, Any, float]:
+def _forward(model: Any, ids: list[int], cache: Any = None) -> Any:
+    """One prefill pass over `ids` (after `cache`'s tokens, when given); the model's output, its cache extended."""
     import torch
 
-    t0 = time.perf_counter()
     with torch.inference_mode():
-        out = model(input_ids=torch.tensor([ids]), past_key_values=cache, use_cache=True)
-    logits = out.logits[0, -1].float()
+        return model(input_ids=torch.tensor([ids]), past_key_values=cache, use_cache=True)
+
+
+def _first_token(model: Any, ids: list[int], cache: Any = None) -> tuple[int, Any, float]:
+    t0 = time.perf_counter()
+    logits = _forward(model, ids, cache).logits[0, -1].float()
     return int(logits.argmax()), logits, time.perf_counter() - t0
 
 
@@ -60,6 +64,7 @@ def reuse_study(engine: Any, workload: str = "shared-prefix-512", requests: int 
     ids = [list(p.prompt_ids) for p in prepare(wl, engine, BenchConfig(warmup_requests=0))]
     shared = shared_tokens(ids)
     reuse = [reusable_tokens(len(p), shared, block_size) for p in ids]
+    prefix_len = max(reuse)  # the longest reusable run: every request's reuse is a prefix of it
     cold: list[list[float]] = [[] for _ in ids]
     warm: list[list[float]] = [[] for _ in ids]
     agree, diffs, prefix_s = [True] * len(ids), [0.0] * len(ids), []
@@ -67,7 +72,7 @@ def reuse_study(engine: Any, workload: str = "shared-prefix-512", requests: int 
         _first_token(model, ids[0][:32])  # warm-up: kernels and allocator, not timed
         for _ in range(rounds):
             t0 = time.perf_counter()
-            prefix_cache = _prefix_cache(model, ids[0][:max(reuse)]) if max(reuse) else None  # the shared tokens
+            prefix_cache = _forward(model, ids[0][:prefix_len]).past_key_values if prefix_len else None
             prefix_s.append(time.perf_counter() - t0)
             for i, p in enumerate(ids):
                 tok_cold, logits_cold, s_cold = _first_token(model, p)
@@ -75,8 +80,8 @@ def reuse_study(engine: Any, workload: str = "shared-prefix-512", requests: int 
                 cache = None  # blocks by reference; a DynamicCache is extended in place, so each request needs one)
                 if reuse[i]:
                     cache = copy.deepcopy(prefix_cache)
-                    if reuse[i] < max(reuse):
-                        cache.crop(reuse[i] - max(reuse))  # a negative count drops that many tokens from the end
+                    if reuse[i] < prefix_len:
+                        cache.crop(reuse[i] - prefix_len)  # a negative count drops that many tokens from the end
                 tok_warm, logits_warm, _ = _first_token(model, p[reuse[i]:], cache)
                 warm[i].append(time.perf_counter() - t0)
                 cold[i].append(s_cold)
@@ -93,13 +98,6 @@ def reuse_study(engine: Any, workload: str = "shared-prefix-512", requests: int 
             # what skipping the reused tokens would give if a prefill cost only its tokens (no fixed cost per pass)
             "speedup_bound": sum(len(p) for p in ids) / sum(len(p) - n for p, n in zip(ids, reuse)),
             "reused_share": sum(reuse) / sum(len(p) for p in ids), "prefix_ms": 1e3 * percentile(prefix_s, 50)}
-
-
-def _prefix_cache(model: Any, prefix: list[int]) -> Any:
-    import torch
-
-    with torch.inference_mode():
-        return model(input_ids=torch.tensor([prefix]), use_cache=True).past_key_values
 
 
 def reuse_lines(study: dict[str, Any], label: str) -> str:

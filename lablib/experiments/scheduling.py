@@ -17,7 +17,7 @@ from ..models import ModelSpec
 from ..results.record import Result
 from ..results.store import ResultStore
 from ..results.reference import load_reference, recorded_rows
-from ..session import Shown, live_label, live_or_recorded
+from ..session import Shown, asked_rows, live_label, live_or_recorded
 from .sweeps import config_sweep
 
 
@@ -38,8 +38,9 @@ def scheduler_rows(max_num_seqs: list[int] = (8, 64), max_num_batched_tokens: li
     model = kw.get("model", "embedded")
     return live_or_recorded(lambda: [{**r, "provenance": live_label()} for r in
                                      scheduler_sweep(list(max_num_seqs), list(max_num_batched_tokens), **kw)[0]],
-                            lambda: _asked_pairs(recorded_rows("scheduler_sweep", "knobs"), max_num_seqs,
-                                                 max_num_batched_tokens), force=force,
+                            lambda: asked_rows(recorded_rows("scheduler_sweep", "knobs"), _pair,
+                                               [(n, b) for n in max_num_seqs for b in max_num_batched_tokens]),
+                            force=force,
                             asked={"(max_num_seqs, max_num_batched_tokens)":
                                    [[n, b] for n in max_num_seqs for b in max_num_batched_tokens],
                                    "model": model if isinstance(model, str) else model.name},
@@ -48,12 +49,8 @@ def scheduler_rows(max_num_seqs: list[int] = (8, 64), max_num_batched_tokens: li
                                                         "model": rows[0]["model"]})
 
 
-def _asked_pairs(rows: list[dict[str, Any]], seqs: Any, tokens: Any) -> list[dict[str, Any]]:
-    """The recorded rows at the asked (max_num_seqs, max_num_batched_tokens) pairs, when all are recorded."""
-    want = [(n, b) for n in seqs for b in tokens]
-    keep = sorted((r for r in rows if (r["max_num_seqs"], r["max_num_batched_tokens"]) in want),
-                  key=lambda r: want.index((r["max_num_seqs"], r["max_num_batched_tokens"])))  # in the asked order
-    return keep if len(keep) == len(set(want)) else rows
+def _pair(row: dict[str, Any]) -> tuple[Any, Any]:
+    return row["max_num_seqs"], row["max_num_batched_tokens"]
 
 
 def more_seqs_help(rows: list[dict[str, Any]]) -> bool:

@@ -21,7 +21,7 @@ from ...models import embedded_path
 from ...models.quantize import SCHEMES, read_facts
 from ...results.record import Result
 from ...results.store import ResultStore
-from ...session import Shown, live_label, live_or_recorded
+from ...session import Shown, asked_rows, live_label, live_or_recorded
 from ...workloads import Workload, load_workload
 from .checkpoints import _reuse_or_quantize
 from .measures import OWNER
@@ -266,7 +266,6 @@ def speed(force: bool | None = None, schemes: Sequence[str] | None = None, **kw:
     (`speed_knobs`).
     """
     from ...results.reference import NotRecorded, load_reference
-    from ..kv import asked_rows
 
     def live() -> list[dict[str, Any]]:
         chosen = schemes if schemes is not None else available_speed_schemes(kw.get("model", SPEED_MODEL),
