@@ -39,6 +39,7 @@ class Step:
     needs: str = "cpu"  # "cpu" (runs anywhere) or "gpu+vllm"
     why: str = ""  # one line: what this step changes
     recorded: tuple[str, ...] = ()  # runs of this rung recorded on the H200 (step names in data/reference/)
+    record_step: str = ""  # scripts/record_reference.py's step that records them ("": the rung's own name)
 
 
 # HF static batching of the whole journey in one batch of 64, on the synthetic 8B: the H200's HF rung.
@@ -70,7 +71,7 @@ def ladder(batch_sizes: list[int]) -> list[Step]:
         Step("vllm-server", lambda m: ServerEngine(m), needs="gpu+vllm", recorded=("serve-rate-inf",),
              why="the same engine behind its OpenAI server: every request over HTTP, streamed"),
         Step("vllm-fp8", lambda m: VLLMEngine(m, VLLMConfig(quantization="fp8")), needs="gpu+vllm",
-             recorded=(FP8_RECORDED,), why="vLLM with FP8 weights (Hopper's own format, quantized as it loads): "
+             recorded=(FP8_RECORDED,), record_step="journey-fp8", why="vLLM with FP8 weights (Hopper's own format, quantized as it loads): "
                                           "half the bytes each decode step reads (lab 06)")]
 
 
@@ -88,11 +89,9 @@ def available(step: Step) -> tuple[bool, str]:
         return False, m["why"] + f"; the report shows its run recorded on the H200 ({', '.join(have)})"
     if step.recorded:
         return False, m["why"] + (f"; its H200 run ({', '.join(step.recorded)}) is not recorded yet: "
-                                  f"scripts/record_reference.py --steps {RECORD_STEPS.get(step.name, step.name)}")
+                                  f"scripts/record_reference.py --steps {step.record_step or step.name}")
     return False, m["why"] + "; it runs on a machine with an NVIDIA GPU and vLLM"
 
-
-RECORD_STEPS = {"vllm-fp8": "journey-fp8"}  # the recording step of a rung whose name is not its step
 
 
 def run_journey(model: str = "embedded", workload: str = "journey", requests: int | None = None,
