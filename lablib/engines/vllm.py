@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import VLLMConfig
-from ..hardware.device import nvml_memory
+from ..hardware.device import nvml_memory, visible_gpus
 from ..hardware.fit import check_fit
 from ..models import ModelSpec, embedded_path, prompt_tokenizer, resolve_model
 from ..results.record import RequestRecord
@@ -38,16 +38,6 @@ SETTLE_SLACK = 256 * 2**20  # bytes above baseline still counted as "back"
 
 
 _nvml_used = nvml_memory  # this module's name for it: the engine tests replace it with a fake GPU's
-
-
-def visible_gpus(count: int) -> int:
-    """The GPUs a worker can use: `CUDA_VISIBLE_DEVICES`'s entries when it is set (NVML counts them all)."""
-    import os
-
-    env = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if env is None:
-        return count
-    return len([d for d in env.split(",") if d.strip() and d.strip() != "-1"])
 
 
 def preflight(spec: ModelSpec, config: VLLMConfig) -> dict[str, Any]:

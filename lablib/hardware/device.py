@@ -50,6 +50,14 @@ def nvml_memory(index: int = 0) -> tuple[int, int, int] | None:
         return None
 
 
+def visible_gpus(count: int) -> int:
+    """The GPUs a worker can use: `CUDA_VISIBLE_DEVICES`'s entries when it is set (NVML counts them all)."""
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if env is None:
+        return count
+    return len([d for d in env.split(",") if d.strip() and d.strip() != "-1"])
+
+
 def _cpu_facts() -> dict:
     model = platform.processor() or None
     try:
