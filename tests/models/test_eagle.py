@@ -8,8 +8,11 @@ it), HF names (q/k/v and gate/up are fused by the loader's mapper, lines 53-62),
 from the target), no final norm. The target is loaded once per module; 3 journey prompts x 29 new tokens.
 The GPU test at the end loads the head in real vLLM (marker `gpu`; skipped here).
 """
+import dataclasses
 import importlib.util
 import json
+import os
+from pathlib import Path
 
 import pytest
 
@@ -225,6 +228,11 @@ def test_vllm_loads_the_head_with_method_eagle_and_accepts_its_drafts():
         return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
     share = sum(prefix(q.output_ids, want) for q, want in zip(result.requests, plain)) / (16 * 32)
+    if os.environ.get("LABLIB_GPU_OUT"):  # the figures themselves, packed with the GPU session's run
+        Path(os.environ["LABLIB_GPU_OUT"], "eagle-vllm.json").write_text(json.dumps({
+            "counters": dataclasses.asdict(c), "mean_acceptance_length": c.mean_acceptance_length,
+            "cpu_loop_length": loop["measured_length"], "greedy_prefix_share": share,
+            "output_tok_s": result.summary["output_tok_s"]}, indent=1))
     # vLLM's bf16 greedy against the CPU's float32 matched 78% of each output's prefix on the H200 (facts.json's
     # greedy_agreement, no speculation): near-ties flip. A verify pass that kept wrong drafts would match ~nothing.
     assert share > 0.5, f"vLLM with the EAGLE head matches {share:.0%} of the CPU's greedy prefixes"
