@@ -3,11 +3,12 @@
 `tp1_baseline` runs vLLM (`VLLMEngine`) on the synthetic checkpoints at TP=1, b fixed-shape requests
 at once (b = 1, 8, 64), and sets decode tok/s and the per-token latency (median TPOT) beside the
 model's prediction for t=1 on the GPU it ran on. Before any engine starts, a run that cannot happen
-here (a t the shape cannot split into, more GPUs than the machine has, a configuration that cannot
-fit, a synthetic checkpoint larger than the free disk) becomes a row that says "not measured" and why,
-never a number; `refusals` lists the bad inputs refused outright. `record` is the step a GPU session
-runs to record it (facts["tp1"]); `record_scaling` the multi-GPU runs (facts["tp_scaling"]), which only
-a machine with several GPUs can make.
+here (a t the shape cannot split into, more GPUs than a worker here can use, which is NVML's count
+cut to CUDA_VISIBLE_DEVICES, a configuration that cannot fit, a synthetic checkpoint larger than
+the free disk) becomes a row that says "not measured" and why, never a number; `refusals` lists
+the bad inputs refused outright. `record` is the step a GPU session runs to record it
+(facts["tp1"]); `record_scaling` the multi-GPU runs (facts["tp_scaling"]), which only a machine
+with several GPUs can make.
 
 The lab's other two parts live beside this module, and their public names are importable from here
 too (the notebook calls `experiments.parallel` for all of them): `parallel_model`, the tensor-parallel
@@ -26,7 +27,7 @@ from typing import Any
 
 from .. import validate
 from ..config import BenchConfig, VLLMConfig
-from ..hardware.device import device_facts, nvml_memory
+from ..hardware.device import device_facts, nvml_memory, usable_gpu_count
 from ..hardware.fit import check_fit
 from ..hardware.roofline import lookup_gpu
 from ..mechanisms import parallel as tp
@@ -81,12 +82,24 @@ def prediction_rows(runs: tuple[tuple[str, str], ...] = TP1_RUNS, batches: tuple
     return [row for m, s in runs for row in cost_rows((m,), s, (t,), batches, (tp.NVLINK4,), context)]
 
 
+def _gpus_here(facts: dict[str, Any] | None = None) -> tuple[int, str]:
+    """The GPUs a worker started here can use (`usable_gpu_count`), and, when CUDA_VISIBLE_DEVICES hides some
+    of those NVML counts, the note that says so ("CUDA_VISIBLE_DEVICES='0' of its 8 GPUs"), else ""."""
+    facts = device_facts() if facts is None else facts
+    usable = usable_gpu_count(facts)
+    if usable == facts["gpu_count"]:
+        return usable, ""
+    return usable, f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r} of its {facts['gpu_count']} GPUs"
+
+
 def refusals(model: str = "llama-3.1-70b") -> list[dict[str, str]]:
     """The bad inputs the lab refuses before any engine starts, each with the message a user gets."""
-    gpus = device_facts()["gpu_count"]
-    more = max(2, 2 * gpus)  # more GPUs than this machine has
+    gpus, note = _gpus_here()
+    more = max(2, 2 * gpus)  # more GPUs than a worker here can use
+    here = f"{gpus} GPUs a worker can use, {note}" if note else f"{gpus} GPUs"
+    machine = f"the GPUs a worker can use here ({note})" if note else None
     asked = [("tensor_parallel_size=3 (does not divide the heads)", lambda: check_tp(model, 3)),
-             (f"tensor_parallel_size={more} on this machine ({gpus} GPUs)", lambda: check_tp(model, more, gpus)),
+             (f"tensor_parallel_size={more} on this machine ({here})", lambda: check_tp(model, more, gpus, machine)),
              ("bf16 at tensor_parallel_size=1 on one H200 (does not fit)",
               lambda: _raise_unless_fits(fit_advice(model, ONE_LONG_SEQUENCE)))]
     out = []
@@ -141,15 +154,20 @@ def not_measured(model: str, scheme: str, t: int, batch: int, why: str) -> dict[
             "predicted_ms": None, "measured_over_predicted": None}
 
 
-def _needs(t: int, gpus: int) -> str:
-    return f"needs {t} GPU{'s' if t > 1 else ''}, this machine has {gpus}"
+def _too_few(t: int, facts: dict[str, Any] | None = None) -> str | None:
+    """Why TP=t cannot run here ("needs 4 GPUs, this machine has 2"), or None when a worker can use t GPUs."""
+    gpus, note = _gpus_here(facts)
+    if t <= gpus:
+        return None
+    return f"needs {t} GPU{'s' if t > 1 else ''}, this machine " + (
+        f"lets a worker use {gpus} ({note})" if note else f"has {gpus}")
 
 
 def why_not(model: str, scheme: str, t: int, config: VLLMConfig, facts: dict[str, Any] | None = None) -> str | None:
-    """Why this run cannot happen on this machine (GPU count, memory, disk), or None when it can."""
-    facts = facts if facts is not None else device_facts()
-    if t > facts["gpu_count"]:
-        return _needs(t, facts["gpu_count"])
+    """Why this run cannot happen on this machine (GPUs a worker can use, memory, disk), or None when it can."""
+    short = _too_few(t, facts)
+    if short:
+        return short
     mem = nvml_memory()
     total = mem[2] if mem else gpu_bytes()
     report = check_fit(shape_spec(model), config, total)
@@ -244,15 +262,15 @@ def tp1_baseline(runs: tuple[tuple[str, str], ...] = TP1_RUNS, batches: tuple[in
 
 def tp_scaling(runs: tuple[tuple[str, str, tuple[int, ...]], ...] = SCALING_RUNS, batches: tuple[int, ...] = (1, 64),
                force: bool | None = None, store: ResultStore | None = None) -> Shown[list[dict[str, Any]]]:
-    """TP=1/2/4 on one host: live only on a machine with 2 or more GPUs and vLLM, else the recording
-    (facts["tp_scaling"], step tp-scaling), picked as tp1_baseline's; t above the machine's GPU count is a "not
-    measured" row."""
+    """TP=1/2/4 on one host: live only where a worker can use 2 or more GPUs and vLLM is installed, else the
+    recording (facts["tp_scaling"], step tp-scaling), picked as tp1_baseline's; t above the GPUs a worker can use
+    is a "not measured" row."""
     def live() -> list[dict[str, Any]]:
         return [{**row, "provenance": live_label()} for m, s, ts in runs for t in ts
                 for row in _measure_or_skip(m, s, t, batches, store)]
 
-    if force is None and device_facts()["gpu_count"] < 2:
-        force = False  # one GPU: show what a multi-GPU machine recorded
+    if force is None and _gpus_here()[0] < 2:
+        force = False  # one usable GPU: show what a multi-GPU machine recorded
     fields, points = ("model", "scheme", "t"), [(m, s, t) for m, s, ts in runs for t in ts]
     return live_or_recorded(live, lambda: _recorded("tp_scaling", "tp-scaling", fields, points, batches), force=force,
                             asked=_knobs(fields, points, batches), recorded_with=_shown(fields))
@@ -260,9 +278,9 @@ def tp_scaling(runs: tuple[tuple[str, str, tuple[int, ...]], ...] = SCALING_RUNS
 
 def _measure_or_skip(model: str, scheme: str, t: int, batches: tuple[int, ...],
                      store: ResultStore | None) -> list[dict[str, Any]]:
-    gpus = device_facts()["gpu_count"]
-    if t > gpus:
-        return [not_measured(model, scheme, t, b, _needs(t, gpus)) for b in batches]
+    short = _too_few(t)
+    if short:
+        return [not_measured(model, scheme, t, b, short) for b in batches]
     return measure(model, scheme, t, batches, store=store)[0]
 
 
@@ -338,12 +356,12 @@ def record(out_dir: Path, store: ResultStore, facts: dict[str, Any]) -> None:
 
 def record_scaling(out_dir: Path, store: ResultStore, facts: dict[str, Any]) -> None:
     """Step tp-scaling (2-8 H200s of one host): SCALING_RUNS at batch 1 and 64 -> facts["tp_scaling"]."""
-    rows, results = [], []
-    gpus = device_facts()["gpu_count"]
+    rows, results, machine = [], [], device_facts()
     for m, s, ts in SCALING_RUNS:
         for t in ts:
-            if t > gpus:
-                rows += [not_measured(m, s, t, b, _needs(t, gpus)) for b in (1, 64)]
+            short = _too_few(t, machine)
+            if short:
+                rows += [not_measured(m, s, t, b, short) for b in (1, 64)]
                 continue
             got, res = measure(m, s, t, (1, 64), lab=LAB)
             rows += got

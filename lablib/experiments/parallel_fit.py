@@ -50,8 +50,9 @@ def gpu_bytes(gpu: str = "H200") -> int:
     return int(GPU_PEAKS[gpu].memory_gb * 1e9)
 
 
-def check_tp(model: str, t: int, gpus: int | None = None) -> int:
-    """Refuse, before launch, a tensor_parallel_size the shape cannot split into or the machine cannot hold."""
+def check_tp(model: str, t: int, gpus: int | None = None, machine: str | None = None) -> int:
+    """Refuse, before launch, a tensor_parallel_size the shape cannot split into or more than the `gpus` a worker
+    can use (`machine` says what they are; "the GPUs this machine has" unless CUDA_VISIBLE_DEVICES hides some)."""
     shape = model_shape(model)
     validate.integer("tensor_parallel_size", "t", t, "1 for one GPU, else the number of GPUs to split across.")
     allowed = tp.valid_tp_sizes(shape)
@@ -60,8 +61,10 @@ def check_tp(model: str, t: int, gpus: int | None = None) -> int:
                               f"divide heads={shape.heads} and intermediate={shape.intermediate}, and divide or be "
                               f"a multiple of kv_heads={shape.kv_heads})", "pick one of those; vLLM refuses it too.")
     if gpus is not None and t > gpus:
-        raise validate.refuse("VLLMConfig", "tensor_parallel_size", t, f"at most {gpus}, the GPUs this machine has",
-                              "lower tensor_parallel_size, or run on a machine with more GPUs.")
+        raise validate.refuse("VLLMConfig", "tensor_parallel_size", t,
+                              f"at most {gpus}, {machine or 'the GPUs this machine has'}",
+                              "lower tensor_parallel_size, or run on a machine with more GPUs" +
+                              (", or list more of them in CUDA_VISIBLE_DEVICES." if machine else "."))
     return t
 
 

@@ -5,7 +5,8 @@ The cost model (`lablib.mechanisms.parallel`) prices one decode step under TP=t:
 batch x hidden bf16 activations over the link. This module runs it over the shapes the lab
 talks about (the synthetic Llama-3.1-8B and -70B, Qwen2.5-72B) and the links (NVLink 4, PCIe
 Gen5 and Gen4), says where communication dominates, and compares TP=2 with PP=2 and with a
-second replica. Every row it returns from the model says so in its "provenance" (SIMULATED).
+second replica (`lablib.mechanisms.pipeline`). Every row it returns from the model says so in
+its "provenance" (SIMULATED).
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from typing import Any
 from .. import validate
 from ..hardware.fit import SCHEME_BYTES
 from ..mechanisms import parallel as tp
+from ..mechanisms.pipeline import compare_two_gpus
 from ..models.architecture import architectures, parameter_count
 
 SIMULATED = "simulated on this machine (lablib.mechanisms.parallel, spec-sheet peaks): a model, not a measurement"
@@ -104,7 +106,7 @@ def two_gpu_rows(model: str = "llama-3.1-8b", batches: tuple[int, ...] = (1, 64)
                  context: int = 1024, link: tp.Link = tp.NVLINK4) -> list[dict[str, Any]]:
     """TP=2 vs PP=2 vs two TP=1 replicas (`compare_two_gpus`) at each batch: a model, labelled as one."""
     return [{"model": model, "batch": b, **row, "provenance": SIMULATED}
-            for b in batches for row in tp.compare_two_gpus(model_shape(model, scheme), b, context, tp.H200, link)]
+            for b in batches for row in compare_two_gpus(model_shape(model, scheme), b, context, tp.H200, link)]
 
 
 def headline(rows: list[dict[str, Any]], fits: list[dict[str, Any]]) -> list[str]:

@@ -58,6 +58,13 @@ def visible_gpus(count: int) -> int:
     return len([d for d in env.split(",") if d.strip() and d.strip() != "-1"])
 
 
+def usable_gpu_count(facts: dict | None = None) -> int:
+    """How many GPUs a worker started here can use: NVML's count (`facts["gpu_count"]`, `device_facts()` when
+    None) cut to `CUDA_VISIBLE_DEVICES`'s entries when it is set (`visible_gpus`), never more than NVML sees."""
+    count = (device_facts() if facts is None else facts)["gpu_count"]
+    return min(count, visible_gpus(count))
+
+
 def _cpu_facts() -> dict:
     model = platform.processor() or None
     try:

@@ -6,10 +6,10 @@ interactively and tests can check them exactly.
 The names below (kv, paging, batching) are re-exported here. The later labs' models are used
 as modules, because their names overlap (each has its own roofline): `attention` (lab 02,
 the IO model of naive and tiled attention), `prefix` (lab 07, the hashed-block prefix cache),
-`speculative` (lab 08, acceptance maths and where speculation stops paying) and `parallel`
-(lab 09, one decode step under tensor and pipeline parallelism), e.g.
-`from lablib.mechanisms import attention`. `gpus` is the one spec-sheet table they (and the
-roofline above them) read.
+`speculative` (lab 08, acceptance maths and where speculation stops paying), `parallel`
+(lab 09, one decode step under tensor parallelism) and `pipeline` (lab 09, pipeline stages and
+the three ways to spend two GPUs), e.g. `from lablib.mechanisms import attention`. `gpus` is
+the one spec-sheet table they (and the roofline above them) read.
 """
 
 from lablib.mechanisms.batching import (

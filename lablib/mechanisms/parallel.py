@@ -35,23 +35,21 @@ efficiency (real decode reaches 60-80% of HBM peak), biases and q/k norms (<0.1%
 and quantisation scales. Spec-sheet constants below are labelled; link latencies are
 assumptions, to be replaced by a measurement. This is a model, not a measurement.
 
-The alternatives for two GPUs: pipeline parallelism gives each GPU layers / p; one token still
-crosses every stage in turn (plus p-1 hand-offs of b x hidden x 2 bytes), so latency is not
-reduced, and only with p microbatches in flight does throughput approach p x. A second replica
-doubles the throughput of t=1 at t=1's latency, if the model fits one GPU (`memory_fit`).
+The other ways to spend two GPUs, pipeline stages and a second replica, are priced beside this
+model, from its shapes, GPUs, links and steps, in `lablib.mechanisms.pipeline`.
 """
 
 import math
 from dataclasses import dataclass
 from typing import Any
 
-from lablib.mechanisms.kv import kv_bytes_per_token
 from lablib.mechanisms.gpus import GPU_PEAKS
+from lablib.mechanisms.kv import kv_bytes_per_token
 from lablib.validate import integer, number, refuse
 
 GB = 1e9  # spec sheets count 1 GB as 10^9 bytes
 GiB = 2**30
-ACT_BYTES = 2  # bf16 activations in the all-reduces and the pipeline hand-offs
+ACT_BYTES = 2  # bf16 activations in the all-reduces (and mechanisms.pipeline's hand-offs)
 RESERVE_BYTES = int(2.25 * GiB)  # CUDA context + one step's activations + CUDA graphs, as lablib.hardware.fit allows
 
 
@@ -157,7 +155,8 @@ def _check_t(owner: str, shape: DenseShape, t: Any) -> int:
     return t
 
 
-def _check_load(owner: str, batch: Any, context: Any) -> None:
+def check_load(owner: str, batch: Any, context: Any) -> None:
+    """Refuse a batch below one or a negative context, naming `owner` (shared with mechanisms.pipeline)."""
     integer(owner, "batch", batch, "pass the number of sequences decoding together, e.g. 1 or 64.")
     integer(owner, "context", context, "pass the tokens already in each sequence's KV cache.", 0)
 
@@ -172,8 +171,8 @@ def _kv_bytes(shape: DenseShape, t: int, context: int, batch: int) -> int:
     return kv_bytes_per_token(shape.layers, kv_heads_per_gpu(shape, t), shape.head_dim, shape.kv_bytes) * context * batch
 
 
-def _layer_params(shape: DenseShape, t: int) -> tuple[int, int]:
-    """(matmul params, norm params) of one layer on one GPU."""
+def layer_params(shape: DenseShape, t: int) -> tuple[int, int]:
+    """(matmul params, norm params) of one layer on one GPU under TP=t (t=1: a whole layer, as a pipeline stage holds it)."""
     h, hd, q = shape.hidden, shape.head_dim, shape.heads // t
     attn = h * q * hd + 2 * h * max(shape.kv_heads // t, 1) * hd + q * hd * h  # q, k and v, o
     return attn + 3 * h * (shape.intermediate // t), 2 * h
@@ -182,7 +181,7 @@ def _layer_params(shape: DenseShape, t: int) -> tuple[int, int]:
 def params_per_gpu(shape: DenseShape, t: int) -> int:
     """Parameters one GPU holds under TP=t (t=1: the whole model, same count as lablib.models' formula)."""
     _check_t("params_per_gpu", shape, t)
-    matmul, norms = _layer_params(shape, t)
+    matmul, norms = layer_params(shape, t)
     embed = math.ceil(shape.vocab / t) * shape.hidden * (1 if shape.tied_embeddings else 2)
     return shape.layers * (matmul + norms) + embed + shape.hidden
 
@@ -259,13 +258,13 @@ class DecodeStep:
 def decode_step(shape: DenseShape, batch: int, context: int, t: int, gpu: Gpu = H200, link: Link = NVLINK4,
                 *, overlap: float = 0.0) -> DecodeStep:
     """The cost of one decode step of `batch` sequences of `context` tokens under TP=t (see the module doc)."""
-    _check_load("decode_step", batch, context)
+    check_load("decode_step", batch, context)
     _check_t("decode_step", shape, t)
     number("decode_step", "overlap", overlap, "0 (no overlap, the default) to 1 (all hidden).", 0, 1)
     lookup = 0 if shape.tied_embeddings else math.ceil(shape.vocab / t) * shape.hidden  # the embedding: b rows read
     weight_bytes = (params_per_gpu(shape, t) - lookup) * shape.weight_bytes
     kv = _kv_bytes(shape, t, context, batch)
-    matmul = shape.layers * _layer_params(shape, t)[0] + math.ceil(shape.vocab / t) * shape.hidden  # + LM head
+    matmul = shape.layers * layer_params(shape, t)[0] + math.ceil(shape.vocab / t) * shape.hidden  # + LM head
     flops = 2 * matmul * batch + 4 * shape.layers * (shape.heads // t) * shape.head_dim * context * batch
     count = 0 if t == 1 else 2 * shape.layers
     one = ring_allreduce(batch * shape.hidden * ACT_BYTES, t, link)
@@ -292,7 +291,7 @@ class MemoryFit:
 def memory_fit(shape: DenseShape, batch: int, context: int, t: int, gpu: Gpu = H200, *,
                reserve_bytes: int = RESERVE_BYTES, utilization: float = 0.9) -> MemoryFit:
     """Does TP=t hold the weights and `batch` sequences of `context` tokens on each GPU?"""
-    _check_load("memory_fit", batch, context)
+    check_load("memory_fit", batch, context)
     _check_t("memory_fit", shape, t)
     integer("memory_fit", "reserve_bytes", reserve_bytes, "bytes kept for activations, e.g. 2.25 GiB.", 0)
     number("memory_fit", "utilization", utilization, "vLLM's gpu_memory_utilization, 0.9 by default.", 0, 1, low_open=True)
@@ -324,66 +323,3 @@ def tp_sweep(shape: DenseShape, tp: tuple[int, ...] = (1, 2, 4, 8), batches: tup
             rows.append(row | {"speedup": speedup, "efficiency": speedup / t, "link": link.name, "gpu": gpu.name,
                                "fits": memory_fit(shape, b, context, t, gpu).fits})
     return rows
-
-
-@dataclass(frozen=True)
-class PipelineStep:
-    """One decode step split into p pipeline stages of layers / p each (vLLM's pipeline_parallel_size)."""
-
-    p: int
-    batch: int  # sequences per microbatch
-    stage_s: tuple[float, ...]  # each stage's time for one microbatch (memory- or compute-bound)
-    send_s: float  # one activation hand-off: batch x hidden x 2 bytes / bandwidth + latency
-    latency_s: float  # one token through every stage: sum(stage_s) + (p-1) sends + overhead
-    throughput_tok_s: float  # p microbatches in flight: batch / (slowest stage + send + overhead)
-    max_stage_bytes: float  # the fullest GPU: its weights + its layers' KV for p x batch sequences + reserve
-
-
-def pipeline_step(shape: DenseShape, batch: int, context: int, p: int, gpu: Gpu = H200, link: Link = NVLINK4,
-                  *, reserve_bytes: int = RESERVE_BYTES) -> PipelineStep:
-    """Pipeline parallelism for comparison: latency is not reduced, throughput with p microbatches ~ p x."""
-    _check_load("pipeline_step", batch, context)
-    integer("pipeline_step", "p", p, "pass the number of pipeline stages (GPUs).")
-    if shape.layers % p:
-        allowed = ", ".join(str(d) for d in range(1, shape.layers + 1) if shape.layers % d == 0)
-        raise refuse("pipeline_step", "p", p, f"{allowed} (divisors of layers={shape.layers})", "pick one of those.")
-    (matmul, norms), n, head = _layer_params(shape, 1), shape.layers // p, shape.vocab * shape.hidden
-    kv_token = kv_bytes_per_token(n, shape.kv_heads, shape.head_dim, shape.kv_bytes)
-    stages, most = [], 0.0
-    for i in range(p):
-        first, last = i == 0, i == p - 1
-        read = n * (matmul + norms) + (head + shape.hidden) * last  # the first stage's embedding is a lookup
-        held = read + head * (first and not (last and shape.tied_embeddings))
-        flops = 2 * (n * matmul + head * last) * batch + 4 * n * shape.heads * shape.head_dim * context * batch
-        mem = (read * shape.weight_bytes + kv_token * context * batch) / gpu.hbm_bandwidth
-        stages.append(max(mem, flops / gpu.peak_flops))
-        most = max(most, held * shape.weight_bytes + kv_token * context * batch * p + reserve_bytes)
-    send = 0.0 if p == 1 else batch * shape.hidden * ACT_BYTES / link.bandwidth + link.latency_s
-    latency, tick = sum(stages) + (p - 1) * send + gpu.overhead_s, max(stages) + send + gpu.overhead_s
-    return PipelineStep(p, batch, tuple(stages), send, latency, batch / tick, most)
-
-
-def compare_two_gpus(shape: DenseShape, batch: int, context: int = 1024, gpu: Gpu = H200, link: Link = NVLINK4,
-                     *, utilization: float = 0.9) -> list[dict[str, Any]]:
-    """TP=2 against PP=2 against two TP=1 replicas, `batch` sequences per step each: a model, not a measurement.
-
-    Plans differ in the sequences they keep in flight (TP: batch; PP: 2 microbatches; replicas:
-    batch each), so the rows say so. A plan whose GPUs cannot hold it gets None for its times;
-    throughput_vs_one_gpu is against TP=1 on one such GPU, memory aside (for a 70B, a GPU that cannot hold it).
-    """
-    one, tp = decode_step(shape, batch, context, 1, gpu, link), decode_step(shape, batch, context, 2, gpu, link)
-    pp, budget = pipeline_step(shape, batch, context, 2, gpu, link), utilization * gpu.memory_bytes
-    need = {t: memory_fit(shape, batch, context, t, gpu, utilization=utilization).need_bytes for t in (1, 2)}
-    plans = [("TP=2", batch, tp.latency_s, tp.throughput_tok_s, need[2]),
-             ("PP=2", 2 * batch, pp.latency_s, pp.throughput_tok_s, pp.max_stage_bytes),
-             ("2 replicas (TP=1 each)", 2 * batch, one.latency_s, 2 * one.throughput_tok_s, need[1])]
-    rows = []
-    for plan, flight, latency, throughput, per_gpu in plans:
-        fits = per_gpu <= budget
-        rows.append({"plan": plan, "gpus": 2, "sequences_in_flight": flight, "latency_s": latency if fits else None,
-                     "throughput_tok_s": throughput if fits else None,
-                     "throughput_vs_one_gpu": throughput / one.throughput_tok_s if fits else None,
-                     "need_bytes_per_gpu": per_gpu, "budget_bytes_per_gpu": budget, "fits": fits,
-                     "label": f"cost model on {gpu.name} over {link.name}, not a measurement"})
-    return rows
-

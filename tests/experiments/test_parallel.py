@@ -1,6 +1,7 @@
-"""Lab 09's experiments: the cost model swept (exact against lablib.mechanisms.parallel), the fit view and
-its advice (each knob checked by the engine's own preflight), refusals before launch, and the measured
-TP runs through a fake engine (deterministic token times), their "not measured" rows and their recording."""
+"""Lab 09's experiments: the cost model swept (exact against lablib.mechanisms.parallel and .pipeline), the
+fit view and its advice (each knob checked by the engine's own preflight), refusals before launch, the GPUs a
+worker can use (NVML's count cut to CUDA_VISIBLE_DEVICES), and the measured TP runs through a fake engine
+(deterministic token times), their "not measured" rows and their recording."""
 from __future__ import annotations
 
 import os
@@ -14,12 +15,22 @@ from lablib.experiments import parallel as exp
 from lablib.hardware import fit
 from lablib.hardware.fit import check_fit, tp_fit_table
 from lablib.mechanisms import parallel as tp
+from lablib.mechanisms.pipeline import compare_two_gpus
 from lablib.results.record import RequestRecord
 from lablib.results.store import ResultStore
 from tests.engines.test_vllm import fake_gpu, with_fake_vllm  # noqa: F401 (fixtures)
 
 GiB = 2**30
 STEP_S = 0.004  # the fake engine's time per output token
+
+
+@pytest.fixture(autouse=True)
+def every_gpu_visible():
+    """No CUDA_VISIBLE_DEVICES from the shell: the faked device facts alone say how many GPUs a worker can use
+    (its own MonkeyPatch, so a test's monkeypatch.undo() leaves it in place)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+        yield
 
 
 # --- the cost model, swept ----------------------------------------------------------------------
@@ -71,7 +82,7 @@ def test_dominance_rows_read_the_decode_step():
 def test_two_gpu_rows_are_compare_two_gpus_per_batch():
     rows = exp.two_gpu_rows("llama-3.1-70b", (1, 64))
     assert [r["batch"] for r in rows] == [1, 1, 1, 64, 64, 64]
-    want = tp.compare_two_gpus(tp.LLAMA_3_1_70B, 64, 1024)
+    want = compare_two_gpus(tp.LLAMA_3_1_70B, 64, 1024)
     assert [{k: r[k] for k in w} for r, w in zip(rows[3:], want)] == want
     by_plan = {r["plan"]: r for r in rows[:3]}
     assert not by_plan["2 replicas (TP=1 each)"]["fits"] and by_plan["TP=2"]["fits"] and by_plan["PP=2"]["fits"]
@@ -318,6 +329,41 @@ def test_without_two_gpus_scaling_shows_the_recording_or_says_it_is_missing(monk
         assert other.value is None and other.stand_ins == {} and "not recorded yet" in other.label
 
 
+def test_cuda_visible_devices_decides_how_many_gpus_the_runs_get(fake_engine, monkeypatch, tmp_path):
+    from lablib import session
+
+    eight = {"gpu": "NVIDIA H200", "gpu_count": 8}  # what NVML counts: all eight
+    monkeypatch.setattr(exp, "device_facts", lambda: eight)
+    monkeypatch.setattr(session, "mode", lambda: {"live": True, "gpu": "NVIDIA H200", "why": "", "recorded": ""})
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")  # what a worker can use: two
+    hidden = "this machine lets a worker use 2 (CUDA_VISIBLE_DEVICES='0,1' of its 8 GPUs)"
+    shown = exp.tp_scaling(runs=(("llama-3.1-8b", "bf16", (1, 2, 4)),), batches=(1,))
+    assert shown.live and {r["t"]: r["status"] for r in shown.value} == {
+        1: "measured", 2: "measured", 4: f"not measured: needs 4 GPUs, {hidden}"}
+    store, facts = ResultStore(tmp_path / "ref.jsonl"), {}
+    exp.record_scaling(tmp_path, store, facts)
+    skipped = {r["t"]: r["status"] for r in facts["tp_scaling"]["rows"] if r["status"] != "measured"}
+    assert skipped == {4: f"not measured: needs 4 GPUs, {hidden}"}
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")  # one GPU a worker can use: the recording, not a live run
+    monkeypatch.setattr(exp, "recorded_facts", lambda key, step: facts[key])
+    assert not exp.tp_scaling().live
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert exp.tp_scaling(runs=(("llama-3.1-8b", "bf16", (4,)),), batches=(1,)).value[0]["status"] == "measured"
+
+
+def test_why_not_counts_the_gpus_cuda_visible_devices_leaves(monkeypatch):
+    eight = {"gpu": "NVIDIA H200", "gpu_count": 8}
+    config = VLLMConfig(max_model_len=4096, tensor_parallel_size=2)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "-1")
+    assert exp.why_not("llama-3.1-8b", "bf16", 1, config, eight) == (
+        "needs 1 GPU, this machine lets a worker use 0 (CUDA_VISIBLE_DEVICES='-1' of its 8 GPUs)")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert exp.why_not("llama-3.1-8b", "bf16", 2, config, eight) == (
+        "needs 2 GPUs, this machine lets a worker use 0 (CUDA_VISIBLE_DEVICES='' of its 8 GPUs)")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3,4,5,6,7")  # hides none: the plain message
+    assert exp.why_not("llama-3.1-8b", "bf16", 16, config, eight) == "needs 16 GPUs, this machine has 8"
+
+
 def test_remaining_runs_say_what_each_needs():
     rows = exp.remaining_runs(())
     assert all(r["status"] == "not run yet" for r in rows)
@@ -387,6 +433,20 @@ def test_refusals_name_each_bad_input(monkeypatch):
     assert first.startswith("VLLMConfig.tensor_parallel_size=3: allowed one of [1, 2, 4, 8")
     assert "allowed at most 1, the GPUs this machine has" in second
     assert third.endswith("Fix: tensor_parallel_size=2 or quantization='fp8'.")
+
+
+def test_refusals_say_when_cuda_visible_devices_hides_gpus(monkeypatch):
+    monkeypatch.setattr(exp, "device_facts", lambda: {"gpu": "NVIDIA H200", "gpu_count": 8})
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    got = {r["asked"]: r["refused with"] for r in exp.refusals()}
+    asked = "tensor_parallel_size=2 on this machine (1 GPUs a worker can use, CUDA_VISIBLE_DEVICES='0' of its 8 GPUs)"
+    assert list(got)[1] == asked
+    assert got[asked] == ("VLLMConfig.tensor_parallel_size=2: allowed at most 1, the GPUs a worker can use here "
+                          "(CUDA_VISIBLE_DEVICES='0' of its 8 GPUs); Fix: lower tensor_parallel_size, or run on a "
+                          "machine with more GPUs, or list more of them in CUDA_VISIBLE_DEVICES.")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3")
+    assert [r["asked"] for r in exp.refusals()][1] == (
+        "tensor_parallel_size=8 on this machine (4 GPUs a worker can use, CUDA_VISIBLE_DEVICES='0,1,2,3' of its 8 GPUs)")
 
 
 def test_readers_of_measured_rows_say_false_or_none_when_a_run_is_missing():

@@ -13,12 +13,10 @@ from lablib.mechanisms.parallel import (
     DenseShape,
     Gpu,
     Link,
-    compare_two_gpus,
     decode_step,
     kv_heads_per_gpu,
     memory_fit,
     params_per_gpu,
-    pipeline_step,
     ring_allreduce,
     smallest_fitting_tp,
     tp_sweep,
@@ -161,31 +159,6 @@ def test_70b_bf16_does_not_fit_one_h200_but_fits_two():
     assert smallest_fitting_tp(LLAMA_3_1_70B, 1, 1024, H200, tps=(1,)) is None
 
 
-# --- pipeline parallelism and replicas ----------------------------------------------------------
-
-
-def test_pipeline_does_not_reduce_latency():
-    one = decode_step(LLAMA_3_1_8B, 1, 1024, 1)
-    assert pipeline_step(LLAMA_3_1_8B, 1, 1024, 1).latency_s == one.latency_s
-    pp = pipeline_step(LLAMA_3_1_8B, 1, 1024, 2)
-    assert pp.send_s == 8192 / 450e9 + 5e-6
-    assert pp.latency_s == pytest.approx(one.latency_s + pp.send_s, rel=1e-12) and pp.latency_s > one.latency_s
-    assert pp.throughput_tok_s == 1 / (max(pp.stage_s) + pp.send_s)
-    assert 1.5 < pp.throughput_tok_s / one.throughput_tok_s < 2  # the last stage also holds the LM head
-
-
-def test_compare_two_gpus_8b_and_70b():
-    rows = {r["plan"]: r for r in compare_two_gpus(LLAMA_3_1_8B, 1)}
-    one = decode_step(LLAMA_3_1_8B, 1, 1024, 1)
-    assert rows["2 replicas (TP=1 each)"]["throughput_tok_s"] == 2 * one.throughput_tok_s
-    assert rows["TP=2"]["latency_s"] < one.latency_s < rows["PP=2"]["latency_s"]
-    assert [r["sequences_in_flight"] for r in rows.values()] == [1, 2, 2]
-    assert all("not a measurement" in r["label"] for r in rows.values())
-    big = {r["plan"]: r for r in compare_two_gpus(LLAMA_3_1_70B, 1)}
-    assert big["2 replicas (TP=1 each)"]["fits"] is False and big["2 replicas (TP=1 each)"]["throughput_tok_s"] is None
-    assert big["TP=2"]["fits"] and big["PP=2"]["fits"]
-
-
 # --- bad input ----------------------------------------------------------------------------------
 
 
@@ -209,7 +182,5 @@ def test_bad_inputs_are_refused_naming_the_field():
         Gpu("bad", 1e9, 0, 1e12)
     with pytest.raises(ValueError, match=r"^decode_step\.overlap=1\.5: allowed a number in \[0, 1\]"):
         decode_step(LLAMA_3_1_8B, 1, 1024, 2, overlap=1.5)
-    with pytest.raises(ValueError, match=r"^pipeline_step\.p=3: allowed 1, 2, 4, 8, 16, 32 \(divisors of layers=32\)"):
-        pipeline_step(LLAMA_3_1_8B, 1, 1024, 3)
     with pytest.raises(ValueError, match=r"^DenseShape\.kv_heads=3: allowed a divisor of heads=4"):
         replace(TINY, kv_heads=3)
