@@ -18,6 +18,13 @@ from . import validate
 DATA_DIR = Path(os.environ.get("LABLIB_DATA", Path(__file__).resolve().parent.parent / "data"))
 
 HF_MODES = ("naive", "static")
+# transformers' attention implementations the HF engine takes: eager materialises the N x N scores (the textbook
+# kernel, lab 01's naive baseline), sdpa is PyTorch's fused scaled_dot_product_attention (transformers' default;
+# FlashAttention-2 on a GPU that has it), flex_attention compiles once per prompt length (lab 02 says when it pays).
+HF_ATTENTION = ("eager", "sdpa", "flex_attention")
+# transformers' own speculative decoding ("assisted generation", batch 1 only): a draft model proposes, or
+# prompt lookup (n-gram: the continuation of the last matching n-gram in the prompt); the target verifies.
+HF_SPECULATIVE = ("", "draft", "ngram")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 
 
@@ -29,9 +36,21 @@ class HFConfig:
     batch_size: int = 1  # requests per batch in static mode; each batch waits for its longest member
     dtype: str = "auto"  # weights dtype; "auto" = float32 on the CPU, bfloat16 on a GPU
     device: str = "auto"  # "auto" = "cuda" when a GPU is visible, else "cpu"
+    attn_implementation: str = "sdpa"  # HF_ATTENTION; "eager" is the naive N x N kernel (lab 02)
+    speculative: str = ""  # HF_SPECULATIVE: "" off, "draft" (draft_model proposes), "ngram" (prompt lookup), lab 08
+    num_speculative_tokens: int = 4  # tokens proposed per verify step (k), when speculative is on
+    draft_model: str = "embedded-draft"  # the draft for speculative="draft": it must share the target's vocabulary
 
     def __post_init__(self) -> None:
         validate.choice("HFConfig", "mode", self.mode, HF_MODES, "'naive' for one request at a time, 'static' to batch.")
+        validate.choice("HFConfig", "attn_implementation", self.attn_implementation, HF_ATTENTION)
+        validate.choice("HFConfig", "speculative", self.speculative, HF_SPECULATIVE,
+                        "'' for plain decoding, 'draft' for a draft model, 'ngram' for prompt lookup.")
+        validate.integer("HFConfig", "num_speculative_tokens", self.num_speculative_tokens,
+                         "propose 1-16 tokens per step, e.g. 4.", 1, 16)
+        if self.speculative and self.mode != "naive":
+            raise validate.refuse("HFConfig", "speculative", self.speculative, "'' with mode='static' (transformers' "
+                                  "assisted generation runs one sequence at a time)", "mode='naive', or speculative=''.")
         validate.integer("HFConfig", "batch_size", self.batch_size, "use 1 for naive generate, 2-64 for static batching.")
         if self.mode == "naive" and self.batch_size != 1:
             raise validate.refuse("HFConfig", "batch_size", self.batch_size, "1 with mode='naive' (naive generate runs "

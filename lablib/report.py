@@ -108,7 +108,8 @@ def _story(results: list[Result]) -> str:
     live = [r for r in results if r.provenance == "live"]
     rec = [r for r in results if r.provenance == "recorded"]
     out = []
-    naive, static = _best(live, "hf-naive"), _best(live, "hf-static")
+    naive = next((r for r in live if r.step == "hf-naive"), None)  # naive generate itself, not a later lab's HF rung
+    static = _best(live, "hf-static")
     if naive and static:
         a, b = naive.summary["output_tok_s"], static.summary["output_tok_s"]
         text = (f"On this machine, <b>{_e(naive.step)}</b> made {tok_s_text(a)} output tok/s and the fastest static "
@@ -151,7 +152,37 @@ def _story(results: list[Result]) -> str:
             text += (f" Behind its OpenAI server (<b>{_e(server.step)}</b>, {server.summary['requests']} requests "
                      f"streamed over HTTP at once) the same engine made {tok_s_text(server.summary['output_tok_s'])}.")
         out.append(text)
+    out += _side_road_lines(results)
     return "".join(f"<p>{p}</p>" for p in out)
+
+
+def _side_road_lines(results: list[Result]) -> list[str]:
+    """One sentence per rung measured against its own baseline (`journey.side_roads`): its factor on those
+    requests, beside the whole road's own gain where it was measured."""
+    from .experiments.journey import side_roads
+
+    out = []
+    for row in side_roads(results):
+        place = "recorded on the H200" if row["where"] == "recorded" else "live here"
+        text = (f"<b>{_e(row['rung'])}</b> against <b>{_e(row['baseline'])}</b> ({place}, {_e(row['model'])}, "
+                f"{_e(row['workload'])}, {row['requests']} requests): {tok_s_text(row['tok_s'])} vs "
+                f"{tok_s_text(row['baseline_tok_s'])} output tok/s ({row['tok_s_ratio']:.2f}&times;)")
+        if row["ttft_speedup"]:
+            text += (f", TTFT p50 {_latency(row['ttft_p50_s'])} vs {_latency(row['baseline_ttft_p50_s'])} "
+                     f"({row['ttft_speedup']:.2f}&times; sooner)")
+        if row["tpot_speedup"]:
+            text += f", TPOT p50 {_ms(row['tpot_p50_s'])} vs {_ms(row['baseline_tpot_p50_s'])} ms"
+        if row["mean_acceptance_length"]:
+            text += f"; {row['mean_acceptance_length']:.2f} tokens per verify step"
+        text += "."
+        if row["journey_gain"]:
+            text += (f" The whole road, {place} on this model, gained {row['journey_gain']:.2f}&times; over naive "
+                     "generate on the journey workload.")
+        verdict = row["tok_s_ratio"]
+        text += (" In throughput it paid here." if verdict and verdict > 1 else
+                 f" In throughput it did not pay here: lab {row['lab']} measures why." if verdict else "")
+        out.append(text)
+    return out
 
 
 def _kv_table(pairs: list[tuple[str, Any]]) -> str:

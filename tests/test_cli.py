@@ -20,19 +20,22 @@ def test_journey_writes_results_report_and_summary(tmp_path, capsys):
     out, err = capsys.readouterr()
     assert code == 0, err
     results = load_results(tmp)
-    assert [r.step for r in results] == ["hf-naive", "hf-static-b2"]
-    assert [r.config["batch_size"] for r in results] == [1, 2]
+    steps = ["hf-naive", "hf-static-b2", "hf-static-b2-sdpa", "hf-naive-ngram-k4", "hf-naive-draft-k4"]
+    assert [r.step for r in results] == steps  # every CPU rung of the ladder, in its order
+    assert [r.config["batch_size"] for r in results] == [1, 2, 2, 1, 1]
+    assert [r.config["attn_implementation"] for r in results] == ["eager", "eager", "sdpa", "sdpa", "sdpa"]
+    assert [r.config["speculative"] for r in results] == ["", "", "", "ngram", "draft"]
     for r in results:
         assert r.summary["requests"] == 4 and r.summary["output_tokens"] == 32
         assert r.lab == "journey" and r.workload["requests"] == 4
-    assert [q.output_ids for q in results[0].requests] == [q.output_ids for q in results[1].requests]
+        assert [q.output_ids for q in r.requests] == [q.output_ids for q in results[0].requests], r.step
 
     page = (tmp / "r.html").read_text()
     assert "hf-static-b2" in page and "hf-naive" in page
     assert "plotly" in page.lower() and page.count("<script") >= 6
 
     summary = json.loads(out.strip().splitlines()[-1])
-    assert set(summary["steps"]) == {"hf-naive", "hf-static-b2"}
+    assert set(summary["steps"]) == set(steps)
     for r in results:
         assert summary["steps"][r.step] == round(r.summary["output_tok_s"], 2)
     best = max(results, key=lambda r: r.summary["output_tok_s"])

@@ -68,7 +68,9 @@ def test_out_of_range_messages_say_what_is_allowed():
 def test_good_hf_configs(kwargs):
     c = HFConfig(**kwargs)
     assert c.engine == f"hf-{c.mode}"
-    assert c.to_dict() == {**{"mode": "naive", "batch_size": 1, "dtype": "auto", "device": "auto"}, **kwargs}
+    assert c.to_dict() == {**{"mode": "naive", "batch_size": 1, "dtype": "auto", "device": "auto",
+                              "attn_implementation": "sdpa", "speculative": "", "num_speculative_tokens": 4,
+                              "draft_model": "embedded-draft"}, **kwargs}
 
 
 def test_good_bench_configs():

@@ -28,16 +28,22 @@ from .base import OnRecord, PreparedRequest
 
 
 class _StepClock:
-    """A generate() streamer that time-stamps each decode step (the first put is the prompt)."""
+    """A generate() streamer that time-stamps each decode step (the first put is the prompt).
+
+    A plain step puts one token per sequence (shape [batch]); an assisted (speculative) step puts the tokens
+    the target accepted plus its own next one (shape [1, n]): each gets the step's time, and `steps` counts
+    the verify steps, so tokens / steps is the mean acceptance length."""
 
     def __init__(self, t0: float):
-        self.t0, self.times, self._prompt_seen = t0, [], False
+        self.t0, self.times, self.steps, self._prompt_seen = t0, [], 0, False
 
     def put(self, value: Any) -> None:
         if not self._prompt_seen:
             self._prompt_seen = True
             return
-        self.times.append(time.perf_counter() - self.t0)
+        now = time.perf_counter() - self.t0
+        self.steps += 1
+        self.times += [now] * (int(value.shape[-1]) if getattr(value, "dim", lambda: 1)() == 2 else 1)
 
     def end(self) -> None:
         pass
@@ -64,11 +70,14 @@ class HFEngine:
             raise ValueError("HFConfig.device='cuda' but no CUDA GPU is visible. Fix: device='auto' or 'cpu'.")
         t0 = time.perf_counter()
         self.tokenizer = prompt_tokenizer(self.spec)
-        self.model = load_hf_model(self.spec, self.device, config.dtype)
+        self.model = load_hf_model(self.spec, self.device, config.dtype, config.attn_implementation)
         self._gen_config = copy.deepcopy(self.model.generation_config)
         self._gen_config.eos_token_id = None  # ignore_eos: generate exactly max_new_tokens
         self._gen_config.do_sample = False
         self._gen_config.pad_token_id = self.tokenizer.pad_token_id
+        self.draft = self._load_draft(config) if config.speculative == "draft" else None
+        if config.speculative == "ngram":
+            self._gen_config.prompt_lookup_num_tokens = config.num_speculative_tokens
         params = {id(p): p for p in self.model.parameters()}.values()
         dtype = next(iter(params)).dtype
         self.name = config.engine
@@ -79,7 +88,25 @@ class HFEngine:
             "kv_bytes_per_token": self.spec.kv_bytes_per_token(dtype.itemsize),
             "context": self.spec.architecture()["context"], "batch_size": config.batch_size,
             "ignore_eos": True,  # EOS is not a stop token here (generation_config.eos_token_id = None)
+            "attn_implementation": self.model.config._attn_implementation,
         }
+        if self.draft is not None:
+            self.facts["draft"] = {"model": config.draft_model, "parameters": sum(p.numel() for p in self.draft.parameters()),
+                                   "weight_bytes": sum(p.numel() * p.element_size() for p in self.draft.parameters())}
+
+    def _load_draft(self, config: HFConfig) -> Any:
+        """The draft for assisted generation, proposing exactly k tokens a step (transformers' default schedule
+        adapts k and stops drafting below a confidence of 0.4: the lab's k would not be the k that ran)."""
+        draft_spec = resolve_model(config.draft_model)
+        draft = load_hf_model(draft_spec, self.device, config.dtype, config.attn_implementation)
+        if draft.config.vocab_size != self.model.config.vocab_size:
+            raise ValueError(f"HFConfig.draft_model={config.draft_model!r}: allowed a draft with the target's "
+                             f"vocabulary ({self.model.config.vocab_size} tokens; this one has "
+                             f"{draft.config.vocab_size}); Fix: pick the target's own draft, or speculative='ngram'.")
+        g = draft.generation_config
+        g.num_assistant_tokens, g.num_assistant_tokens_schedule = config.num_speculative_tokens, "constant"
+        g.assistant_confidence_threshold = 0.0
+        return draft
 
     def start(self) -> "HFEngine":
         """The model is loaded when the engine is made (in this process, seconds): nothing more to start."""
@@ -93,6 +120,7 @@ class HFEngine:
         import torch
 
         b = self.config.batch_size
+        self._steps = 0
         t0 = time.perf_counter()
         bar = _progress_bar(len(requests), progress, self.name)
         records: list[RequestRecord] = []
@@ -108,6 +136,11 @@ class HFEngine:
         finally:
             if bar:
                 bar.close()
+        if self.config.speculative:  # this call's own counts (a warm-up call is not the run)
+            tokens = sum(r.output_tokens for r in records)
+            self.facts["last_run"] = {"speculative": {
+                "method": self.config.speculative, "k": self.config.num_speculative_tokens, "verify_steps": self._steps,
+                "tokens": tokens, "mean_acceptance_length": tokens / self._steps if self._steps else None}}
         return records
 
     def _run_batch(self, batch: list[PreparedRequest], t0: float, torch: Any) -> list[RequestRecord]:
@@ -123,8 +156,9 @@ class HFEngine:
         with torch.inference_mode():
             out = self.model.generate(
                 input_ids=torch.tensor(ids, device=self.device), attention_mask=torch.tensor(mask, device=self.device),
-                generation_config=gen, streamer=clock)
+                generation_config=gen, streamer=clock, **({"assistant_model": self.draft} if self.draft else {}))
         done = time.perf_counter() - t0
+        self._steps += clock.steps
         new = out[:, width:].tolist()
         recs = []
         for row, r in zip(new, batch):
@@ -139,6 +173,7 @@ class HFEngine:
         import gc
 
         del self.model
+        self.draft = None
         gc.collect()
         try:
             import torch

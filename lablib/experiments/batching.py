@@ -18,6 +18,8 @@ before any of them decodes, so the prefill share grows with the batch size.
 """
 from __future__ import annotations
 
+import re
+
 from typing import Any
 
 from ..results.record import Result
@@ -28,10 +30,14 @@ def batch_size(r: Result) -> int:
     return int(r.config.get("batch_size") or 1)
 
 
+LAB01_RUNG = re.compile(r"hf-naive|hf-static-b\d+")  # journey.hf_steps' names for lab 01's own rungs
+
+
 def hf_runs(results: list[Result]) -> list[Result]:
-    """The HF rungs (naive and static batching): the runs whose step is one fixed batch. On a GPU the journey
-    also runs vLLM, whose batch changes every step: it has no place on this line."""
-    return [r for r in results if r.engine in ("hf-naive", "hf-static")]
+    """Lab 01's HF rungs (naive and static batching, one attention kernel): the runs whose step is one fixed
+    batch. On a GPU the journey also runs vLLM, whose batch changes every step: it has no place on this line;
+    later labs' HF rungs (another attention kernel, speculative decoding) change more than the batch."""
+    return [r for r in results if r.engine in ("hf-naive", "hf-static") and LAB01_RUNG.fullmatch(r.step)]
 
 
 def step_costs(results: list[Result]) -> dict[str, Any]:

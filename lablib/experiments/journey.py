@@ -8,6 +8,12 @@ appends its Result to one store, so the last lab (and the HTML report) can show 
 whole road. A step this machine cannot run (vLLM without a GPU) is listed as skipped
 with the reason, never silently dropped.
 
+Each rung belongs to the lab that adds it (`Step.lab`), and `run_journey(through="01")` runs only the rungs of
+labs up to that one. Most rungs run the journey workload; a rung whose gain only shows on other requests runs
+its own (`Step.workload`: prefix caching needs prompts that share a prefix) beside the rung it is measured
+against (`Step.baseline`, on the same requests), and `side_roads` reads each such pair for the report, next to
+the journey's own gain.
+
 A rung may name its runs recorded on the H200 (`Step.recorded`, step names in
 `data/reference/`): `road` puts them right after the rung, so the report shows the whole
 road on any machine, the live rungs and the recorded ones side by side, in the ladder's
@@ -15,7 +21,7 @@ order. A later lab adds a rung (and its recording) here, and the report's pictur
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -40,23 +46,58 @@ class Step:
     why: str = ""  # one line: what this step changes
     recorded: tuple[str, ...] = ()  # runs of this rung recorded on the H200 (step names in data/reference/)
     record_step: str = ""  # scripts/record_reference.py's step that records them ("": the rung's own name)
+    lab: str = "01"  # the lab that adds this rung ("01".."09")
+    workload: str = ""  # the rung's own workload ("": the journey's)
+    baseline: str = ""  # the rung this one is measured against, on the same workload ("": the road before it)
+    models: tuple[str, ...] = ()  # the only models it runs on (): any; e.g. the EAGLE head fits the embedded target
 
 
 # HF static batching of the whole journey in one batch of 64, on the synthetic 8B: the H200's HF rung.
 HF_RECORDED = ("hf-static-b64-8b-journey",)
 # vLLM with FP8 weights (lab 06's rung) on the synthetic 8B: scripts/record_reference.py --steps journey-fp8
 FP8_RECORDED = "vllm-fp8-8b-journey"
+# Prefix caching (lab 07) on the shared-prefix set, off and on, synthetic 8B: lab 07's on/off runs (prefix.on_off_runs)
+PREFIX_WORKLOAD = "shared-prefix-512"
+PREFIX_RECORDED = {False: f"prefix-off-{PREFIX_WORKLOAD}-llama-3.1-8b", True: f"prefix-on-{PREFIX_WORKLOAD}-llama-3.1-8b"}
+# Speculative decoding (lab 08), the EAGLE head k=4 on the embedded target, at batch 1 and 64 (its cost under load):
+# lab 08's runs (speculative_vllm.record), each beside the baseline of the same batch.
+SPEC_K = 4
+SPEC_RECORDED = {1: ("spec-baseline-b1", f"spec-eagle-k{SPEC_K}-b1"), 64: ("spec-baseline-b64", f"spec-eagle-k{SPEC_K}-b64")}
+LABS = ("01", "02", "03", "04", "05", "06", "07", "08", "09", "10")
+# A recorded rung's own baseline, where it is not its step's baseline's recording (other model, other batch).
+RECORDED_BASELINE = {PREFIX_RECORDED[True]: PREFIX_RECORDED[False], SPEC_RECORDED[1][1]: SPEC_RECORDED[1][0],
+                     SPEC_RECORDED[64][1]: SPEC_RECORDED[64][0]}
 
 
 def hf_steps(batch_sizes: list[int]) -> list[Step]:
-    """Naive generate, then static batching at each size > 1; the last HF step carries the H200's HF recording."""
-    steps = [Step("hf-naive", lambda m: HFEngine(m, HFConfig()), why="HF generate, one request at a time")]
+    """Lab 01's rungs: naive generate, then static batching at each size > 1, with the textbook attention kernel
+    (eager: the N x N scores written out and read back, one of lab 01's three costs); then lab 02's: the largest
+    batch again with PyTorch's fused attention (sdpa), which carries the H200's HF recording (made with sdpa)."""
+    eager = "eager"
+    steps = [Step("hf-naive", lambda m: HFEngine(m, HFConfig(attn_implementation=eager)),
+                  why="HF generate, one request at a time")]
     for b in batch_sizes:
         if b > 1:
-            steps.append(Step(f"hf-static-b{b}", lambda m, b=b: HFEngine(m, HFConfig("static", b)),
+            steps.append(Step(f"hf-static-b{b}", lambda m, b=b: HFEngine(m, HFConfig("static", b,
+                                                                                     attn_implementation=eager)),
                               why=f"left-padded batches of {b}; each batch waits for its longest member"))
-    steps[-1] = replace(steps[-1], recorded=HF_RECORDED)
+    last, b = steps[-1], max(batch_sizes)
+    mode = ("static", b) if b > 1 else ("naive", 1)
+    steps.append(Step(f"{last.name}-sdpa", lambda m: HFEngine(m, HFConfig(*mode, attn_implementation="sdpa")),
+                      lab="02", baseline=last.name, recorded=HF_RECORDED,
+                      why="the same batches with PyTorch's fused attention (sdpa) instead of eager's N x N scores"))
     return steps
+
+
+def speculative_hf_steps() -> list[Step]:
+    """Lab 08's rungs this CPU runs: transformers' own speculative decoding (assisted generation, batch 1) with
+    the embedded draft and with prompt lookup (n-gram), each against naive generate, k = SPEC_K."""
+    return [Step(f"hf-naive-{how}-k{SPEC_K}", lambda m, how=how: HFEngine(m, HFConfig(speculative=how,
+                                                                                    num_speculative_tokens=SPEC_K)),
+                 lab="08", baseline="hf-naive", models=("embedded",) if how == "draft" else (),
+                 why=f"{'the embedded draft' if how == 'draft' else 'prompt lookup (n-gram)'} proposes {SPEC_K} "
+                     "tokens, the target checks them in one pass (transformers' assisted generation)")
+            for how in ("ngram", "draft")]
 
 
 def ladder(batch_sizes: list[int]) -> list[Step]:
@@ -64,18 +105,49 @@ def ladder(batch_sizes: list[int]) -> list[Step]:
     from ..config import VLLMConfig
     from ..engines.server import ServerEngine
     from ..engines.vllm import VLLMEngine
+    from .speculative_vllm import speculative_config
+
+    gpu = "gpu+vllm"
+
+    def prefix(caching: bool) -> Step:
+        return Step(f"vllm-prefix-{'on' if caching else 'off'}", lambda m: VLLMEngine(m, VLLMConfig(
+            enable_prefix_caching=caching)), needs=gpu, lab="07", workload=PREFIX_WORKLOAD,
+            baseline="vllm-prefix-off" if caching else "", recorded=(PREFIX_RECORDED[caching],),
+            record_step="prefix-on-off",
+            why=("32 requests sharing a 512-token file header, " + (
+                "prefix caching on: later requests reuse the header's KV blocks (lab 07)" if caching else
+                "caching off: every request prefills the header again (the baseline of the next rung)")))
+
+    def eagle(batch: int | None) -> Step:
+        tail = f"-b{batch}" if batch else ""
+        return Step(f"vllm-eagle-k{SPEC_K}{tail}", lambda m: VLLMEngine(m, VLLMConfig(
+            max_num_seqs=batch or VLLMConfig().max_num_seqs, speculative_config=speculative_config("eagle", SPEC_K))),
+            needs=gpu, lab="08", baseline=f"vllm{tail}", models=("embedded",),
+            recorded=SPEC_RECORDED[1][1:] if batch else SPEC_RECORDED[64], record_step="speculative",
+            why=(f"the EAGLE head proposes {SPEC_K} tokens from the target's own features, " +
+                 ("one request at a time: where speculation pays, latency at low load (lab 08)" if batch else
+                  "every request at once: what it costs under load (lab 08)")))
 
     return hf_steps(batch_sizes) + [
-        Step("vllm", lambda m: VLLMEngine(m, VLLMConfig()), needs="gpu+vllm", recorded=("vllm-8b-journey",),
+        Step("vllm", lambda m: VLLMEngine(m, VLLMConfig()), needs=gpu, lab="03", recorded=("vllm-8b-journey",),
              why="vLLM: paged KV cache, continuous batching, CUDA graphs (its own worker process)"),
-        Step("vllm-server", lambda m: ServerEngine(m), needs="gpu+vllm", recorded=("serve-rate-inf",),
+        Step("vllm-server", lambda m: ServerEngine(m), needs=gpu, lab="05", recorded=("serve-rate-inf",),
              why="the same engine behind its OpenAI server: every request over HTTP, streamed"),
-        Step("vllm-fp8", lambda m: VLLMEngine(m, VLLMConfig(quantization="fp8")), needs="gpu+vllm",
-             recorded=(FP8_RECORDED,), record_step="journey-fp8", why="vLLM with FP8 weights (Hopper's own format, quantized as it loads): "
-                                          "half the bytes each decode step reads (lab 06)")]
+        Step("vllm-fp8", lambda m: VLLMEngine(m, VLLMConfig(quantization="fp8")), needs=gpu, lab="06",
+             recorded=(FP8_RECORDED,), record_step="journey-fp8", why="vLLM with FP8 weights (Hopper's own format, "
+                                                                     "quantized as it loads): half the bytes each decode step reads (lab 06)"),
+        prefix(False), prefix(True),
+        *speculative_hf_steps(),
+        Step("vllm-b1", lambda m: VLLMEngine(m, VLLMConfig(max_num_seqs=1)), needs=gpu, lab="08",
+             recorded=SPEC_RECORDED[1][:1], record_step="speculative",
+             why="vLLM one request at a time (max_num_seqs=1): the baseline of the next rung"),
+        eagle(1), eagle(None)]
 
 
-def available(step: Step) -> tuple[bool, str]:
+def available(step: Step, model: str | None = None) -> tuple[bool, str]:
+    """Whether this machine runs `step` for `model` (None: any model), and if not, why (and what shows instead)."""
+    if step.models and model is not None and model not in step.models:
+        return False, f"it runs on {', '.join(step.models)} only, not {model!r}"
     if step.needs == "cpu":
         return True, ""
     from ..session import mode
@@ -97,9 +169,12 @@ def available(step: Step) -> tuple[bool, str]:
 def run_journey(model: str = "embedded", workload: str = "journey", requests: int | None = None,
                 batch_sizes: list[int] = (1, 4, 16), store: ResultStore | None = None,
                 bench: BenchConfig = BenchConfig(), lab: str = "journey",
-                log: Callable[[str], None] = print, cpu_threads: int | None = None,
+                log: Callable[[str], None] = print, cpu_threads: int | None = None, through: str | None = None,
                 ) -> tuple[list[Result], list[dict[str, str]]]:
     """Run every available step on the workload; return the Results and the skipped steps.
+
+    `through` ("01".."10", None: all) keeps the rungs of the labs up to that one: lab 01 runs its own. A rung
+    with its own workload (`Step.workload`) runs that, limited to `requests` too.
 
     `cpu_threads` pins torch's threads in this process for every step (None: as they are); only the HF steps
     compute here, vLLM's run in their own worker. On a shared CPU (Colab, CI) a
@@ -108,10 +183,14 @@ def run_journey(model: str = "embedded", workload: str = "journey", requests: in
     validate.integers("run_journey", "batch_sizes", batch_sizes, "e.g. --batch-sizes 1,4,16.")
     if cpu_threads is not None:
         validate.integer("run_journey", "cpu_threads", cpu_threads, "1 on a shared CPU, or None to leave torch's own.")
+    if through is not None:
+        validate.choice("run_journey", "through", through, LABS, "the last lab whose rungs run, e.g. '01', or None.")
     wl = load_workload(workload, limit=requests)
     results, skipped = [], []
     for step in ladder(list(batch_sizes)):
-        ok, why = available(step)
+        if through is not None and step.lab > through:
+            continue
+        ok, why = available(step, model if isinstance(model, str) else None)
         if not ok:
             skipped.append({"step": step.name, "why": why})
             log(f"skip {step.name}: {why}")
@@ -120,7 +199,8 @@ def run_journey(model: str = "embedded", workload: str = "journey", requests: in
         engine = step.make_engine(model)
         try:
             with torch_threads(cpu_threads):
-                r = run(engine, wl, bench, lab=lab, step=step.name, store=store)
+                own = load_workload(step.workload, limit=requests) if step.workload else wl
+                r = run(engine, own, bench, lab=lab, step=step.name, store=store)
         finally:
             engine.close()
         s = r.summary
@@ -146,6 +226,56 @@ def road(results: list[Result], batch_sizes: list[int] = (1, 4, 16)) -> list[Res
                     load_reference(name) if name in shipped else [])
     on_ladder = {s.name for s in steps} | {name for s in steps for name in s.recorded}
     return out + [r for r in results if r.step not in on_ladder]
+
+
+def side_roads(results: list[Result], batch_sizes: list[int] = (1, 4, 16)) -> list[dict[str, Any]]:
+    """Each rung that is measured against a baseline of its own (`Step.baseline`, or a recording's
+    `RECORDED_BASELINE`) and ran beside it in `results`: what it bought on those requests.
+
+    A row: the rung and its baseline, the workload, where measured, output tok/s of both and their ratio, TTFT p50
+    and TPOT p50 of both (seconds) and the baseline's over the rung's (above 1: faster), and the speculative
+    counters where the rung has them. `journey_gain` is the road's own (the best journey rung over naive
+    generate, same model, same place), so a reader sees the side road's factor beside the whole road's."""
+    by_step = {r.step: r for r in results}
+    steps = ladder(list(batch_sizes))
+    lab_of = {name: s.lab for s in steps for name in (s.name, *s.recorded)}
+    pairs = [(s.name, s.baseline) for s in steps if s.baseline] + list(RECORDED_BASELINE.items())
+    rows = []
+    for rung, base in pairs:
+        r, b = by_step.get(rung), by_step.get(base)
+        if r is None or b is None:
+            continue
+        rs, bs = r.summary, b.summary
+
+        def ratio(x: float | None, y: float | None) -> float | None:
+            return x / y if x and y else None
+
+        spec = (r.engine_facts.get("last_run") or {}).get("speculative")
+        rows.append({"rung": rung, "baseline": base, "lab": lab_of.get(rung), "workload": r.workload.get("name"),
+                     "where": r.provenance,
+                     "model": r.model.get("name"), "requests": rs["requests"],
+                     "tok_s": rs["output_tok_s"], "baseline_tok_s": bs["output_tok_s"],
+                     "tok_s_ratio": ratio(rs["output_tok_s"], bs["output_tok_s"]),
+                     "ttft_p50_s": rs["ttft_s"]["p50"], "baseline_ttft_p50_s": bs["ttft_s"]["p50"],
+                     "ttft_speedup": ratio(bs["ttft_s"]["p50"], rs["ttft_s"]["p50"]),
+                     "tpot_p50_s": rs["tpot_s"]["p50"], "baseline_tpot_p50_s": bs["tpot_s"]["p50"],
+                     "tpot_speedup": ratio(bs["tpot_s"]["p50"], rs["tpot_s"]["p50"]),
+                     "mean_acceptance_length": spec.get("mean_acceptance_length") if spec else None,
+                     "journey_gain": journey_gain(results, r)})
+    return rows
+
+
+def journey_gain(results: list[Result], like: Result) -> float | None:
+    """The road's own gain where `like` was measured: the best journey-workload rung over naive generate, among
+    the runs of `like`'s model and provenance (a recorded 8B's vLLM over the CPU's naive run is no gain)."""
+    same = [r for r in results if r.provenance == like.provenance and r.model.get("name") == like.model.get("name")
+            and r.workload.get("name") == "journey"]
+    naive = next((r for r in same if r.step == "hf-naive"), None) or next(
+        (r for r in same if r.engine == "hf-static"), None)
+    if naive is None:
+        return None
+    best = max(same, key=lambda r: r.summary["output_tok_s"])
+    return best.summary["output_tok_s"] / naive.summary["output_tok_s"]
 
 
 def default_store(folder: str | Path | None = None, lab: str = "journey") -> ResultStore:

@@ -137,8 +137,12 @@ def prompt_tokenizer(spec: ModelSpec) -> Any:
     return load_tokenizer(spec)
 
 
-def load_hf_model(spec: ModelSpec, device: str = "cpu", dtype: str = "auto") -> Any:
-    """The transformers model on `device`; float32 on the CPU unless asked otherwise (bf16 matmuls are slow there)."""
+def load_hf_model(spec: ModelSpec, device: str = "cpu", dtype: str = "auto", attn_implementation: str | None = None
+                  ) -> Any:
+    """The transformers model on `device`; float32 on the CPU unless asked otherwise (bf16 matmuls are slow there).
+
+    `attn_implementation` ("eager", "sdpa", "flex_attention"; None: transformers' own choice, sdpa) picks the
+    attention kernel every layer calls."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -149,7 +153,8 @@ def load_hf_model(spec: ModelSpec, device: str = "cpu", dtype: str = "auto") -> 
     shown = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()  # a "Loading weights" bar per load: five in one lab cell said nothing
     try:
-        model = AutoModelForCausalLM.from_pretrained(spec.path, dtype=getattr(torch, dtype))
+        extra = {"attn_implementation": attn_implementation} if attn_implementation else {}
+        model = AutoModelForCausalLM.from_pretrained(spec.path, dtype=getattr(torch, dtype), **extra)
     finally:
         if shown:
             hf_logging.enable_progress_bar()

@@ -50,7 +50,9 @@ def tok_s_text(v: float) -> str:
 def _ticks(results: list[Result]) -> list[str]:
     ticks, seen = [], set()
     for r in results:
-        base = f"{r.step}<br><span style='font-size:10px'>{model_name(r)}<br>{r.summary['requests']} requests</span>"
+        wl = r.workload.get("name")
+        on = f"{r.summary['requests']} requests" + (f" of {wl}" if wl and wl != "journey" else "")  # a rung's own set
+        base = f"{r.step}<br><span style='font-size:10px'>{model_name(r)}<br>{on}</span>"
         tick, n = base, 1
         while tick in seen:
             n += 1

@@ -51,12 +51,13 @@ def static_records(static, requests):
     return uneven, static.generate(uneven, on_record=seen.append, progress=False), seen
 
 
-def check_records(reqs, recs):
+def check_records(reqs, recs, together: bool = False):
+    """`together`: a speculative step's tokens leave the model at once and share its stamp (never go back)."""
     assert [r.request_id for r in recs] == [r.request_id for r in reqs]
     for q, r in zip(reqs, recs):
         assert r.prompt_tokens == len(q.prompt_ids)
         assert r.output_tokens == q.max_new_tokens == len(r.output_ids) == len(r.token_times)
-        assert all(a < b for a, b in zip(r.token_times, r.token_times[1:])), r.token_times
+        assert all(a <= b if together else a < b for a, b in zip(r.token_times, r.token_times[1:])), r.token_times
         assert r.arrival == 0.0 <= r.start < r.first_token <= r.last_token <= r.finished
         assert r.first_token == r.token_times[0] and r.last_token == r.token_times[-1]
         assert all(0 <= t < 4096 for t in r.output_ids)
@@ -120,3 +121,78 @@ def test_cuda_without_a_gpu_is_refused():
         pytest.skip("this machine has a GPU: the refusal is for machines without one")
     with pytest.raises(ValueError, match="device='cuda' but no CUDA GPU"):
         HFEngine("embedded", HFConfig(device="cuda"))
+
+
+# --- later labs' HF rungs: another attention kernel (lab 02), transformers' speculative decoding (lab 08) -------
+
+@pytest.mark.parametrize("how", ["ngram", "draft"])
+def test_speculative_decoding_keeps_the_greedy_tokens_and_counts_its_verify_steps(naive, requests, naive_records, how):
+    """Assisted generation verifies greedily: the tokens are naive generate's, token for token. Each verify step
+    emits 1..k+1 tokens, one time stamp per token (a step's tokens share its stamp), and the counters say so."""
+    e = HFEngine(naive.spec, HFConfig(speculative=how, num_speculative_tokens=3, device="cpu"))
+    try:
+        recs = e.generate(requests, progress=False)
+        spec = e.facts["last_run"]["speculative"]
+    finally:
+        e.close()
+    check_records(requests, recs, together=True)
+    assert [r.output_ids for r in recs] == [r.output_ids for r in naive_records]
+    assert spec["method"] == how and spec["k"] == 3 and spec["tokens"] == N * NEW
+    assert N <= spec["verify_steps"] <= N * NEW  # at least one step a request, at most one a token
+    assert 1 <= spec["mean_acceptance_length"] <= 3 + 1
+    assert spec["mean_acceptance_length"] == spec["tokens"] / spec["verify_steps"]
+    stamps = [len(set(r.token_times)) for r in recs]  # distinct stamps = the request's verify steps
+    assert sum(stamps) <= spec["verify_steps"] and all(s <= NEW for s in stamps)
+    if how == "draft":
+        assert e.facts["draft"]["model"] == "embedded-draft" and 0 < e.facts["draft"]["parameters"]
+
+
+def test_the_draft_accepts_more_than_chance(naive, requests):
+    """The embedded draft was distilled from the target: over 8 x 8 tokens it must average well above one token
+    per verify step (a draft the target never agreed with gives exactly 1)."""
+    e = HFEngine(naive.spec, HFConfig(speculative="draft", num_speculative_tokens=4, device="cpu"))
+    try:
+        e.generate(requests, progress=False)
+        assert e.facts["last_run"]["speculative"]["mean_acceptance_length"] > 1.3
+    finally:
+        e.close()
+
+
+def test_eager_and_sdpa_attention_give_the_same_tokens(naive, requests, naive_records):
+    e = HFEngine(naive.spec, HFConfig(attn_implementation="eager", device="cpu"))
+    try:
+        assert e.facts["attn_implementation"] == "eager" and naive.facts["attn_implementation"] == "sdpa"
+        assert [r.output_ids for r in e.generate(requests, progress=False)] == [r.output_ids for r in naive_records]
+    finally:
+        e.close()
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"mode": "static", "batch_size": 4, "speculative": "ngram"},
+     r"HFConfig\.speculative='ngram': allowed '' with mode='static' .*; Fix: mode='naive'"),
+    ({"speculative": "eagle"}, r"HFConfig\.speculative='eagle': allowed '', 'draft', 'ngram'; Fix:"),
+    ({"speculative": "draft", "num_speculative_tokens": 0}, r"HFConfig\.num_speculative_tokens=0: allowed .*1\.\.16; Fix:"),
+    ({"attn_implementation": "flash"}, r"HFConfig\.attn_implementation='flash': allowed 'eager', 'sdpa', 'flex_attention'"),
+])
+def test_bad_hf_knobs_are_refused_before_any_model_loads(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        HFConfig(**kwargs)
+
+
+def test_a_draft_with_another_vocabulary_is_refused(naive, monkeypatch):
+    """vLLM and transformers both need the draft's vocabulary to be the target's; the engine says so, naming the
+    field and the fix, instead of transformers' shape error mid-generate."""
+    import lablib.engines.hf as hf
+
+    real = hf.load_hf_model
+
+    def other_vocab(spec, *a, **kw):
+        m = real(spec, *a, **kw)
+        if spec.name != naive.spec.name:
+            m.config.vocab_size += 1
+        return m
+
+    monkeypatch.setattr(hf, "load_hf_model", other_vocab)
+    with pytest.raises(ValueError, match=r"HFConfig\.draft_model='embedded-draft': allowed a draft with the target's "
+                                         r"vocabulary .*; Fix:"):
+        HFEngine(naive.spec, HFConfig(speculative="draft", device="cpu"))

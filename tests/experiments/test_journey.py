@@ -1,0 +1,99 @@
+"""The journey's ladder: each rung belongs to a lab and may run its own workload beside its own baseline;
+`through` keeps a lab's own rungs; `side_roads` reads each rung against its baseline, next to the road's gain."""
+import pytest
+
+from lablib.experiments import journey as jx
+from lablib.results import RequestRecord, Result
+
+CPU = {"gpu": None, "cpu": "Test CPU 9000", "cpu_cores_logical": 2}
+
+
+def run_of(step: str, engine: str, wall_s: float, ttft: float = 0.1, workload: str = "journey",
+           provenance: str = "live", model: str = "embedded", facts: dict | None = None) -> Result:
+    reqs = [RequestRecord(f"r{i}", prompt_tokens=10, output_tokens=8, start=0.0, first_token=ttft,
+                          last_token=ttft + 7 * 0.01) for i in range(4)]
+    return Result(lab="test", step=step, engine=engine, config={}, model={"name": model},
+                  workload={"name": workload, "requests": 4}, requests=reqs, wall_s=wall_s, hardware=CPU,
+                  provenance=provenance, engine_facts=facts or {})
+
+
+def test_every_rung_names_its_lab_in_the_ladders_order_and_baselines_come_first():
+    steps = jx.ladder([1, 4, 16])
+    labs = [s.lab for s in steps]
+    assert labs == sorted(labs) and set(labs) <= set(jx.LABS)
+    names = [s.name for s in steps]
+    assert len(set(names)) == len(names)
+    for i, s in enumerate(steps):
+        if s.baseline:  # the rung it is measured against runs before it, on the same requests
+            base = steps[names.index(s.baseline)]
+            assert names.index(s.baseline) < i and base.workload == s.workload, s.name
+    assert {s.name: s.lab for s in steps if s.lab in ("02", "07", "08")} == {
+        "hf-static-b16-sdpa": "02", "vllm-prefix-off": "07", "vllm-prefix-on": "07", "hf-naive-ngram-k4": "08",
+        "hf-naive-draft-k4": "08", "vllm-b1": "08", "vllm-eagle-k4-b1": "08", "vllm-eagle-k4": "08"}
+    assert {s.workload for s in steps if s.lab == "07"} == {jx.PREFIX_WORKLOAD}
+
+
+def test_a_rung_for_other_models_is_skipped_with_the_reason():
+    draft = next(s for s in jx.ladder([1]) if s.name == "hf-naive-draft-k4")
+    assert jx.available(draft, "embedded") == (True, "")
+    ok, why = jx.available(draft, "qwen2.5-0.5b")
+    assert not ok and "embedded" in why and "qwen2.5-0.5b" in why
+
+
+def test_through_keeps_a_labs_own_rungs(monkeypatch):
+    """run_journey(through='01') runs lab 01's rungs only; the engines here are stand-ins that record the order."""
+    made = []
+
+    class Stub:
+        def __init__(self, name):
+            self.name = name
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(jx, "run", lambda engine, wl, bench, **kw: made.append((kw["step"], wl.name)) or
+                        run_of(kw["step"], "hf-naive", 1.0, workload=wl.name))
+    monkeypatch.setattr(jx, "ladder", lambda sizes: [
+        jx.Step("a", Stub), jx.Step("b", Stub, lab="02"), jx.Step("c", Stub, lab="07", workload=jx.PREFIX_WORKLOAD)])
+    jx.run_journey(requests=2, batch_sizes=[1], through="01", log=lambda _: None)
+    assert made == [("a", "journey")]
+    made.clear()
+    jx.run_journey(requests=2, batch_sizes=[1], log=lambda _: None)
+    assert made == [("a", "journey"), ("b", "journey"), ("c", jx.PREFIX_WORKLOAD)]  # a rung's own workload
+    with pytest.raises(ValueError, match=r"run_journey\.through='1': allowed '01', .*; Fix:"):
+        jx.run_journey(through="1")
+
+
+def test_side_roads_read_each_rung_against_its_baseline_beside_the_roads_gain():
+    spec = {"last_run": {"speculative": {"mean_acceptance_length": 2.5}}}
+    results = [run_of("hf-naive", "hf-naive", 2.0), run_of("hf-static-b4", "hf-static", 0.5),
+               run_of("hf-naive-ngram-k4", "hf-naive", 1.0, facts=spec),
+               run_of("vllm-prefix-off", "vllm", 1.0, ttft=0.4, workload=jx.PREFIX_WORKLOAD, model="x"),
+               run_of("vllm-prefix-on", "vllm", 0.8, ttft=0.1, workload=jx.PREFIX_WORKLOAD, model="x")]
+    rows = {r["rung"]: r for r in jx.side_roads(results, [1, 4])}
+    assert set(rows) == {"hf-naive-ngram-k4", "vllm-prefix-on"}  # the draft rung and the rest did not run here
+    ngram = rows["hf-naive-ngram-k4"]
+    assert (ngram["baseline"], ngram["lab"], ngram["tok_s_ratio"]) == ("hf-naive", "08", pytest.approx(2.0))
+    assert ngram["mean_acceptance_length"] == 2.5
+    assert ngram["journey_gain"] == pytest.approx(4.0)  # hf-static-b4 over hf-naive: the best journey rung
+    prefix = rows["vllm-prefix-on"]
+    assert prefix["ttft_speedup"] == pytest.approx(4.0) and prefix["tok_s_ratio"] == pytest.approx(1.25)
+    assert prefix["journey_gain"] is None  # model x ran no journey rung: no gain is claimed for it
+
+
+def test_the_report_says_what_each_side_road_bought(tmp_path):
+    from lablib.report import write_report
+
+    results = [run_of("hf-naive", "hf-naive", 2.0), run_of("hf-naive-draft-k4", "hf-naive", 4.0)]
+    page = write_report(results, tmp_path / "r.html").read_text()
+    assert "<b>hf-naive-draft-k4</b> against <b>hf-naive</b>" in page and "(0.50&times;)" in page
+    assert "In throughput it did not pay here: lab 08 measures why." in page
+
+
+def test_a_rung_on_its_own_workload_says_so_under_its_bar():
+    from lablib.plots.journey import whole_road
+
+    fig = whole_road([run_of("hf-naive", "hf-naive", 2.0),
+                      run_of("vllm-prefix-on", "vllm", 0.8, workload=jx.PREFIX_WORKLOAD)])
+    ticks = list(fig.layout.xaxis.categoryarray)
+    assert ticks[0].endswith("4 requests</span>") and f"4 requests of {jx.PREFIX_WORKLOAD}" in ticks[1]
