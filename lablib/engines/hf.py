@@ -49,6 +49,17 @@ class _StepClock:
         pass
 
 
+def exact_draft_length(assistant_config: Any, k: int) -> Any:
+    """Make a draft's generation_config propose exactly k tokens every assisted step (in place; returned).
+
+    transformers 5.17's candidate generator reads the assistant's own config, whose defaults are 20 tokens,
+    schedule "constant" and a confidence threshold of 0.4 (the draft stops early when unsure, re-fitted with
+    scikit-learn): the k a lab sets would not be the k that ran."""
+    assistant_config.update(num_assistant_tokens=k, num_assistant_tokens_schedule="constant",
+                            assistant_confidence_threshold=0.0)
+    return assistant_config
+
+
 def _progress_bar(total: int, enabled: bool, desc: str):
     if not enabled:
         return None
@@ -95,17 +106,14 @@ class HFEngine:
                                    "weight_bytes": sum(p.numel() * p.element_size() for p in self.draft.parameters())}
 
     def _load_draft(self, config: HFConfig) -> Any:
-        """The draft for assisted generation, proposing exactly k tokens a step (transformers' default schedule
-        adapts k and stops drafting below a confidence of 0.4: the lab's k would not be the k that ran)."""
+        """The draft for assisted generation, proposing exactly k tokens a step (`exact_draft_length`)."""
         draft_spec = resolve_model(config.draft_model)
         draft = load_hf_model(draft_spec, self.device, config.dtype, config.attn_implementation)
         if draft.config.vocab_size != self.model.config.vocab_size:
             raise ValueError(f"HFConfig.draft_model={config.draft_model!r}: allowed a draft with the target's "
                              f"vocabulary ({self.model.config.vocab_size} tokens; this one has "
                              f"{draft.config.vocab_size}); Fix: pick the target's own draft, or speculative='ngram'.")
-        g = draft.generation_config
-        g.num_assistant_tokens, g.num_assistant_tokens_schedule = config.num_speculative_tokens, "constant"
-        g.assistant_confidence_threshold = 0.0
+        exact_draft_length(draft.generation_config, config.num_speculative_tokens)
         return draft
 
     def start(self) -> "HFEngine":

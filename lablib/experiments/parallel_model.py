@@ -20,7 +20,8 @@ from ..mechanisms import parallel as tp
 from ..mechanisms.pipeline import compare_two_gpus
 from ..models.architecture import architectures, parameter_count
 
-SIMULATED = "simulated on this machine (lablib.mechanisms.parallel, spec-sheet peaks): a model, not a measurement"
+SIMULATED = ("simulated on this machine (lablib.mechanisms.parallel and .pipeline, spec-sheet peaks): a model, "
+             "not a measurement")
 LINKS = (tp.NVLINK4, tp.PCIE_GEN5_X16, tp.PCIE_GEN4_X16)
 TPS = (1, 2, 4, 8)
 BATCHES = (1, 8, 64, 256)

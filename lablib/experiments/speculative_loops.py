@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import validate
+from ..engines.hf import exact_draft_length
 from ..hardware.device import device_facts, torch_threads
 from ..models import load_hf_model, load_tokenizer, resolve_model
 from ..workloads import load_workload
@@ -194,19 +195,15 @@ def greedy_eagle(target: Any, head: Any, input_ids: Any, max_new_tokens: int, k:
 def hf_assisted(target: Any, draft: Any, input_ids: Any, max_new_tokens: int, k: int) -> list[int]:
     """transformers' assisted generation with exactly k assistant tokens per step (no schedule, no early stop).
 
-    Its candidate generator (generation/candidate_generator.py) reads the assistant's generation_config;
-    transformers 5.17's defaults are 20 tokens, schedule "constant" and a confidence threshold of 0.4
-    (the draft stops a proposal early when unsure, and with scikit-learn the threshold is re-fitted).
-    `num_assistant_tokens=k`, schedule "constant" and threshold 0 make every proposal k tokens, as in
-    `greedy_speculative`, except near the end, where HF drafts fewer (max_length - 1 caps it).
+    `exact_draft_length` (the engine's own setting) makes every proposal k tokens, as in `greedy_speculative`,
+    except near the end, where HF drafts fewer (max_length - 1 caps it).
     The draft's config is restored afterwards.
     """
     torch = _torch()
     ids = _check(target, draft, input_ids, max_new_tokens, k)
     gen = copy.deepcopy(target.generation_config)
     gen.update(do_sample=False, max_new_tokens=max_new_tokens, eos_token_id=None, pad_token_id=0)
-    saved, mine = draft.generation_config, copy.deepcopy(draft.generation_config)
-    mine.update(num_assistant_tokens=k, num_assistant_tokens_schedule="constant", assistant_confidence_threshold=0.0)
+    saved, mine = draft.generation_config, exact_draft_length(copy.deepcopy(draft.generation_config), k)
     draft.generation_config = mine
     try:
         with torch.inference_mode():

@@ -97,3 +97,15 @@ def test_a_rung_on_its_own_workload_says_so_under_its_bar():
                       run_of("vllm-prefix-on", "vllm", 0.8, workload=jx.PREFIX_WORKLOAD)])
     ticks = list(fig.layout.xaxis.categoryarray)
     assert ticks[0].endswith("4 requests</span>") and f"4 requests of {jx.PREFIX_WORKLOAD}" in ticks[1]
+
+
+def test_the_rungs_recorded_names_are_the_ones_labs_07_and_08_record():
+    """The journey does not record its prefix and speculative rungs itself: lab 07's on/off runs and lab 08's
+    sweep do, and these names must be the ones their own naming produces (a rename there would leave the road
+    showing 'not recorded yet' forever)."""
+    from lablib.experiments import prefix_workloads as pw
+    from lablib.experiments import speculative_vllm as sv
+
+    assert jx.PREFIX_RECORDED == {c: f"prefix-{'on' if c else 'off'}-{jx.PREFIX_WORKLOAD}-{pw.BIG}" for c in (0, 1)}
+    base, eagle = sv.settings(("eagle",), (jx.SPEC_K,), defaults_baseline=False)
+    assert jx.SPEC_RECORDED == {b: (base.step(b), eagle.step(b)) for b in (1, 64)}
