@@ -64,6 +64,8 @@ from .speculative_study import (  # noqa: F401 - re-exported, as above
     cost_table,
     cpu_study,
     forward_costs,
+    harness_lines,
+    harness_runs,
     loop_lines,
     study_row,
 )

@@ -188,3 +188,60 @@ def cost_lines(study: dict[str, Any]) -> str:
                      f"c {r['c_in_loop']:.3f}, verify_cost {r['verify_cost_in_loop']:.2f} -> "
                      f"{r['predicted_in_loop']:.2f}x; this run {r['this_run']:.2f}x ({r['tok_s']:.0f} tok/s)")
     return "\n".join(lines)
+
+
+# --- the same pair as engine rungs, through the lab's own harness (bench.run): the journey's lab 08 rungs -------
+
+HARNESS = (("naive generate", ""), ("draft model", "draft"), ("n-gram (prompt lookup)", "ngram"))
+
+
+def harness_runs(n_prompts: int = 16, max_new_tokens: int = 32, k: int = 4, *, store: Any = None,
+                 lab: str = "08_speculative_decoding", threads: int | None = 1) -> dict[str, Any]:
+    """Naive generate, then transformers' assisted generation with the embedded draft and with prompt lookup,
+    each an `HFEngine` run by `bench.run` on the same journey prompts (one warm-up request, exact lengths): what
+    the journey's lab 08 rungs measure, with the latencies every other lab reports.
+
+    Returns {"rows": one per engine (tok/s, speedup over naive, TTFT and TPOT p50, tokens per verify step,
+    identical to naive's greedy tokens), "k", "provenance", "results"}. `threads` pins torch's threads (1: steady
+    on a shared CPU)."""
+    owner = "harness_runs"
+    validate.integer(owner, "n_prompts", n_prompts, "journey prompts, e.g. 16.", 1, 64)
+    validate.integer(owner, "max_new_tokens", max_new_tokens, "new tokens per request, e.g. 32.")
+    validate.integer(owner, "k", k, "tokens proposed per verify step, e.g. 4.", 1, 16)
+    from ..bench.offline import run
+    from ..config import BenchConfig, HFConfig
+    from ..engines.hf import HFEngine
+    from ..hardware.device import torch_threads
+
+    wl = load_workload("journey", limit=n_prompts)
+    bench = BenchConfig(max_new_tokens=max_new_tokens, progress=False)
+    rows, results = [], []
+    with torch_threads(threads):
+        for name, how in HARNESS:
+            engine = HFEngine("embedded", HFConfig(speculative=how, num_speculative_tokens=k))
+            try:
+                step = f"hf-naive-{how}-k{k}" if how else "hf-naive-sdpa"
+                results.append(run(engine, wl, bench, lab=lab, step=step, store=store))
+            finally:
+                engine.close()
+    naive = results[0]
+    for (name, how), r in zip(HARNESS, results):
+        s, spec = r.summary, (r.engine_facts.get("last_run") or {}).get("speculative") or {}
+        rows.append({"engine": name, "speculative": how or "off", "output_tok_s": s["output_tok_s"],
+                     "speedup": s["output_tok_s"] / naive.summary["output_tok_s"],
+                     "ttft_p50_ms": s["ttft_s"]["p50"] * 1e3, "tpot_p50_ms": s["tpot_s"]["p50"] * 1e3,
+                     "tokens_per_verify_step": spec.get("mean_acceptance_length"),
+                     "identical_to_naive": [q.output_ids for q in r.requests] ==
+                                           [q.output_ids for q in naive.requests]})
+    return {"rows": rows, "k": k, "provenance": provenance(threads), "results": results}
+
+
+def harness_lines(runs: dict[str, Any]) -> str:
+    """What the harness runs say, every number from them."""
+    out = [f"{runs['provenance']}; k = {runs['k']}:"]
+    for r in runs["rows"][1:]:
+        out.append(f"  {r['engine']}: {r['output_tok_s']:,.0f} output tok/s, {r['speedup']:.2f}x naive generate "
+                   f"({runs['rows'][0]['output_tok_s']:,.0f}); {r['tokens_per_verify_step']:.2f} tokens per verify "
+                   f"step; TPOT p50 {r['tpot_p50_ms']:.2f} ms against {runs['rows'][0]['tpot_p50_ms']:.2f}; "
+                   f"tokens {'identical to' if r['identical_to_naive'] else 'NOT identical to'} naive's")
+    return "\n".join(out)

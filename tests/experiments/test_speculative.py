@@ -490,3 +490,21 @@ def test_a_recorded_grid_shows_the_asked_part_or_says_what_stands_in(monkeypatch
     assert wide.stand_ins["batches"] == {"asked": [1, 128], "shown": [1, 4, 16, 64]}
     assert wide.stand_ins["n_prompts"] == {"asked": 16, "shown": 64}
     assert "Shown instead of what this cell asked" in capsys.readouterr().out
+
+
+def test_the_harness_runs_the_pair_as_engines_and_keeps_the_tokens():
+    """Lab 08's harness step: naive generate, the draft and prompt lookup through bench.run on the same prompts."""
+    runs = spec.harness_runs(n_prompts=2, max_new_tokens=8, k=3)
+    rows = runs["rows"]
+    assert [r["speculative"] for r in rows] == ["off", "draft", "ngram"] and rows[0]["speedup"] == 1.0
+    assert all(r["identical_to_naive"] for r in rows)
+    assert rows[0]["tokens_per_verify_step"] is None and all(1 <= r["tokens_per_verify_step"] <= 4 for r in rows[1:])
+    assert [r.step for r in runs["results"]] == ["hf-naive-sdpa", "hf-naive-draft-k3", "hf-naive-ngram-k3"]
+    assert all(r.summary["output_tokens"] == 16 for r in runs["results"])
+    text = spec.harness_lines(runs)
+    assert "draft model:" in text and "n-gram (prompt lookup):" in text and "identical to naive's" in text
+
+
+def test_the_harness_refuses_a_bad_k_before_any_model_loads():
+    with pytest.raises(ValueError, match=r"harness_runs\.k=0: allowed integers 1\.\.16; Fix:"):
+        spec.harness_runs(k=0)
