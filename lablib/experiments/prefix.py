@@ -31,6 +31,8 @@ from .prefix_checks import (  # noqa: F401 - re-exported: the notebook and the t
     falls_with_capacity,
     on_off_pairs,
     part,
+    serve_cuts_ttft,
+    serve_hits_predicted,
 )
 from .prefix_simulated import (  # noqa: F401 - re-exported, as above
     BLOCK,
@@ -57,9 +59,11 @@ from .prefix_workloads import (  # noqa: F401 - re-exported, as above
     variant,
 )
 
+NO_WARMUP = BenchConfig(warmup_requests=0)  # what a prediction prepares with: the workload's own output lengths
+
 
 def predict(workload: Workload, engine: Any, *, block_size: int = 16, num_blocks: int | None = None,
-            concurrency: int = 1, bench: BenchConfig = BenchConfig(warmup_requests=0)) -> PrefixCacheResult:
+            concurrency: int = 1, bench: BenchConfig = NO_WARMUP) -> PrefixCacheResult:
     """The simulator on exactly the token ids `engine` would be sent (any engine: HF on a CPU, vLLM on a GPU).
 
     With outputs given as lengths (the engines decode with ignore_eos), generated blocks stay unhashed."""

@@ -2,11 +2,13 @@
 
 `part` takes one part of an on/off run's Shown (its runs, its agreement) still labelled; `on_off_pairs`
 sets caching on beside off per model and workload; `caching_cuts_ttft` and `falls_with_capacity` are the
-claims on them; `checks` is the notebook's Checks cell: the simulator's exact cases asserted on this run,
+claims on them, `serve_hits_predicted` and `serve_cuts_ttft` the claims on the server under load
+(`prefix_serving`); `checks` is the notebook's Checks cell: the simulator's exact cases asserted on this run,
 vLLM's claims when measured live.
 """
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 from .prefix_workloads import BIG
@@ -40,22 +42,41 @@ def caching_cuts_ttft(runs: list[dict[str, Any]], model: str = f"synthetic:{BIG}
     return bool(pairs) and all(p["ttft_p50_on_s"] < p["ttft_p50_off_s"] for p in pairs)
 
 
+def serve_hits_predicted(rows: list[dict[str, Any]]) -> bool:
+    """The serving claim: with caching on, at every rate, the counters' hits and queries over the test equal the
+    simulator's for the same requests, and every request was answered."""
+    on = [r for r in rows if r["caching"] == "on"]
+    return bool(on) and all(r["errors"] == 0 and (r["hits"], r["queries"]) == (r["predicted_hits"],
+                                                                             r["predicted_queries"]) for r in on)
+
+
+def serve_cuts_ttft(rows: list[dict[str, Any]], model: str = f"synthetic:{BIG}") -> bool:
+    """At the highest rate, where prefills queue, caching on gives `model` a lower TTFT p50 than off (shared-first
+    sets only: the shared-after variant hits nothing)."""
+    mine = [r for r in rows if r["model"] == model and not r["workload"].endswith("-shared-after")]
+    top = max((r["rate"] for r in mine), default=None)
+    by = {r["caching"]: r["ttft_p50_s"] for r in mine if r["rate"] == top}
+    return {"on", "off"} <= set(by) and by["on"] < by["off"]
+
+
 def falls_with_capacity(rows: list[dict[str, Any]]) -> bool:
     """The scarce-memory claim: for every order, less room never raises the hit rate nor lowers the evictions."""
     for order in dict.fromkeys(r["order"] for r in rows):
         mine = sorted((r for r in rows if r["order"] == order), key=lambda r: r["num_blocks"])
-        if any(a["hit_rate"] > b["hit_rate"] or a["evictions"] < b["evictions"] for a, b in zip(mine, mine[1:])):
+        if any(a["hit_rate"] > b["hit_rate"] or a["evictions"] < b["evictions"]
+               for a, b in itertools.pairwise(mine)):
             return False
     return True
 
 
 def checks(idea: Any, chain: Any, lengths: Any, advice: Any, demo: Any, scarce: Any, seq: Any, onoff: Any,
-           reuse: Any = None) -> None:
+           reuse: Any = None, serve: Any = None) -> None:
     """Lab 07's Checks cell: the simulator's exact cases asserted on this run, vLLM's claims when measured live.
 
     Takes what the lab's cells computed: the repeat table, the hash chain, the prefix-length rows, the advice
-    runs, the eviction demo, the scarce-memory rows, the sequential counters and the on/off runs. Prints what ran
-    and what did not (and returns nothing, so the cell shows it once)."""
+    runs, the eviction demo, the scarce-memory rows, the sequential counters, the on/off runs, the transformers
+    reuse study and the server's load tests. Prints what ran and what did not (and returns nothing, so the cell
+    shows it once)."""
     from ..session import Checks
 
     c = Checks("07_prefix_caching")
@@ -75,7 +96,7 @@ def checks(idea: Any, chain: Any, lengths: Any, advice: Any, demo: Any, scarce: 
     )
     c.that(
         "the hit rate grows with the shared-prefix length",
-        all(a["hit_rate"] < b["hit_rate"] for a, b in zip(lengths, lengths[1:])),
+        all(a["hit_rate"] < b["hit_rate"] for a, b in itertools.pairwise(lengths)),
     )
     c.that(
         "the shared part after a per-request line: 0 hits",
@@ -83,7 +104,7 @@ def checks(idea: Any, chain: Any, lengths: Any, advice: Any, demo: Any, scarce: 
         advice["per-request line first"].hits,
     )
     turns = advice["multi-turn"].cached_tokens
-    c.that("multi-turn: cached tokens grow strictly every turn", all(a < b for a, b in zip(turns, turns[1:])), turns)
+    c.that("multi-turn: cached tokens grow strictly every turn", all(a < b for a, b in itertools.pairwise(turns)), turns)
     c.that(
         "the block picture: blocks shared by two running requests, hashes evicted",
         demo.evictions > 0 and any(max(s.ref_counts) > 1 for s in demo.snapshots),
@@ -120,4 +141,11 @@ def checks(idea: Any, chain: Any, lengths: Any, advice: Any, demo: Any, scarce: 
         lambda rows: all(a["identical"] == a["of"] for a in rows if a["model"] == "embedded"),
         lambda rows: [a for a in rows if a["diverged"]],
     )
+    if serve is not None:  # prefix_serving.serve: the server under Poisson load
+        c.live(serve, "under Poisson load the server's prefix-cache counters equal the simulator's, at every rate",
+               serve_hits_predicted,
+               lambda rows: [{k: r[k] for k in ("rate", "hits", "predicted_hits", "queries", "predicted_queries",
+                                                "errors")} for r in rows if r["caching"] == "on"])
+        c.live(serve, "at the highest rate, caching on cuts the server's TTFT p50 (synthetic 8B)", serve_cuts_ttft,
+               lambda rows: [(r["caching"], r["rate"], r["ttft_p50_s"]) for r in rows])
     c.done()

@@ -14,7 +14,8 @@ The simulator's views (`lablib.mechanisms.prefix`, fed the embedded tokenizer's 
 - `scarce_memory`: hit rate and evictions against the cache's capacity, per arrival order.
 
 vLLM's view (`on_off_figure`): TTFT p50 with prefix caching on and off against the shared-prefix
-length, and the hit rate vLLM's own counters report.
+length, and the hit rate vLLM's own counters report. On a server under Poisson load (`serve_figure`): the hit
+rate from `/metrics` beside the simulator's for the same requests, and TTFT p50 and p99, against the rate.
 """
 from __future__ import annotations
 
@@ -209,3 +210,49 @@ def on_off_figure(data: Shown | Sequence[Mapping[str, Any]], where: str = "") ->
     return finish(fig, "vLLM with prefix caching on and off", where,
                   synthetic=any(str(m).startswith("synthetic:") for m in models), notes=notes, legend_below=True,
                   height=460)
+
+
+COUNTED, PREDICTED = "hit rate: the server's counters", "hit rate: the simulator's prediction"
+
+
+def serve_figure(data: Shown | Sequence[Mapping[str, Any]], where: str = "") -> go.Figure:
+    """The server's hit rate (its /metrics counters) beside the simulator's, and TTFT p50 and p99, against the rate.
+
+    `data`: `experiments.prefix_serving.serve(...)` (a Shown; not recorded yet draws the empty axes under its label)
+    or its rows with `where` saying where they were measured."""
+    if isinstance(data, Shown):
+        rows, where = list(data.value or []), data.label
+    else:
+        rows = list(data)
+    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.12,
+                        subplot_titles=("hit rate (the server's /metrics counters)", "TTFT"))
+    on = sorted((r for r in rows if r["caching"] == "on"), key=lambda r: r["rate"])
+    if on:
+        x = [r["rate"] for r in on]
+        fig.add_trace(go.Scatter(x=x, y=[None if r["hit_rate"] is None else 100 * r["hit_rate"] for r in on],
+                                 mode="lines+markers", name=COUNTED, line={"color": colour(ON)}, marker={"size": 10},
+                                 hovertemplate="%{x:g} req/s: %{y:.1f}% hit<extra>/metrics</extra>"), 1, 1)
+        fig.add_trace(go.Scatter(x=x, y=[100 * r["predicted_hit_rate"] for r in on], mode="lines+markers",
+                                 name=PREDICTED, line={"color": colour(PREDICTED), "dash": "dash"},
+                                 marker={"symbol": "x", "size": 8},
+                                 hovertemplate="%{x:g} req/s: %{y:.1f}% predicted<extra></extra>"), 1, 1)
+    unit, scale, log = time_axis([r[k] for r in rows for k in ("ttft_p50_s", "ttft_p99_s")])
+    for caching, name in (("on", ON), ("off", OFF)):
+        mine = sorted((r for r in rows if r["caching"] == caching), key=lambda r: r["rate"])
+        for stat, dash in (("p50", "solid"), ("p99", "dot")):
+            fig.add_trace(go.Scatter(x=[r["rate"] for r in mine], y=[r[f"ttft_{stat}_s"] * scale for r in mine],
+                                     mode="lines+markers", name=f"TTFT {stat} · {name}", legendgroup=name,
+                                     line={"color": colour(name), "dash": dash},
+                                     hovertemplate="%{x:g} req/s: %{y:.1f} " + unit + "<extra>" + stat + "</extra>"),
+                          1, 2)
+    fig.update_xaxes(title_text="offered load (requests/s, Poisson arrivals)", type="log")
+    fig.update_yaxes(title_text="prompt tokens served from cache (%)", rangemode="tozero", row=1, col=1)
+    fig.update_yaxes(title_text=f"time to first token ({unit})", type="log" if log else None, row=1, col=2)
+    sets = sorted({f"{r['workload']} ({r['requests']} requests a test)" for r in rows})
+    notes = [", ".join(sets) or "no load tests to show",
+             "each test from an empty cache (POST /reset_prefix_cache); with caching off the counters do not move"]
+    models = {str(r["model"]) for r in rows}
+    title = "vLLM's server under load: prefix-cache hit rate and TTFT" + (
+        f" ({', '.join(sorted(_model_label(m) for m in models))})" if models else "")
+    return finish(fig, title, where, synthetic=any(m.startswith("synthetic:") for m in models), notes=notes,
+                  legend_below=True, height=480)

@@ -1,6 +1,7 @@
 """Lab 07's experiment (lablib.experiments.prefix): the simulator's prediction on the token ids an engine is sent,
 the seeds' variants, and the prediction checked against the (fake) vLLM engine's own counters, run one at a time."""
 import dataclasses
+import itertools
 
 import pytest
 
@@ -34,7 +35,7 @@ def test_shared_first_hits_every_full_block_of_the_shared_prompt(hf):
 
 def test_a_per_request_line_first_shares_nothing(hf):
     wl = prefix.variant("shared-after", load_workload("shared-prefix-512").head(4), hf.tokenizer)
-    assert [r.id for r in wl.requests][0].endswith("-after") and wl.requests[0].prompt.startswith("# asked by user-000")
+    assert next(r.id for r in wl.requests).endswith("-after") and wl.requests[0].prompt.startswith("# asked by user-000")
     assert prefix.predict(wl, hf).hits == 0  # every block's chained hash differs from the first token on
 
 
@@ -44,7 +45,7 @@ def test_a_multi_turn_chat_hits_more_each_turn(hf):
     for before, after in zip(wl.requests, wl.requests[1:]):
         assert after.prompt.startswith(before.prompt) and after.prompt_tokens > before.prompt_tokens
     cached = prefix.predict(wl, hf).cached_tokens
-    assert cached[0] == 0 and all(a < b for a, b in zip(cached[1:], cached[2:])) and cached[1] >= 128
+    assert cached[0] == 0 and all(a < b for a, b in itertools.pairwise(cached)) and cached[1] >= 128
 
 
 def test_an_unknown_variant_is_refused():
@@ -141,7 +142,7 @@ def test_hit_rate_grows_with_the_shared_prefix(hf):
     assert [r["shared_tokens"] for r in rows] == list(prefix.LENGTHS)
     assert [r["cached_per_later_request"] for r in rows] == [128, 192, 512, 1024]
     rates = [r["hit_rate"] for r in rows]
-    assert all(a < b for a, b in zip(rates, rates[1:]))
+    assert all(a < b for a, b in itertools.pairwise(rates))
     for r in rows:  # whole blocks: the simulator reaches the best rate exactly when the prefix is whole blocks
         assert (r["hit_rate"] == pytest.approx(r["best_hit_rate"])) == (r["shared_tokens"] % 16 == 0)
 
@@ -151,7 +152,7 @@ def test_the_seeds_advice_on_one_set(hf):
     assert list(got) == ["shared part first", "per-request line first", "multi-turn"]
     assert got["per-request line first"].hits == 0 < got["shared part first"].hits
     turns = got["multi-turn"].cached_tokens
-    assert turns[0] == 0 and all(a < b for a, b in zip(turns, turns[1:]))
+    assert turns[0] == 0 and all(a < b for a, b in itertools.pairwise(turns))
 
 
 def test_distinct_prefixes_arrive_in_the_order_asked():
@@ -179,8 +180,8 @@ def test_scarce_memory_evicts_prefixes_before_they_come_back():
     assert all(by[("grouped", n)]["hit_rate"] == best for n in (16, 64))  # reused at once: a tiny cache is enough
     for order in prefix.ORDERS:
         mine = [by[(order, n)] for n in range(16, 161, 16)]
-        assert all(a["evictions"] >= b["evictions"] for a, b in zip(mine, mine[1:]))
-        assert all(a["hit_rate"] <= b["hit_rate"] for a, b in zip(mine, mine[1:]))
+        assert all(a["evictions"] >= b["evictions"] for a, b in itertools.pairwise(mine))
+        assert all(a["hit_rate"] <= b["hit_rate"] for a, b in itertools.pairwise(mine))
 
 
 def test_the_eviction_picture_shares_a_popular_prefix_and_loses_rare_ones():
@@ -269,7 +270,7 @@ def test_a_recorded_on_off_or_counters_shows_what_the_cell_asked_or_says_what_st
     """Issue 11.8: the recording's models are read from its runs; the lab's own call on a recording of both models
     says nothing, one model picks its runs out, a model it lacks shows every run and names the stand-in (the parts
     keep it). Not recorded: no value, no error, whatever was asked."""
-    import lablib.results.reference as reference
+    from lablib.results import reference
 
     big = "synthetic:llama-3.1-8b"
     facts = {prefix.ON_OFF_KEY: {"runs": [{"model": m, "workload": w} for m in ("embedded", big) for w in "ab"],
@@ -325,3 +326,196 @@ def test_reuse_study_gives_the_same_next_token_sooner(hf):
     assert "Median TTFT" in reuse_lines(study, "live on this CPU")
     with pytest.raises(ValueError, match="reuse_study.requests"):
         reuse_study(hf, requests=0)
+
+
+# The server under Poisson load (issue 14.5): the prefix-cache counters on /metrics, next to the simulator and TTFT.
+
+def _threaded_fake_server(**kw):
+    """tests/fake_vllm's api_server in a thread (loaded from its file: stdlib only, the fake `vllm` package stays out)."""
+    import importlib.util
+    import threading
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "fake_vllm" / "vllm" / "entrypoints" / "openai" / "api_server.py"
+    spec = importlib.util.spec_from_file_location("fake_api_server_prefix", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    srv = mod.make_server("127.0.0.1", 0, "k", **kw)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    return srv
+
+
+@pytest.fixture
+def fake_server():
+    """The fake server with its development routes, 2 slots, 2 ms a token (32 tokens: 64 ms a request)."""
+    srv = _threaded_fake_server(max_num_seqs=2, delay=0.002, dev_mode=True)
+    yield srv
+    srv.shutdown()
+    srv.server_close()
+
+
+def test_the_servers_counter_deltas_are_the_fake_engines_own_counts(hf, fake_server):
+    """Each load test's /metrics deltas are the engine's own counts over that test (read at each reset: the reset
+    empties the cache and leaves the counters, as vLLM's does), and equal the simulator's prediction for the ids.
+
+    At 5 req/s (a mean gap of 200 ms, a request taking 64 ms) requests mostly run alone; at 1000 req/s all 6 arrive
+    within a few ms and queue for the 2 slots. The hits are the same: a prompt's blocks are registered when it is
+    admitted (vLLM 0.26's allocate_slots), and in shared-prefix-512 every pair of prompts shares exactly the 32
+    blocks of the system prompt, so the order of admission changes nothing."""
+    from lablib.experiments import prefix_serving
+
+    srv = fake_server
+    wl = load_workload("shared-prefix-512").head(6)
+    ids = prefix._ids(wl, hf)
+    seen = []
+    reset = srv.cache.reset
+    srv.cache.reset = lambda: (seen.append((srv.cache.queries, srv.cache.hits)), reset())[1]
+    rows, results = prefix_serving.load_tests(srv.url, "k", "embedded", wl, ids, [5.0, 1000.0],
+                                              prefix.predict(wl, hf), caching=True)
+    ends = [*seen[1:], (srv.cache.queries, srv.cache.hits)]
+    assert [(r["queries"], r["hits"]) for r in rows] == [(b[0] - a[0], b[1] - a[1]) for a, b in zip(seen, ends)]
+    assert len(seen) == 2 and seen[0] == (sum(map(len, ids)), 5 * 512)  # the warm-up: the set once, from empty
+    for r in rows:
+        assert (r["queries"], r["hits"]) == (r["predicted_queries"], r["predicted_hits"]) == (sum(map(len, ids)),
+                                                                                           5 * 512)
+        assert r["hit_rate"] == pytest.approx(r["predicted_hit_rate"]) and r["errors"] == 0 and r["requests"] == 6
+        assert 0 < r["ttft_p50_s"] <= r["ttft_p99_s"] and r["output_tok_s"] > 0
+    burst = sorted(results[1].requests, key=lambda q: q.start)
+    assert any(b.start < a.finished for a, b in itertools.pairwise(burst))  # they did overlap
+    assert [r.step for r in results] == ["prefix-serve-on-shared-prefix-512-rate-5",
+                                         "prefix-serve-on-shared-prefix-512-rate-1000"]
+
+
+def test_a_server_that_cannot_reset_its_cache_says_why(fake_server):
+    from lablib.experiments import prefix_serving
+
+    srv = _threaded_fake_server(dev_mode=False)
+    try:
+        with pytest.raises(RuntimeError, match="VLLM_SERVER_DEV_MODE=1"):
+            prefix_serving.reset_prefix_cache(srv.url, "k")
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    fake_server.running = 1  # a request holds blocks: vLLM answers {"success": false}
+    with pytest.raises(RuntimeError, match="refused to reset its prefix cache"):
+        prefix_serving.reset_prefix_cache(fake_server.url, "k", timeout_s=0.5)
+    fake_server.running = 0
+    prefix_serving.reset_prefix_cache(fake_server.url, "k")
+
+
+def test_serve_runs_caching_off_then_on_on_the_fake_server(with_fake_vllm, tmp_path):  # noqa: F811
+    """The whole step on `python -m vllm.entrypoints.openai.api_server` (the fake): caching off, the counters do not
+    move; on, every rate's hits are the simulator's; the shared-after variant hits nothing."""
+    from lablib.experiments import prefix_serving
+
+    rows, results = prefix_serving.serve_runs("embedded", rates=[20.0, 300.0], limit=6, out_dir=tmp_path)
+    assert [(r["caching"], r["rate"]) for r in rows] == [("off", 20.0), ("off", 300.0), ("on", 20.0), ("on", 300.0)]
+    for r in rows[:2]:
+        assert (r["queries"], r["hits"], r["hit_rate"], r["predicted_hits"]) == (0, 0, None, None)
+    for r in rows[2:]:
+        assert r["hits"] == r["predicted_hits"] == 5 * 512 and r["queries"] == r["predicted_queries"] > 6 * 512
+        assert r["model"] == "embedded" and r["limit"] == 6 and r["errors"] == 0
+    assert prefix.serve_hits_predicted(rows) and len(results) == 4
+    assert results[2].config["enable_prefix_caching"] is True and results[0].config["enable_prefix_caching"] is False
+    assert "fake api_server" in (tmp_path / "server-caching-on.log").read_text()
+    after, _ = prefix_serving.serve_runs("embedded", "shared-prefix-512-shared-after", [300.0], caching=(True,),
+                                         limit=4, out_dir=tmp_path)
+    assert [(r["hits"], r["predicted_hits"]) for r in after] == [(0, 0)] and after[0]["queries"] > 0
+
+
+@pytest.mark.parametrize("kw, message", [
+    ({"rates": [0]}, r"prefix_serving\.rates=\[0\]: allowed a non-empty list of numbers > 0 \(0 is not\); Fix: "),
+    ({"rates": [4.0, -1.0]}, r"prefix_serving\.rates=\[4\.0, -1\.0\]: allowed .*\(-1\.0 is not\); Fix: "),
+    ({"rates": [float("inf")]}, r"prefix_serving\.rates=\[inf\]: allowed .*; Fix: requests per second"),
+    ({"rates": []}, r"prefix_serving\.rates=\[\]: allowed a non-empty list"),
+    ({"workload": "shared-prefix-999"}, (r"prefix_serving\.workload='shared-prefix-999': allowed 'shared-prefix-128', "
+                                        r".*'shared-prefix-512-shared-after'; Fix: ")),
+    ({"limit": 0}, r"prefix_serving\.limit=0: allowed integers >= 1; Fix: "),
+])
+def test_bad_input_is_refused_before_any_server_starts(monkeypatch, kw, message):
+    from lablib.engines import server
+    from lablib.experiments import prefix_serving
+
+    def no_server(*a, **k):
+        raise AssertionError("a server was started")
+
+    monkeypatch.setattr(server, "VLLMServer", no_server)
+    for call in (lambda: prefix_serving.serve_runs("embedded", **kw), lambda: prefix_serving.serve(**kw, force=True),
+                 lambda: prefix_serving.serve(**kw, force=False)):
+        with pytest.raises(ValueError, match=message):
+            call()
+
+
+def test_the_lab_serves_live_and_says_what_is_not_recorded(with_fake_vllm, tmp_path):  # noqa: F811
+    from lablib.experiments import prefix_serving
+    from lablib.plots import prefix as figures
+    from lablib.results import ResultStore
+
+    store = ResultStore(tmp_path / "r.jsonl")
+    live = prefix_serving.serve("embedded", rates=[200.0], limit=4, store=store, force=True)
+    assert live.live and [r["caching"] for r in live.value] == ["off", "on"] and len(store.load()) == 2
+    text = prefix_serving.lines(live)
+    assert text.startswith("200 req/s: hit rate ") and f"({live.value[1]['hits']} of " in text
+    assert text.endswith(f"[{live.label}]") and "TTFT p50 off" in text
+    fig = figures.serve_figure(live)
+    assert [t.name for t in fig.data][:2] == [figures.COUNTED, figures.PREDICTED]
+    assert list(fig.data[0].y) == pytest.approx([100 * live.value[1]["hit_rate"]])
+    assert fig.layout.xaxis.type == "log" and live.label in fig.layout.title.text
+    none = prefix_serving.serve(force=False)
+    assert none.value is None and "not recorded yet" in none.label and "--steps prefix-serve`" in none.label
+    assert prefix_serving.lines(none) == f"[{none.label}]"
+    empty = figures.serve_figure(none)
+    assert not [t for t in empty.data if t.y] and "--steps prefix-serve" in empty.layout.title.text
+
+
+def test_a_recorded_serve_shows_the_asked_rates_or_says_what_stands_in(monkeypatch, capsys):
+    from lablib.experiments import prefix_serving
+    from lablib.results import reference
+
+    rows = [{"model": "synthetic:llama-3.1-8b", "workload": "shared-prefix-512", "caching": c, "rate": rate,
+             "limit": None} for rate in prefix_serving.RATES for c in ("off", "on")]
+    monkeypatch.setattr(reference, "recorded_facts", lambda key, step: rows if key == prefix_serving.KEY else None)
+    shown = prefix_serving.serve(force=False)
+    assert shown.value == rows and shown.stand_ins == {} and capsys.readouterr().out == ""
+    two = prefix_serving.serve(rates=[32.0, 2.0], force=False)
+    assert [(r["rate"], r["caching"]) for r in two.value] == [(32.0, "off"), (32.0, "on"), (2.0, "off"), (2.0, "on")]
+    other = prefix_serving.serve("embedded", rates=[5.0], force=False)
+    assert other.value == rows and set(other.stand_ins) == {"model", "rates"}
+    assert "model: asked embedded, shown synthetic:llama-3.1-8b" in capsys.readouterr().out
+
+
+def test_the_serving_claims_can_fail():
+    def r(caching, rate, ttft, hits=512, predicted=512, errors=0):
+        return {"model": "synthetic:llama-3.1-8b", "workload": "shared-prefix-512", "caching": caching, "rate": rate,
+                "ttft_p50_s": ttft, "hits": hits, "queries": 600, "predicted_hits": predicted,
+                "predicted_queries": 600, "errors": errors}
+
+    good = [r("off", 2.0, 0.03), r("on", 2.0, 0.02), r("off", 128.0, 0.3), r("on", 128.0, 0.05)]
+    assert prefix.serve_hits_predicted(good) and prefix.serve_cuts_ttft(good)
+    assert not prefix.serve_hits_predicted([*good[:3], r("on", 128.0, 0.05, hits=496)])  # one block short
+    assert not prefix.serve_hits_predicted([*good[:3], r("on", 128.0, 0.05, errors=1)])
+    assert not prefix.serve_hits_predicted(good[::2])  # caching off only: nothing to compare
+    assert not prefix.serve_cuts_ttft([*good[:3], r("on", 128.0, 0.4)])  # slower at the top rate
+    assert prefix.serve_cuts_ttft([*good[:1], r("on", 2.0, 0.04), *good[2:]])  # only the highest rate is claimed
+    assert not prefix.serve_cuts_ttft(good[:1] + good[2:3])  # no caching-on run to compare
+
+
+def test_the_recording_step_records_every_rate_on_and_off(with_fake_vllm, tmp_path, load_script):  # noqa: F811
+    from lablib.experiments import prefix_serving
+    from lablib.results import ResultStore
+
+    store, facts = ResultStore(tmp_path / "r.jsonl"), {}
+    prefix_serving.record(tmp_path, store, facts, model="embedded", rates=[100.0, 400.0], limit=3)
+    assert list(facts) == [prefix_serving.KEY] and len(facts[prefix_serving.KEY]) == 4
+    saved = store.load()
+    assert len(saved) == 4 and all(r.provenance == "recorded" and r.lab == "reference" for r in saved)
+    assert prefix.serve_hits_predicted(facts[prefix_serving.KEY])
+    script = load_script("record_reference")
+    called = []
+    monkeypatch = pytest.MonkeyPatch()
+    monkeypatch.setattr(prefix_serving, "record", lambda *a: called.append(a))
+    try:
+        script.STEPS["prefix-serve"](tmp_path, store, facts)
+    finally:
+        monkeypatch.undo()
+    assert called == [(tmp_path, store, facts)]

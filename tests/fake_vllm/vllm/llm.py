@@ -14,6 +14,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from .entrypoints.openai.api_server import PrefixCache  # the server's too
 from .sampling_params import RequestOutputKind, SamplingParams
 
 # The EngineArgs names lablib may pass (an unknown one is a TypeError, as in vLLM).
@@ -78,12 +79,11 @@ class LLMEngine:
         self.vllm_config = vllm_config
         self.log_stats = log_stats
         self.prefix_caching = prefix_caching  # on by default, as in vLLM 0.26 for Llama
-        self._prefixes: set[tuple[int, ...]] = set()  # every full-block prefix computed (no eviction in the fake)
+        self.cache = PrefixCache(vllm_config.cache_config.block_size, prefix_caching)  # no eviction in the fake
         self._waiting: deque[_Request] = deque()
         self._running: list[_Request] = []
         self._finished = 0
-        self._counters = {"vllm:prompt_tokens": 0, "vllm:generation_tokens": 0, "vllm:request_success": 0,
-                          "vllm:prefix_cache_queries": 0, "vllm:prefix_cache_hits": 0}
+        self._counters = {"vllm:prompt_tokens": 0, "vllm:generation_tokens": 0, "vllm:request_success": 0}
         self._ttft: list[float] = []
         crash = os.environ.get("FAKE_VLLM_CRASH_AFTER")
         self._crash_after = int(crash) if crash else None
@@ -117,13 +117,7 @@ class LLMEngine:
             r = self._waiting.popleft()
             r.scheduled_ts = time.monotonic()
             self._counters["vllm:prompt_tokens"] += len(r.prompt)
-            if self.prefix_caching:  # full blocks only, never the last prompt token (vLLM's floors)
-                block = self.vllm_config.cache_config.block_size
-                top = (len(r.prompt) - 1) // block * block
-                r.cached = next((n for n in range(top, 0, -block) if tuple(r.prompt[:n]) in self._prefixes), 0)
-                self._prefixes.update(tuple(r.prompt[:n]) for n in range(block, len(r.prompt) + 1, block))
-                self._counters["vllm:prefix_cache_queries"] += len(r.prompt)
-                self._counters["vllm:prefix_cache_hits"] += r.cached
+            r.cached = self.cache.admit(r.prompt) or 0  # full blocks only, never the last prompt token
             self._running.append(r)
         outs = []
         for r in self._running:
@@ -150,6 +144,8 @@ class LLMEngine:
     def get_metrics(self) -> list[Metric]:
         assert self.log_stats, "Stat logging disabled"
         return [*(Metric(k, float(v)) for k, v in self._counters.items()),
+                Metric("vllm:prefix_cache_queries", float(self.cache.queries)),
+                Metric("vllm:prefix_cache_hits", float(self.cache.hits)),
                 Metric("vllm:num_requests_running", float(len(self._running))),
                 Metric("vllm:time_to_first_token_seconds", count=len(self._ttft), sum=sum(self._ttft), buckets=[])]
 
@@ -199,5 +195,5 @@ class LLM:
     def reset_prefix_cache(self, reset_running_requests: bool = False, reset_connector: bool = False) -> bool:
         if self.llm_engine._running:
             return False  # vLLM refuses while blocks are in use
-        self.llm_engine._prefixes.clear()
+        self.llm_engine.cache.reset()
         return True

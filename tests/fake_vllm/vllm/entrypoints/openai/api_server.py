@@ -6,7 +6,12 @@ and `_count`, timed where the server writes each token, as vLLM's engine core st
 request duration, from the request's start to its last chunk, as prometheus-fastapi-instrumentator times it in
 vLLM's API server), and streaming `POST /v1/completions`
 that checks the bearer key and the body lablib sends (stream, ignore_eos, a usage chunk
-asked for), streams one SSE chunk per token, then a usage chunk and `[DONE]`. It has room
+asked for), streams one SSE chunk per token, then a usage chunk and `[DONE]`. It caches prefixes as vLLM
+0.26 does (on unless `--no-enable-prefix-caching`; `--block-size`, default 16): a request admitted to a slot
+looks its prompt up (token ids, or a text prompt's words) in the engine's `PrefixCache` and registers its
+full blocks, and `/metrics` shows vLLM's counters `vllm:prefix_cache_queries_total` and
+`vllm:prefix_cache_hits_total` (tokens). With `VLLM_SERVER_DEV_MODE=1`, as in vLLM, `POST /reset_prefix_cache`
+empties the cache (`{"success": false}` while a request runs). It has room
 for `--max-num-seqs` sequences (default 8); later requests wait for a slot, so TTFT grows
 with the offered load as on a real server. Each token takes FAKE_VLLM_TOKEN_DELAY seconds
 (default 0.001). FAKE_VLLM_FRONTEND_DELAY seconds (default 0) pass before a request reaches the "engine"
@@ -22,7 +27,40 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+class PrefixCache:
+    """vLLM's automatic prefix caching in miniature: the fake server's, and the fake LLM's engine's (vllm/llm.py
+    imports it from here: this file must load on its own, stdlib only, so the one copy lives where both reach it).
+
+    Full blocks only, and never a prompt's last token (vLLM's `max_cache_hit_length = num_tokens - 1`, floored to
+    whole blocks). A prompt's full blocks are registered when it is admitted: vLLM 0.26 caches a block's hash in
+    `KVCacheManager.allocate_slots`, when the scheduler gives the block to the step that computes it, so a request
+    scheduled in the same step or later finds it. Nothing is evicted. The counters are vLLM's, in tokens:
+    `queries` adds each admitted prompt's length, `hits` its cached tokens (both stay 0 while disabled).
+    """
+
+    def __init__(self, block_size: int = 16, enabled: bool = True):
+        self.block_size, self.enabled = block_size, enabled
+        self.queries = self.hits = 0
+        self._prefixes: set[tuple] = set()  # every full-block prefix computed
+
+    def admit(self, prompt: Sequence) -> int | None:
+        """Look a prompt up and register its full blocks; its cached tokens (None with caching off)."""
+        if not self.enabled:
+            return None
+        block, prompt = self.block_size, tuple(prompt)
+        top = (len(prompt) - 1) // block * block
+        cached = next((n for n in range(top, 0, -block) if prompt[:n] in self._prefixes), 0)
+        self._prefixes.update(prompt[:n] for n in range(block, len(prompt) + 1, block))
+        self.queries += len(prompt)
+        self.hits += cached
+        return cached
+
+    def reset(self) -> None:
+        self._prefixes.clear()
 
 
 class FakeServer(ThreadingHTTPServer):
@@ -30,9 +68,12 @@ class FakeServer(ThreadingHTTPServer):
     request_queue_size = 1024  # a burst of hundreds of connections, as uvicorn's backlog takes them
 
     def __init__(self, host: str, port: int, api_key: str | None, max_num_seqs: int, delay: float,
-                 frontend_delay: float = 0.0):
+                 frontend_delay: float = 0.0, prefix_caching: bool = True, block_size: int = 16,
+                 dev_mode: bool = False):
         super().__init__((host, port), _Handler)
         self.api_key, self.max_num_seqs, self.delay, self.frontend_delay = api_key, max_num_seqs, delay, frontend_delay
+        self.cache = PrefixCache(block_size, prefix_caching)
+        self.dev_mode = dev_mode  # VLLM_SERVER_DEV_MODE: the development endpoints (here /reset_prefix_cache)
         self.slots = threading.Semaphore(max_num_seqs)
         self.lock = threading.Lock()
         self.running = self.waiting = 0
@@ -83,6 +124,9 @@ class _Handler(BaseHTTPRequestHandler):
                         f'http_request_duration_seconds_sum{{handler="/v1/completions",method="POST"}} {srv.http_sum}\n'
                         f'http_request_duration_seconds_count{{handler="/v1/completions",method="POST"}} '
                         f"{srv.http_count}.0\n")
+                for name, value in (("queries", srv.cache.queries), ("hits", srv.cache.hits)):
+                    hist += (f"# TYPE vllm:prefix_cache_{name}_total counter\n"
+                             f'vllm:prefix_cache_{name}_total{{engine="0"}} {value}.0\n')
             page = hist + (f'# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{{engine="0"}} {r}.0\n'
                     f'vllm:num_requests_waiting{{engine="0"}} {w}.0\n'
                     f'vllm:kv_cache_usage_perc{{engine="0"}} {r / srv.max_num_seqs}\n')
@@ -94,10 +138,23 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
         self.wfile.flush()
 
+    def _reset_prefix_cache(self):
+        srv = self.server
+        with srv.lock:  # vLLM refuses while blocks are held by running requests
+            ok = srv.running == 0
+            if ok:
+                srv.cache.reset()
+        return self._send(200, json.dumps({"success": ok}))
+
     def do_POST(self):
         srv = self.server
         began = time.perf_counter()
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        if self.path.split("?")[0] == "/reset_prefix_cache" and srv.dev_mode:
+            return self._reset_prefix_cache()
+        if self.path != "/v1/completions":
+            return self._send(404, json.dumps({"detail": "Not Found"}))
+        body = json.loads(raw)
         if srv.api_key and self.headers.get("Authorization") != f"Bearer {srv.api_key}":
             return self._send(401, json.dumps({"error": "Unauthorized"}))
         if not (body.get("stream") and body.get("ignore_eos") and body.get("stream_options") == {"include_usage": True}):
@@ -108,15 +165,17 @@ class _Handler(BaseHTTPRequestHandler):
             srv.received.append(arrived)
             srv.waiting += 1
         srv.slots.acquire()
-        with srv.lock:
+        prompt = body["prompt"]
+        with srv.lock:  # admitted: the scheduler looks the prompt up and registers its blocks
             srv.waiting -= 1
             srv.running += 1
+            srv.cache.admit(prompt if isinstance(prompt, list) else prompt.split())
         try:
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
             self.send_header("Transfer-Encoding", "chunked")
             self.end_headers()
-            n, prompt = body["max_tokens"], body["prompt"]
+            n = body["max_tokens"]
             last = None
             for i in range(n):
                 time.sleep(srv.delay)
@@ -144,13 +203,17 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 def make_server(host: str = "127.0.0.1", port: int = 0, api_key: str | None = None, max_num_seqs: int = 8,
-                delay: float | None = None, frontend_delay: float | None = None) -> FakeServer:
-    """The fake server, bound and not yet serving (call `serve_forever`, e.g. in a thread)."""
+                delay: float | None = None, frontend_delay: float | None = None, prefix_caching: bool = True,
+                block_size: int = 16, dev_mode: bool | None = None) -> FakeServer:
+    """The fake server, bound and not yet serving (call `serve_forever`, e.g. in a thread); `dev_mode` None reads
+    VLLM_SERVER_DEV_MODE, as vLLM does."""
     if delay is None:
         delay = float(os.environ.get("FAKE_VLLM_TOKEN_DELAY", "0.001"))
     if frontend_delay is None:
         frontend_delay = float(os.environ.get("FAKE_VLLM_FRONTEND_DELAY", "0"))
-    return FakeServer(host, port, api_key, max_num_seqs, delay, frontend_delay)
+    if dev_mode is None:
+        dev_mode = bool(int(os.environ.get("VLLM_SERVER_DEV_MODE", "0")))
+    return FakeServer(host, port, api_key, max_num_seqs, delay, frontend_delay, prefix_caching, block_size, dev_mode)
 
 
 def main() -> None:
@@ -161,8 +224,11 @@ def main() -> None:
     ap.add_argument("--api-key")
     ap.add_argument("--served-model-name")
     ap.add_argument("--max-num-seqs", type=int, default=8)
+    ap.add_argument("--block-size", type=int, default=16)
+    ap.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)  # vLLM's default
     args, _ = ap.parse_known_args()
-    server = make_server(args.host, args.port, args.api_key, args.max_num_seqs)
+    server = make_server(args.host, args.port, args.api_key, args.max_num_seqs,
+                         prefix_caching=args.enable_prefix_caching, block_size=args.block_size)
     print(f"fake api_server for {args.model} on {args.host}:{args.port}", flush=True)
     server.serve_forever()
 
