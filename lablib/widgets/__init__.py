@@ -6,6 +6,7 @@ panel still draws after a browser refresh (a plotly FigureWidget does not).
 from .batching import BatchingPanel
 from .figure import FigureArea
 from .kv import KVCalculator, VRAMChart
+from .speculative import SpeedupExplorer
 from .text import code_sample
 
-__all__ = ["BatchingPanel", "FigureArea", "KVCalculator", "VRAMChart", "code_sample"]
+__all__ = ["BatchingPanel", "FigureArea", "KVCalculator", "SpeedupExplorer", "VRAMChart", "code_sample"]
