@@ -76,9 +76,15 @@ class BenchConfig:
     monitor_interval_s: float = 0.05  # memory sampling period
     progress: bool = True  # a progress bar while the run goes
     tags: dict[str, Any] = field(default_factory=dict)  # free-form labels stored in the Result's config
+    # Requests in flight at most: the workload runs in waves of this many, one engine call each, every request
+    # arriving at t=0 (a later wave's TTFT includes its wait). None: all at once, the engine's scheduler decides.
+    # One started engine then serves a whole batch-size sweep (an engine start costs a minute on the H200).
+    max_concurrency: int | None = None
 
     def __post_init__(self) -> None:
         validate.integer("BenchConfig", "warmup_requests", self.warmup_requests, "0 to skip the warm-up, 1 usually.", 0)
+        validate.optional_integer("BenchConfig", "max_concurrency", self.max_concurrency,
+                                  "requests in flight at most, e.g. 1 for one at a time, or None for all at once.")
         validate.optional_integer("BenchConfig", "max_new_tokens", self.max_new_tokens,
                                   "ask for at least one new token, or None to keep the workload's lengths.")
         validate.integer("BenchConfig", "seed", self.seed, "any integer >= 0, e.g. 0.", 0)

@@ -26,6 +26,7 @@ an interrupted run (Kernel → Interrupt) stores what finished before re-raising
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any, Callable
 
@@ -106,7 +107,10 @@ def run(engine: Engine, workload: Workload, bench: BenchConfig = BenchConfig(), 
     interrupted: BaseException | None = None
     with mon:
         try:
-            records = engine.generate(requests, on_record=collect, progress=bench.progress)
+            if bench.max_concurrency is None:
+                records = engine.generate(requests, on_record=collect, progress=bench.progress)
+            else:
+                records = _in_waves(engine, requests, bench.max_concurrency, collect, t0)
         except (KeyboardInterrupt, Exception) as e:  # keep what finished, then re-raise
             records, interrupted = list(done), e
             notes.append(f"interrupted after {len(done)} of {len(requests)} requests: {type(e).__name__}: {e}")
@@ -116,7 +120,7 @@ def run(engine: Engine, workload: Workload, bench: BenchConfig = BenchConfig(), 
     result = Result(
         lab=lab, step=step or engine.name, engine=engine.name,
         config={**_config_dict(engine.config), "ignore_eos": engine.facts.get("ignore_eos"), "bench_seed": bench.seed,
-                "warmup_requests": bench.warmup_requests, **bench.tags},
+                "warmup_requests": bench.warmup_requests, "max_concurrency": bench.max_concurrency, **bench.tags},
         model=engine.spec.describe() | {k: engine.facts.get(k) for k in ("parameters", "weight_bytes", "dtype")},
         workload={"name": workload.name, "version": workload.version, "requests": len(requests)},
         requests=records, wall_s=wall, memory=mon.timeline(),
@@ -127,6 +131,59 @@ def run(engine: Engine, workload: Workload, bench: BenchConfig = BenchConfig(), 
     if interrupted is not None:
         raise interrupted
     return result
+
+
+def _in_waves(engine: Engine, requests: list[PreparedRequest], size: int, collect: Callable[[RequestRecord], None],
+              t0: float) -> list[RequestRecord]:
+    """The requests in waves of `size`, one `generate` call each, every record's times moved onto the run's clock.
+
+    An engine stamps a call's records from that call's own start, so a wave's offset (when it was sent, on the
+    run's clock) is added to every time; `arrival` stays 0 (every request was there at t=0, waiting for its
+    wave). The engine's `facts["last_run"]` ends as the waves' sum (`merge_last_run`)."""
+    records, parts = [], []
+    for i in range(0, len(requests), size):
+        offset = time.perf_counter() - t0
+
+        def shifted(rec: RequestRecord, offset: float = offset) -> RequestRecord:
+            def move(t: float | None) -> float | None:
+                return None if t is None else t + offset
+
+            return dataclasses.replace(rec, start=move(rec.start), first_token=move(rec.first_token),
+                                       last_token=move(rec.last_token), finished=move(rec.finished),
+                                       token_times=[t + offset for t in rec.token_times])
+
+        got = engine.generate(requests[i:i + size], on_record=lambda rec, s=shifted: collect(s(rec)), progress=False)
+        records += [shifted(rec) for rec in got]
+        if "last_run" in engine.facts:
+            parts.append(engine.facts["last_run"])
+    if parts:
+        engine.facts["last_run"] = merge_last_run(parts)
+    return records
+
+
+def merge_last_run(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """Several engine calls' `last_run` facts as one run's: counters (`metrics_delta`, wall time, a speculative
+    engine's tokens and verify steps) summed, lists of counters summed element by element, gauges (`metrics`:
+    the state after the call) the last call's; the mean acceptance length recomputed from the sums."""
+    def add(a: Any, b: Any) -> Any:
+        if isinstance(a, dict) and isinstance(b, dict):
+            return {k: add(a[k], b[k]) if k in a and k in b else b.get(k, a.get(k)) for k in {**a, **b}}
+        if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool):
+            return a + b
+        if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+            return [add(x, y) for x, y in zip(a, b)]
+        return b
+
+    out = dict(parts[0])
+    for part in parts[1:]:
+        for key, value in part.items():
+            out[key] = value if key == "metrics" or key not in out else add(out[key], value)
+    spec = out.get("speculative")
+    if isinstance(spec, dict):
+        spec.update(k=parts[-1]["speculative"]["k"], method=parts[-1]["speculative"]["method"],
+                    mean_acceptance_length=spec["tokens"] / spec["verify_steps"] if spec.get("verify_steps") else None)
+    out["calls"] = len(parts)
+    return out
 
 
 def _config_dict(config: Any) -> dict[str, Any]:

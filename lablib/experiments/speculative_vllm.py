@@ -295,8 +295,13 @@ def vllm_spec_runs(methods: Sequence[str] = METHODS, ks: Sequence[int] = (2, 4),
                    lab: str = LAB) -> list[dict[str, Any]]:
     """The draft model, n-gram and the EAGLE head on vLLM against a baseline on the same engine settings, per batch.
 
-    At each batch (max_num_seqs) one engine per setting (`settings`), each started in its own worker and
-    closed before the next: the pinned baseline (V1 runner, async scheduling off: what vLLM falls back to
+    One engine per setting (`settings`), started in its own worker with max_num_seqs = the largest batch, runs
+    every batch size b as waves of b requests (`BenchConfig.max_concurrency`: b in flight, all arriving at t=0;
+    with every request's length fixed a wave ends together, as max_num_seqs=b's refills would), then closes
+    before the next: an engine start costs about a minute on the H200, so 4 batch sizes cost no extra starts.
+    The price: each wave is one call into the worker, whose round trip (milliseconds) lands between waves, in
+    every setting alike; it lowers batch 1's tok/s a little and pulls its speedups slightly towards 1.
+    The settings: the pinned baseline (V1 runner, async scheduling off: what vLLM falls back to
     for draft_model and ngram), vLLM's default baseline (V2 runner, async on: what the switch alone costs),
     and each method x k, pinned. Every run decodes the first n_prompts journey prompts greedily to exactly
     max_new_tokens (EOS ignored). A row per run: tok/s, the speedup over the pinned baseline at that batch,
@@ -306,7 +311,7 @@ def vllm_spec_runs(methods: Sequence[str] = METHODS, ks: Sequence[int] = (2, 4),
     "result" is the Result (stored in `store` as it is made).
     """
     owner = "vllm_spec_runs"
-    batches = validate.integers(owner, "batches", batches, "batch sizes (max_num_seqs), e.g. (1, 4, 16, 64).")
+    batches = validate.integers(owner, "batches", batches, "batch sizes (requests in flight), e.g. (1, 4, 16, 64).")
     validate.integer(owner, "n_prompts", n_prompts, "journey prompts per run, e.g. 64.", 1, 64)
     validate.integer(owner, "max_new_tokens", max_new_tokens, "new tokens per request, e.g. 64.")
     runs = settings(methods, ks, prompt_lookup, defaults_baseline)  # every refusal before any engine starts
@@ -316,18 +321,23 @@ def vllm_spec_runs(methods: Sequence[str] = METHODS, ks: Sequence[int] = (2, 4),
     wl = load_workload("journey", limit=n_prompts)
     bench = BenchConfig(warmup_requests=1, max_new_tokens=max_new_tokens, progress=False,
                         tags={"speculative": True})
+    by_batch: dict[int, list[tuple[Setting, Any, dict[str, Any]]]] = {b: [] for b in batches}
+    for s in runs:  # one engine per setting serves every batch size: waves of b requests (BenchConfig.max_concurrency)
+        engine = VLLMEngine(model, s.config(max(batches), gpu_memory_utilization))
+        done = []
+        try:
+            with runner_env(engine.config.model_runner_v2):
+                engine.start()
+            for b in batches:
+                done.append((b, run(engine, wl, dataclasses.replace(bench, max_concurrency=b), lab=lab,
+                                    step=s.step(b), store=store)))
+        finally:
+            engine.close()
+        logged = _log_facts(getattr(engine, "log_path", None), s)
+        for b, result in done:  # after close: the row says whether VRAM came back
+            by_batch[b].append((s, result, _row(s, b, result, engine.facts, logged)))
     rows = []
-    for b in batches:
-        here = []
-        for s in runs:
-            engine = VLLMEngine(model, s.config(b, gpu_memory_utilization))
-            try:
-                with runner_env(engine.config.model_runner_v2):
-                    engine.start()
-                result = run(engine, wl, bench, lab=lab, step=s.step(b), store=store)
-            finally:
-                engine.close()
-            here.append((s, result, _row(s, b, result, engine.facts, _log_facts(getattr(engine, "log_path", None), s))))
+    for b, here in by_batch.items():
         base = here[0][1]  # the pinned baseline's Result: every speedup is over it
         ids = {r.request_id: r.output_ids for r in base.requests}
         for s, result, row in here:
@@ -457,8 +467,8 @@ def record(out_dir: Path, store: Any, facts: dict[str, Any], *, batches: Sequenc
            n_prompts: int = 64, max_new_tokens: int = 64) -> None:
     """The recording step `speculative` (scripts/record_reference.py --steps speculative), for a GPU session.
 
-    Every setting at every batch (4 batch sizes x (2 baselines + 3 methods x 2 k) = 32 engine starts with the
-    defaults), the loop's acceptance on the same 64 prompts x 64 tokens on the machine's CPU, the cross-check.
+    Every setting at every batch (2 baselines + 3 methods x 2 k = 8 engine starts with the defaults, each serving
+    the 4 batch sizes), the loop's acceptance on the same 64 prompts x 64 tokens on the machine's CPU, the cross-check.
     Results go into `store` marked recorded; facts["speculative"] holds the rows, the loop, the cross-check,
     the GPU and the date; out_dir/speculative.json a copy."""
     got = _measure(batches, ks, methods, prompt_lookup, n_prompts, max_new_tokens, None)

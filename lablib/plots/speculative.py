@@ -16,6 +16,7 @@ Colours: one per drafter and k (`colour_of`), the same in every figure of this m
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -154,7 +155,7 @@ def batch_figure(model: dict[str, Any]) -> go.Figure:
         b = model["reversal"][drafter]
         if b is not None:
             fig.add_vline(x=b, line={"color": colour_of(name), "dash": "dash", "width": 1})
-            fig.add_annotation(x=b, y=1.0, text=f"{drafter}: slower from batch {b}", showarrow=True, arrowhead=2,
+            fig.add_annotation(x=math.log10(b), y=1.0, text=f"{drafter}: slower from batch {b}", showarrow=True, arrowhead=2,
                                ax=-60 if drafter == "draft model" else 40, ay=-40 if drafter == "draft model" else -70,
                                font={"size": 11, "color": colour_of(name)})
     fig.add_hline(y=1.0, line={"color": "#7f7f7f", "dash": "dot"})
@@ -175,7 +176,7 @@ def vllm_speedup_figure(shown: Shown | dict[str, Any] | None) -> go.Figure:
         label = shown.label if isinstance(shown, Shown) else "not recorded yet"
         fig.add_annotation(text="nothing to draw here: " + label.split(":")[0], xref="paper", yref="paper", x=0.5,
                            y=0.5, showarrow=False, font={"size": 13, "color": "gray"})
-        fig.update_xaxes(title_text="batch size (max_num_seqs, log scale)", type="log", showticklabels=False)
+        fig.update_xaxes(title_text="batch size (requests in flight, log scale)", type="log", showticklabels=False)
         fig.update_yaxes(title_text=SPEEDUP_AXIS, showticklabels=False)
         return finish(fig, title, label)
     rows = value["rows"]
@@ -188,7 +189,7 @@ def vllm_speedup_figure(shown: Shown | dict[str, Any] | None) -> go.Figure:
                         hovertemplate="batch %{x}: %{y:.2f}x (%{customdata[0]:.0f} tok/s, mean acceptance "
                                       "length %{customdata[1]:.2f})<extra></extra>")
     fig.add_hline(y=1.0, line={"color": "#7f7f7f", "dash": "dot"})
-    fig.update_xaxes(title_text="batch size (max_num_seqs, log scale)", type="log")
+    fig.update_xaxes(title_text="batch size (requests in flight, log scale)", type="log")
     fig.update_yaxes(title_text="speedup over the pinned baseline (x)", rangemode="tozero")
     return finish(fig, title, rows_provenance(rows),
                   notes=[("Every run pins the V1 model runner and async scheduling off (what vLLM 0.26 falls back "

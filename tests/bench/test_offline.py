@@ -154,3 +154,66 @@ def test_interrupted_run_stores_what_finished_then_reraises(engine, journey, tmp
     assert [q.request_id for q in saved.requests] == ["journey-000", "journey-001"]
     assert saved.summary["requests"] == 2 and saved.summary["output_tokens"] == 16
     assert any("interrupted after 2 of 5 requests" in n and "KeyboardInterrupt" in n for n in saved.notes)
+
+
+def test_waves_keep_every_request_on_the_runs_clock_and_sum_the_engines_counters():
+    """BenchConfig(max_concurrency=b): the workload in waves of b, one engine call each. Every record's times move
+    onto the run's clock (a later wave starts after the earlier ones finish; arrival stays 0), and the engine's
+    last_run counters are the waves' sum (gauges: the last wave's), a speculative engine's length recomputed."""
+    import dataclasses as dc
+    import time
+
+    from lablib.bench.offline import merge_last_run, run
+    from lablib.config import BenchConfig
+    from lablib.results import RequestRecord
+    from lablib.workloads import load_workload
+
+    class Waves:
+        name, config, worker_pids = "stub", BenchConfig(), staticmethod(lambda: [])
+
+        def __init__(self):
+            from lablib.models import resolve_model, prompt_tokenizer
+
+            self.spec = resolve_model("embedded")
+            self.tokenizer = prompt_tokenizer(self.spec)
+            self.facts, self.calls = {"context": 2048}, []
+
+        def start(self):
+            return self
+
+        def generate(self, reqs, on_record=None, progress=True):
+            self.calls.append([r.request_id for r in reqs])
+            out = []
+            for j, r in enumerate(reqs):
+                t = [0.01 * (j + 1) + 0.001 * n for n in range(r.max_new_tokens)]
+                rec = RequestRecord(r.request_id, len(r.prompt_ids), r.max_new_tokens, arrival=0.0, start=0.0,
+                                    first_token=t[0], last_token=t[-1], finished=t[-1], token_times=t,
+                                    output_ids=[1] * r.max_new_tokens)
+                out.append(rec)
+                if on_record:
+                    on_record(rec)
+            time.sleep(max(q.finished for q in out))  # the call takes the time its records say it took
+            self.facts["last_run"] = {"wall_s": 0.1, "metrics": {"gauge": len(self.calls)},
+                                      "metrics_delta": {"vllm:x": len(reqs), "per_pos": [1, 2]}}
+            return out
+
+    eng = Waves()
+    r = run(eng, load_workload("journey", limit=5), BenchConfig(max_new_tokens=3, max_concurrency=2, progress=False,
+                                                               warmup_requests=0))
+    assert [len(c) for c in eng.calls] == [2, 2, 1] and r.config["max_concurrency"] == 2
+    assert [q.request_id for q in r.requests] == [c for call in eng.calls for c in call]
+    starts = [q.start for q in r.requests]
+    assert starts[0] < starts[2] < starts[4] and starts[0] == starts[1] and all(q.arrival == 0 for q in r.requests)
+    assert all(q.token_times[0] == q.first_token and q.token_times[-1] == q.last_token for q in r.requests)
+    assert r.requests[2].first_token > r.requests[1].last_token  # wave 2 after wave 1, on one clock
+    last = r.engine_facts["last_run"]
+    assert last["metrics_delta"] == {"vllm:x": 5, "per_pos": [3, 6]} and last["metrics"] == {"gauge": 3}
+    assert last["calls"] == 3 and last["wall_s"] == pytest.approx(0.3)
+    spec = merge_last_run([{"speculative": {"method": "draft", "k": 4, "tokens": 10, "verify_steps": 5,
+                                            "mean_acceptance_length": 2.0}},
+                           {"speculative": {"method": "draft", "k": 4, "tokens": 2, "verify_steps": 2,
+                                            "mean_acceptance_length": 1.0}}])["speculative"]
+    assert spec == {"method": "draft", "k": 4, "tokens": 12, "verify_steps": 7, "mean_acceptance_length": 12 / 7}
+    with pytest.raises(ValueError, match=r"BenchConfig\.max_concurrency=0: allowed .*; Fix:"):
+        BenchConfig(max_concurrency=0)
+    assert dc.replace(BenchConfig(), max_concurrency=None).max_concurrency is None

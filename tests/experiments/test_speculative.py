@@ -428,13 +428,19 @@ def test_the_runs_on_the_fake_vllm_carry_every_setting(pinned_on_the_fake, tmp_p
     rows = spec.vllm_spec_runs(("draft_model", "ngram"), (2,), (1, 2), n_prompts=3, max_new_tokens=4, store=store)
     assert [(r["name"], r["batch"]) for r in rows] == [(n, b) for b in (1, 2) for n in (
         "baseline, pinned (V1, no async)", "baseline, vLLM defaults", "draft model k=2", "n-gram k=2 (lookup 2-5)")]
-    assert [s["env"] for s in pinned_on_the_fake] == ["0", None, "0", "0"] * 2  # the runner, as each worker spawned
-    assert [s["async_scheduling"] for s in pinned_on_the_fake] == [False, None, False, False] * 2
+    # one engine per setting serves both batch sizes (waves of b requests): 4 starts, not 8
+    assert [s["env"] for s in pinned_on_the_fake] == ["0", None, "0", "0"]  # the runner, as each worker spawned
+    assert [s["async_scheduling"] for s in pinned_on_the_fake] == [False, None, False, False]
     assert spec.RUNNER_ENV not in os.environ  # restored
     results = [r["result"] for r in rows]
-    assert [r.step for r in store.load()] == [r.step for r in results]
+    assert [r.step for r in store.load()] == [spec.settings(("draft_model", "ngram"), (2,))[i].step(b)
+                                             for i in range(4) for b in (1, 2)]  # in the order they ran
+    assert sorted(r.step for r in store.load()) == sorted(r.step for r in results)
     for row, res in zip(rows, results):
-        assert res.config["max_num_seqs"] == row["batch"] and res.lab == spec.LAB
+        assert res.config["max_num_seqs"] == 2 and res.config["max_concurrency"] == row["batch"] and res.lab == spec.LAB
+        q, b = res.requests, row["batch"]  # waves of b requests: each starts after the waves before it finished
+        assert all(q[i].start >= max(x.finished for x in q[:i - i % b]) for i in range(b, len(q)))
+        assert all(x.arrival == 0 for x in q)
         assert res.config["async_scheduling"] is (False if row["pinned"] else None)
         assert res.summary["output_tokens"] == 3 * 4 and row["back_to_baseline"] is True
         assert row["token_match"] == 1.0 and row["first_divergence"] is None  # the fake decodes alike every time
