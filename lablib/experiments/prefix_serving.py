@@ -23,6 +23,10 @@ evicted when new requests need its blocks (step 5), and a request looked up but 
 blocks) is looked up, and counted, again in the next step. On these sets nothing is evicted, and every later
 request shares the same whole blocks with every earlier one (the order of arrival does not matter), so the
 claim is exact: at every rate the counters' hits equal the simulator's.
+
+`serve` is the notebook's call (`experiments.prefix.serve`, re-exported there with `serve_lines`): `serve_runs` live on a GPU with vLLM, else what `record` recorded on the H200
+(`scripts/record_reference.py --steps prefix-serve`), or a line saying it is not recorded yet. `load_tests` is the
+part that needs only a running server (any OpenAI-compatible one with vLLM's counters), which the tests drive.
 """
 from __future__ import annotations
 
@@ -39,7 +43,6 @@ from .. import validate
 from ..bench.loadgen import run_online
 from ..bench.prom import fetch_metrics, parse_prometheus
 from ..results.record import Result
-from .prefix import _run_name, predict
 from .prefix_workloads import BIG, LAB, SHARED_SETS, _ids, variant
 
 KEY, STEP = "prefix_serve", "prefix-serve"  # the facts key `record` writes, and its step's name
@@ -132,7 +135,7 @@ def row(result: Result, workload: Any, rate: float, caching: bool, before: dict[
     s = result.summary
     queries, hits = _delta(before, after, "queries"), _delta(before, after, "hits")
     return {"model": result.model.get("name"), "workload": workload.name, "caching": "on" if caching else "off",
-            "rate": rate, "requests": s["requests"], "errors": max(0, len(result.notes) - 1),  # notes: a count, each
+            "rate": rate, "requests": s["requests"], "errors": max(0, len(result.notes) - 1),  # "N of M failed", then each
             "queries": queries, "hits": hits, "hit_rate": hits / queries if queries and hits is not None else None,
             "predicted_queries": predicted.queries if predicted else None,
             "predicted_hits": predicted.hits if predicted else None,
@@ -152,6 +155,7 @@ def serve_runs(model: Any = BIG, workload: str = "shared-prefix-512", rates: Seq
     from ..models import ModelSpec, resolve_model
     from ..models.synthetic import synthetic_spec
     from ..results.store import results_dir
+    from .prefix import predict  # when called: prefix re-exports this module's names
     from .serving import check_context, server_config
 
     rates = check(workload, rates, limit)
@@ -187,6 +191,7 @@ def serve(model: Any = BIG, workload: str = "shared-prefix-512", rates: Sequence
     Shown with no value whose label says it is not recorded yet and which step records it."""
     from ..results.reference import recorded_facts
     from ..session import asked_rows, live_or_recorded
+    from .prefix import _run_name  # when called, as predict above
 
     rates = check(workload, rates, limit)
 
@@ -206,7 +211,7 @@ def serve(model: Any = BIG, workload: str = "shared-prefix-512", rates: Sequence
                                                         "limit": rows[0]["limit"]})
 
 
-def lines(shown: Any) -> str:
+def serve_lines(shown: Any) -> str:
     """Per rate, the server's hit rate next to the simulator's and the TTFT with caching on and off, labelled."""
     if shown.value is None:
         return f"[{shown.label}]"

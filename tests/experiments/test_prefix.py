@@ -452,9 +452,10 @@ def test_the_lab_serves_live_and_says_what_is_not_recorded(with_fake_vllm, tmp_p
     from lablib.results import ResultStore
 
     store = ResultStore(tmp_path / "r.jsonl")
-    live = prefix_serving.serve("embedded", rates=[200.0], limit=4, store=store, force=True)
+    assert prefix.serve is prefix_serving.serve and prefix.serve_lines is prefix_serving.serve_lines  # the lab calls
+    live = prefix.serve("embedded", rates=[200.0], limit=4, store=store, force=True)
     assert live.live and [r["caching"] for r in live.value] == ["off", "on"] and len(store.load()) == 2
-    text = prefix_serving.lines(live)
+    text = prefix_serving.serve_lines(live)
     assert text.startswith("200 req/s: hit rate ") and f"({live.value[1]['hits']} of " in text
     assert text.endswith(f"[{live.label}]") and "TTFT p50 off" in text
     fig = figures.serve_figure(live)
@@ -463,7 +464,7 @@ def test_the_lab_serves_live_and_says_what_is_not_recorded(with_fake_vllm, tmp_p
     assert fig.layout.xaxis.type == "log" and live.label in fig.layout.title.text
     none = prefix_serving.serve(force=False)
     assert none.value is None and "not recorded yet" in none.label and "--steps prefix-serve`" in none.label
-    assert prefix_serving.lines(none) == f"[{none.label}]"
+    assert prefix_serving.serve_lines(none) == f"[{none.label}]"
     empty = figures.serve_figure(none)
     assert not [t for t in empty.data if t.y] and "--steps prefix-serve" in empty.layout.title.text
 
