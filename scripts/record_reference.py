@@ -22,9 +22,10 @@ Steps:
            serve-check-embedded: the embedded model, whose small steps stream tokens fastest)
   prefix   lab 07: prefix caching on the embedded model, each shared-prefix set and variant from a reset cache,
            vLLM's cached tokens against the simulator's (prefix-batch: 32 requests at once instead of one;
-           prefix-on-off: TTFT with caching on and off, and greedy outputs compared)
+           prefix-on-off: TTFT with caching on and off, and greedy outputs compared; prefix-serve: the hit rate
+           from the server's /metrics under Poisson load, caching on and off, next to TTFT)
   speculative  lab 08: vLLM draft model, n-gram and the project's EAGLE head against a pinned baseline, batches
-           1-64, counters vs the formula
+           1-64 (one engine per setting, the batches as waves), counters vs the formula
   tp1      lab 09: TP=1 on one H200 (synthetic 8B bf16, 70B FP8 where disk allows) next to the cost model
   tp-scaling  lab 09: TP=1/2/4 (needs a machine with 2-4 GPUs)
   attention  lab 02: the attention microbenchmark, HF eager/sdpa/flex prefill on the synthetic 8B, vLLM's backends
