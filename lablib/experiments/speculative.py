@@ -1,12 +1,14 @@
 """Lab 08 on the CPU: greedy speculative decoding on the embedded pair, against the formula, and at 8B scale.
 
-The lab's CPU half lives in four modules, and every public name is importable from here (the notebook, the
+The lab's CPU half lives in five modules, and every public name is importable from here (the notebook, the
 tests and scripts/train_eagle.py call `experiments.speculative` for all of them):
 
 - `speculative_loops`: the greedy loops (`greedy`, `greedy_speculative` with the draft model, `greedy_eagle`
   with the EAGLE head, `hf_assisted`), the pair and head they load, the CPU's `provenance`;
 - `speculative_acceptance`: the loops' steps as vLLM's counters next to the i.i.d. formula
   (`spec_counters`, `acceptance_report`, `counters_consistent`), both drafters compared (`drafter_acceptance`);
+- `speculative_sampling`: the loop at temperature T (`speculative_sample`, against plain `sample`) and the two
+  chi-square tests that it keeps the target's distribution (`rule_test` at one position, `loop_test` end to end);
 - `speculative_study`: the costs c and verify_cost, forward by forward and in the loop, the speed study
   (`cpu_study`) and its tables and lines;
 - here: the formula's tables (`maths_tables`), the batch model at 8B scale on the H200's spec-sheet roofline
@@ -57,6 +59,16 @@ from .speculative_loops import (  # noqa: F401 - re-exported, as above
     load_eagle,
     load_pair,
     provenance,
+)
+from .speculative_sampling import (  # noqa: F401 - re-exported, as above
+    VERIFY_RULES,
+    apply_rule,
+    chi2_sf,
+    distribution_kept,
+    loop_test,
+    rule_test,
+    sample,
+    speculative_sample,
 )
 from .speculative_study import (  # noqa: F401 - re-exported, as above
     acceptance_table,
