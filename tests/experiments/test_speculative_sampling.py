@@ -14,6 +14,8 @@ from collections import Counter
 
 import pytest
 
+from lablib import stats
+
 from lablib.experiments import speculative as spec
 from lablib.experiments import speculative_sampling as ss
 from tests.experiments import test_speculative as greedy_tests
@@ -29,13 +31,13 @@ pair, prompts = greedy_tests.pair, greedy_tests.prompts  # the greedy tests' fix
 @pytest.mark.parametrize("x, df, want", [(3.84, 1, 0.0500), (18.31, 10, 0.0500), (6.63, 1, 0.0100),
                                          (23.21, 10, 0.0100), (124.34, 100, 0.0500), (0.0, 1, 1.0), (0.0, 7, 1.0)])
 def test_chi2_sf_matches_the_tables(x, df, want):
-    assert ss.chi2_sf(x, df) == pytest.approx(want, abs=1e-4)
+    assert stats.chi2_sf(x, df) == pytest.approx(want, abs=1e-4)
 
 
 @pytest.mark.parametrize("x", [0.01, 0.5, 3.0, 20.0, 80.0])
 def test_chi2_sf_matches_closed_forms_at_one_and_two_degrees(x):
-    assert ss.chi2_sf(x, 1) == pytest.approx(math.erfc(math.sqrt(x / 2)), rel=1e-10)
-    assert ss.chi2_sf(x, 2) == pytest.approx(math.exp(-x / 2), rel=1e-10)
+    assert stats.chi2_sf(x, 1) == pytest.approx(math.erfc(math.sqrt(x / 2)), rel=1e-10)
+    assert stats.chi2_sf(x, 2) == pytest.approx(math.exp(-x / 2), rel=1e-10)
 
 
 @pytest.mark.parametrize("x, df", [(5.0, 6), (30.0, 40), (800.0, 900), (1000.0, 900), (2000.0, 900)])
@@ -43,24 +45,24 @@ def test_chi2_sf_matches_the_even_df_sum_on_both_branches(x, df):
     """Q(m, y) = e^-y sum_{i<m} y^i / i! for whole m: the series (y < m + 1) and the continued fraction, far apart."""
     y = x / 2
     want = sum(math.exp(-y + i * math.log(y) - math.lgamma(i + 1)) for i in range(df // 2))
-    assert ss.chi2_sf(x, df) == pytest.approx(want, rel=1e-9, abs=1e-300)
+    assert stats.chi2_sf(x, df) == pytest.approx(want, rel=1e-9, abs=1e-300)
 
 
 def test_the_noncentral_sf_gives_the_z_tests_power():
     """df = 1: the statistic is (Z + sqrt(nc))^2, so its power is Phi(sqrt(nc) - z) + Phi(-sqrt(nc) - z), exactly."""
     z, nc = 1.959963984540054, 10.5
     want = (math.erfc((z - math.sqrt(nc)) / math.sqrt(2)) + math.erfc((z + math.sqrt(nc)) / math.sqrt(2))) / 2
-    assert ss.noncentral_chi2_sf(z * z, 1, nc) == pytest.approx(want, rel=1e-9)
-    assert ss.noncentral_chi2_sf(3.0, 4, 0.0) == ss.chi2_sf(3.0, 4)
-    assert ss.detectable_w(1, 1000, alpha=0.05) == pytest.approx(math.sqrt((z + 1.2815515655446004) ** 2 / 1000), rel=1e-3)
+    assert stats.noncentral_chi2_sf(z * z, 1, nc) == pytest.approx(want, rel=1e-9)
+    assert stats.noncentral_chi2_sf(3.0, 4, 0.0) == stats.chi2_sf(3.0, 4)
+    assert stats.detectable_w(1, 1000, alpha=0.05) == pytest.approx(math.sqrt((z + 1.2815515655446004) ** 2 / 1000), rel=1e-3)
 
 
 def test_rare_bins_are_pooled_and_exact_counts_score_zero():
-    fit = ss.goodness_of_fit([50, 30, 19, 1], [0.5, 0.3, 0.19, 0.01])  # expected 1 < 5: pooled with the 19
+    fit = stats.goodness_of_fit([50, 30, 19, 1], [0.5, 0.3, 0.19, 0.01])  # expected 1 < 5: pooled with the 19
     assert (fit["bins"], fit["df"], fit["statistic"], fit["p_value"]) == (3, 2, pytest.approx(0.0), 1.0)
-    rare = ss.goodness_of_fit([50, 30, 4, 4, 4, 4, 4], [0.5, 0.3, *[0.04] * 5])  # five bins of 4: one of 20
+    rare = stats.goodness_of_fit([50, 30, 4, 4, 4, 4, 4], [0.5, 0.3, *[0.04] * 5])  # five bins of 4: one of 20
     assert rare["bins"] == 3 and rare["statistic"] == pytest.approx(0.0)
-    same = ss.homogeneity([(Counter({1: 30, 2: 20, 3: 2}), Counter({1: 60, 2: 40, 3: 4}))])
+    same = stats.homogeneity([(Counter({1: 30, 2: 20, 3: 2}), Counter({1: 60, 2: 40, 3: 4}))])
     assert (same["df"], same["statistic"], same["verdict"]) == (1, pytest.approx(0.0), "same distribution")
 
 
