@@ -167,17 +167,18 @@ def _side_road_lines(results: list[Result]) -> list[str]:
         text = (f"<b>{_e(row['rung'])}</b> against <b>{_e(row['baseline'])}</b> ({place}, {_e(row['model'])}, "
                 f"{_e(row['workload'])}, {row['requests']} requests): {tok_s_text(row['tok_s'])} vs "
                 f"{tok_s_text(row['baseline_tok_s'])} output tok/s ({row['tok_s_ratio']:.2f}&times;)")
-        if row["ttft_speedup"]:
+        x = row["ttft_speedup"]
+        if x:
             text += (f", TTFT p50 {_latency(row['ttft_p50_s'])} vs {_latency(row['baseline_ttft_p50_s'])} "
-                     f"({row['ttft_speedup']:.2f}&times; sooner)")
+                     + (f"({x:.2f}&times; sooner)" if x >= 1 else f"({1 / x:.2f}&times; later)"))
         if row["tpot_speedup"]:
             text += f", TPOT p50 {_ms(row['tpot_p50_s'])} vs {_ms(row['baseline_tpot_p50_s'])} ms"
         if row["mean_acceptance_length"]:
             text += f"; {row['mean_acceptance_length']:.2f} tokens per verify step"
         text += "."
         if row["journey_gain"]:
-            text += (f" The whole road, {place} on this model, gained {row['journey_gain']:.2f}&times; over naive "
-                     "generate on the journey workload.")
+            text += (f" The rest of the road, {place} on this model, gained {row['journey_gain']:.2f}&times; over "
+                     "naive generate on the journey workload.")
         verdict = row["tok_s_ratio"]
         text += (" In throughput it paid here." if verdict and verdict > 1 else
                  f" In throughput it did not pay here: lab {row['lab']} measures why." if verdict else "")

@@ -266,10 +266,11 @@ def side_roads(results: list[Result], batch_sizes: list[int] = (1, 4, 16)) -> li
 
 
 def journey_gain(results: list[Result], like: Result) -> float | None:
-    """The road's own gain where `like` was measured: the best journey-workload rung over naive generate, among
-    the runs of `like`'s model and provenance (a recorded 8B's vLLM over the CPU's naive run is no gain)."""
+    """The rest of the road's gain where `like` was measured: the best journey-workload rung other than `like`
+    over naive generate, among the runs of `like`'s model and provenance (a recorded 8B's vLLM over the CPU's
+    naive run is no gain)."""
     same = [r for r in results if r.provenance == like.provenance and r.model.get("name") == like.model.get("name")
-            and r.workload.get("name") == "journey"]
+            and r.workload.get("name") == "journey" and r is not like]
     naive = next((r for r in same if r.step == "hf-naive"), None) or next(
         (r for r in same if r.engine == "hf-static"), None)
     if naive is None:

@@ -75,7 +75,9 @@ def test_side_roads_read_each_rung_against_its_baseline_beside_the_roads_gain():
     ngram = rows["hf-naive-ngram-k4"]
     assert (ngram["baseline"], ngram["lab"], ngram["tok_s_ratio"]) == ("hf-naive", "08", pytest.approx(2.0))
     assert ngram["mean_acceptance_length"] == 2.5
-    assert ngram["journey_gain"] == pytest.approx(4.0)  # hf-static-b4 over hf-naive: the best journey rung
+    assert ngram["journey_gain"] == pytest.approx(4.0)  # hf-static-b4 over hf-naive: the best other journey rung
+    fast = [*results[:2], run_of("hf-naive-ngram-k4", "hf-naive", 0.1)]  # the rung itself fastest: not its own gain
+    assert jx.side_roads(fast, [1, 4])[0]["journey_gain"] == pytest.approx(4.0)
     prefix = rows["vllm-prefix-on"]
     assert prefix["ttft_speedup"] == pytest.approx(4.0) and prefix["tok_s_ratio"] == pytest.approx(1.25)
     assert prefix["journey_gain"] is None  # model x ran no journey rung: no gain is claimed for it
@@ -84,8 +86,9 @@ def test_side_roads_read_each_rung_against_its_baseline_beside_the_roads_gain():
 def test_the_report_says_what_each_side_road_bought(tmp_path):
     from lablib.report import write_report
 
-    results = [run_of("hf-naive", "hf-naive", 2.0), run_of("hf-naive-draft-k4", "hf-naive", 4.0)]
+    results = [run_of("hf-naive", "hf-naive", 2.0), run_of("hf-naive-draft-k4", "hf-naive", 4.0, ttft=0.2)]
     page = write_report(results, tmp_path / "r.html").read_text()
+    assert "(2.00&times; later)" in page  # its first token came later than naive's
     assert "<b>hf-naive-draft-k4</b> against <b>hf-naive</b>" in page and "(0.50&times;)" in page
     assert "In throughput it did not pay here: lab 08 measures why." in page
 
