@@ -16,14 +16,18 @@ a tiled (flash) kernel keeps them in on-chip SRAM. Four steps, each one call fro
 4. In an engine. (a) `hf_prefill`: the Hugging Face model's prefill (one forward of the prompt, the time to
    the first token's logits, without tokenizer or sampling) with `attn_implementation` eager, sdpa and
    flex_attention, switched on one loaded model (`set_attn_implementation`), each length's next-token
-   logits compared with eager's. `HFConfig` has no attn_implementation, so this measures with
-   transformers directly. Live here on the embedded model (`hf_prefill_here`); on the GPU, the synthetic
+   logits compared with eager's: the prefill alone, on one model (the engine's `HFConfig.attn_implementation`
+   loads one model per kernel). Live here on the embedded model (`hf_prefill_here`); on the GPU, the synthetic
    Llama-3.1-8B shape (`hf_prefill_gpu`). (b) `vllm_backend_sweep`: vLLM with `attention_backend`
    FLASH_ATTN, FLASHINFER, TRITON_ATTN, FLEX_ATTENTION on the journey. `VLLMConfig` has no
    attention_backend field yet, so `VLLMEngine` cannot pass it: the sweep takes an engine factory that
    receives each backend's `LLM(...)` kwargs (`backend_llm_kwargs`), and `vllm_backends` says "not wired"
    until the field exists (then it runs `VLLMEngine` with it, live or recorded). vLLM refuses a backend
    that cannot take the model's head size at start-up; the sweep keeps vLLM's words as the row's reason.
+
+5. `journey_rung`: the journey's lab 02 rung against lab 01's, whole `generate` runs through the lab's harness:
+   the largest static batch with eager attention, then the same batches with sdpa (`journey.hf_steps`), on the
+   same requests: tok/s, TTFT (prefill, where the N x N scores are) and TPOT (decode: one query row, no N x N).
 
 `record(out_dir, store, facts)` is the GPU session's step `attention` (scripts/record_reference.py).
 
@@ -325,3 +329,57 @@ def record(out_dir: str | Path, store: ResultStore, facts: dict[str, Any],
         got["vllm_backends"] = {"rows": rows, "provenance": {"device": results[0].hardware.get("gpu") if results else None,
                                                               "date": datetime.date.today().isoformat()}}
         (out / "attention-vllm.json").write_text(json.dumps(got["vllm_backends"], default=str))
+
+
+def journey_rung(requests: int = 16, batch: int = 16, max_new_tokens: int = 32, *, store: ResultStore | None = None,
+                 threads: int | None = 1) -> Shown[dict[str, Any]]:
+    """Lab 01's largest static batch (eager attention) and lab 02's rung (the same batches with sdpa), on the
+    first `requests` journey requests through `bench.run`, live on this machine (any machine runs it). A Shown
+    of {"rows": per rung (panel "rung": attention, tok/s, TTFT p50, TPOT p50; `table(shown, "rung")`), "ratios":
+    sdpa over eager (tok/s, TTFT, TPOT: above 1, sdpa better), "identical": the greedy tokens agree, "results"}.
+    `threads` pins torch's threads."""
+    owner = "journey_rung"
+    validate.integer(owner, "requests", requests, "journey requests, e.g. 16.", 1, 64)
+    validate.integer(owner, "batch", batch, "a static batch size > 1, e.g. 16.", 2, 64)
+    validate.integer(owner, "max_new_tokens", max_new_tokens, "new tokens per request, e.g. 32.")
+    from ..bench.offline import run
+    from ..config import BenchConfig
+    from ..session import live_label
+    from ..workloads import load_workload
+    from .journey import hf_steps
+
+    wl, bench = load_workload("journey", limit=requests), BenchConfig(max_new_tokens=max_new_tokens, progress=False)
+    results = []
+    with torch_threads(threads):
+        for step in hf_steps([batch])[-2:]:  # hf-static-b<batch> (eager), then its -sdpa rung
+            engine = step.make_engine("embedded")
+            try:
+                results.append(run(engine, wl, bench, lab="02_attention", step=step.name, store=store))
+            finally:
+                engine.close()
+    eager, sdpa = results
+    rows = [{"panel": "rung", "rung": r.step, "attention": r.config["attn_implementation"],
+             "output_tok_s": r.summary["output_tok_s"],
+             "ttft_p50_s": r.summary["ttft_s"]["p50"], "tpot_p50_s": r.summary["tpot_s"]["p50"]} for r in results]
+    ratios = {"tok_s": rows[1]["output_tok_s"] / rows[0]["output_tok_s"],
+              "ttft": rows[0]["ttft_p50_s"] / rows[1]["ttft_p50_s"], "tpot": rows[0]["tpot_p50_s"] / rows[1]["tpot_p50_s"]}
+    same = [a.output_ids for a in eager.requests] == [b.output_ids for b in sdpa.requests]
+    return Shown({"rows": rows, "ratios": ratios, "identical": same, "results": results}, True,
+                 f"{live_label()}, {threads or 'all'} torch thread(s)")
+
+
+def journey_rung_lines(shown: Shown[dict[str, Any]]) -> str:
+    """What the two rungs say, every number from them."""
+    rung = shown.value
+    e, s = rung["rows"]
+    r = rung["ratios"]
+
+    def word(x: float, better: str, worse: str) -> str:
+        return f"{x:.2f}x {better}" if x >= 1 else f"{1 / x:.2f}x {worse}"
+
+    return (f"{shown.label}: {s['rung']} made {s['output_tok_s']:,.0f} output tok/s against {e['rung']}'s "
+            f"{e['output_tok_s']:,.0f} ({word(r['tok_s'], 'as many', 'fewer')}); TTFT p50 {s['ttft_p50_s']:.2f} s "
+            f"against {e['ttft_p50_s']:.2f} s ({word(r['ttft'], 'sooner', 'later')}: the prefill, where eager writes "
+            f"the N x N scores); TPOT p50 {s['tpot_p50_s'] * 1e3:.1f} ms against {e['tpot_p50_s'] * 1e3:.1f} ms "
+            f"({word(r['tpot'], 'faster', 'slower')}: decode, one query row a step, no N x N); greedy tokens "
+            f"{'identical' if rung['identical'] else 'NOT identical'}.")

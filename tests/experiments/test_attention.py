@@ -309,3 +309,20 @@ def test_the_recorded_hf_prefill_shows_the_asked_lengths_or_says_what_stands_in(
     monkeypatch.setattr(A, "recorded_facts", lambda key, step: (_ for _ in ()).throw(NotRecorded(key, step)))
     none = A.hf_prefill_gpu(force=False, prompt_lens=(512,))
     assert none.value is None and none.stand_ins == {} and "--steps attention" in none.label
+
+
+def test_the_journeys_attention_rung_runs_both_kernels_and_keeps_the_tokens():
+    """Lab 02's rung against lab 01's largest batch: the same requests, eager then sdpa, whole generate runs."""
+    from lablib.experiments import attention
+
+    shown = attention.journey_rung(requests=3, batch=2, max_new_tokens=4)
+    v = shown.value
+    assert shown.live and [r["attention"] for r in v["rows"]] == ["eager", "sdpa"]
+    assert [r["rung"] for r in v["rows"]] == ["hf-static-b2", "hf-static-b2-sdpa"] and v["identical"] is True
+    assert v["ratios"]["tok_s"] == v["rows"][1]["output_tok_s"] / v["rows"][0]["output_tok_s"]
+    assert all(r.summary["output_tokens"] == 12 for r in v["results"])
+    assert list(attention.table(shown, "rung")["rung"]) == ["hf-static-b2", "hf-static-b2-sdpa"]
+    line = attention.journey_rung_lines(shown)
+    assert "hf-static-b2-sdpa made" in line and "greedy tokens identical" in line
+    with pytest.raises(ValueError, match=r"journey_rung\.batch=1: allowed integers 2\.\.64; Fix:"):
+        attention.journey_rung(batch=1)
