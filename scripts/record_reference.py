@@ -25,7 +25,8 @@ Steps:
            prefix-on-off: TTFT with caching on and off, and greedy outputs compared; prefix-serve: the hit rate
            from the server's /metrics under Poisson load, caching on and off, next to TTFT)
   speculative  lab 08: vLLM draft model, n-gram and the project's EAGLE head against a pinned baseline, batches
-           1-64 (one engine per setting, the batches as waves), counters vs the formula
+           1-64 (one engine per setting, the batches as waves), counters vs the formula (speculative-8b: the
+           synthetic 8B target and 1B draft with vLLM's synthetic sampler at the loop's acceptance: speed at size)
   tp1      lab 09: TP=1 on one H200 (synthetic 8B bf16, 70B FP8 where disk allows) next to the cost model
   tp-scaling  lab 09: TP=1/2/4 (needs a machine with 2-4 GPUs)
   attention  lab 02: the attention microbenchmark, HF eager/sdpa/flex prefill on the synthetic 8B, vLLM's backends
@@ -273,7 +274,8 @@ STEPS = {"smoke": step_smoke, "startup": step_startup, "big": step_big, "big-lab
          "serve-check-embedded": lambda o, s, f: step_serve_check(o, s, f, "embedded"), "prefix": step_prefix,
          "prefix-batch": lambda o, s, f: step_prefix(o, s, f, 32), "prefix-on-off": _lab("prefix", "record"),
          "prefix-serve": _lab("prefix_serving", "record"),
-         "speculative": _lab("speculative", "record"), "tp1": _lab("parallel", "record"),
+         "speculative": _lab("speculative", "record"), "speculative-8b": _lab("speculative_synthetic", "record"),
+         "tp1": _lab("parallel", "record"),
          "tp-scaling": _lab("parallel", "record_scaling"), "attention": _lab("attention", "record"),
          "quantization": _lab("quantization", "record"), "journey-fp8": step_journey_fp8}
 

@@ -13,7 +13,8 @@
 - `prefix` (+ `prefix_workloads`, `prefix_simulated`, `prefix_checks`, `prefix_reuse`, `prefix_serving`): lab 07,
   the simulator's prediction against vLLM's counters, the seeds' advice tested, the saving in transformers on the
   CPU, the hit rate from a server's /metrics under load.
-- `speculative` (+ `speculative_loops`, `speculative_acceptance`, `speculative_study`, `speculative_vllm`): lab 08,
+- `speculative` (+ `speculative_loops`, `speculative_acceptance`, `speculative_study`, `speculative_vllm`,
+  `speculative_sampling`, `speculative_synthetic`): lab 08,
   the greedy loops on the embedded pair against the formula, the CPU costs, the batch model, vLLM's methods by batch.
 - `parallel` (+ `parallel_model`, `parallel_fit`): lab 09, the TP cost model swept, the fit, TP runs.
 

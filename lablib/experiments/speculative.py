@@ -60,6 +60,7 @@ from .speculative_loops import (  # noqa: F401 - re-exported, as above
     load_pair,
     provenance,
 )
+from .speculative_synthetic import synthetic_study  # noqa: F401 - re-exported, as above
 from .speculative_sampling import (  # noqa: F401 - re-exported, as above
     VERIFY_RULES,
     apply_rule,

@@ -184,20 +184,23 @@ class Setting:
     k: int | None  # draft tokens per step; None for a baseline
     spec: dict[str, Any] | None  # vLLM's speculative_config; None for a baseline
     pinned: bool  # V1 runner and async scheduling off (True) or vLLM's defaults (a baseline only)
+    tag: str = ""  # another study's runs, named apart (e.g. "8b": the synthetic 8B with a set acceptance)
 
     @property
     def name(self) -> str:
         if self.method == "baseline":
-            return "baseline, pinned (V1, no async)" if self.pinned else "baseline, vLLM defaults"
-        if self.method == "ngram":
-            return f"n-gram k={self.k} (lookup {self.spec['prompt_lookup_min']}-{self.spec['prompt_lookup_max']})"
-        return f"{'EAGLE head' if self.method == 'eagle' else 'draft model'} k={self.k}"
+            name = "baseline, pinned (V1, no async)" if self.pinned else "baseline, vLLM defaults"
+        elif self.method == "ngram":
+            name = f"n-gram k={self.k} (lookup {self.spec['prompt_lookup_min']}-{self.spec['prompt_lookup_max']})"
+        else:
+            name = f"{'EAGLE head' if self.method == 'eagle' else 'draft model'} k={self.k}"
+        return f"{name} [{self.tag}]" if self.tag else name
 
     def step(self, batch: int) -> str:
         tail = "" if self.method == "baseline" else f"-k{self.k}"
         if self.method == "ngram":
             tail += f"-l{self.spec['prompt_lookup_min']}-{self.spec['prompt_lookup_max']}"
-        return f"spec-{self.method}{tail}{'' if self.pinned else '-defaults'}-b{batch}"
+        return f"spec-{self.tag + '-' if self.tag else ''}{self.method}{tail}{'' if self.pinned else '-defaults'}-b{batch}"
 
     def config(self, batch: int, gpu_memory_utilization: float) -> PinnedVLLMConfig:
         pin = False if self.pinned else None
@@ -291,8 +294,8 @@ def _row(s: Setting, batch: int, result: Any, facts: dict[str, Any], logged: dic
 def vllm_spec_runs(methods: Sequence[str] = METHODS, ks: Sequence[int] = (2, 4),
                    batches: Sequence[int] = (1, 4, 16, 64), *, prompt_lookup: tuple[int, int] = (2, 5),
                    n_prompts: int = 64, max_new_tokens: int = 64, defaults_baseline: bool = True,
-                   gpu_memory_utilization: float = 0.3, model: str = "embedded", store: Any = None,
-                   lab: str = LAB) -> list[dict[str, Any]]:
+                   gpu_memory_utilization: float = 0.3, model: Any = "embedded", store: Any = None,
+                   lab: str = LAB, runs: Sequence[Setting] | None = None) -> list[dict[str, Any]]:
     """The draft model, n-gram and the EAGLE head on vLLM against a baseline on the same engine settings, per batch.
 
     One engine per setting (`settings`), started in its own worker with max_num_seqs = the largest batch, runs
@@ -308,13 +311,14 @@ def vllm_spec_runs(methods: Sequence[str] = METHODS, ks: Sequence[int] = (2, 4),
     vLLM's counter deltas (`counters_from_delta`) read as the formula reads them (alpha, E(alpha, k)), the
     runner and async setting the engine's log reports, the greedy tokens against the baseline's (match
     rate, first divergence: vLLM's verify pass is not bit-identical), VRAM back to baseline. Each row's
-    "result" is the Result (stored in `store` as it is made).
+    "result" is the Result (stored in `store` as it is made). `runs` replaces `settings(...)` with settings built
+    elsewhere (the synthetic 8B study's), the pinned baseline first; `model` is a name or a ModelSpec.
     """
     owner = "vllm_spec_runs"
     batches = validate.integers(owner, "batches", batches, "batch sizes (requests in flight), e.g. (1, 4, 16, 64).")
     validate.integer(owner, "n_prompts", n_prompts, "journey prompts per run, e.g. 64.", 1, 64)
     validate.integer(owner, "max_new_tokens", max_new_tokens, "new tokens per request, e.g. 64.")
-    runs = settings(methods, ks, prompt_lookup, defaults_baseline)  # every refusal before any engine starts
+    runs = list(runs) if runs is not None else settings(methods, ks, prompt_lookup, defaults_baseline)  # refusals first
     from ..bench.offline import run
     from ..engines.vllm import VLLMEngine
 

@@ -1,0 +1,116 @@
+"""Lab 08's speed at real size: a synthetic Llama-3.1-8B target and Llama-3.2-1B draft, acceptance set, speed real.
+
+The embedded pair is trained, so its acceptance is real, but it is tiny: on a GPU both of its forwards are
+launch overhead, a draft step costs what a target step does, and no speculative speedup can show. A random-
+weight 8B target with a random-weight 1B draft has the opposite problem: its steps stream gigabytes (the regime
+where a verify pass over k + 1 positions is nearly free), but a random draft agrees with a random target on
+nothing. vLLM 0.26 has the tool for exactly this: its rejection sampler can be told to accept at a set rate
+(`"rejection_sample_method": "synthetic"`, `"synthetic_acceptance_length": L`), so every engine cost is real (the
+draft's forwards, the verify pass, the bookkeeping) and only the acceptance is set. L is set to what the
+trained pair accepted (the torch loop's measured length at the same k), so the run answers: "with the embedded
+pair's acceptance, what would a 1B draft buy an 8B target on an H200, batch by batch?". Every row says so:
+LABEL. The tokens are noise (random weights) and are not compared.
+
+`synthetic_config` builds vLLM's speculative_config (the draft's vocabulary checked against the target's, L in
+1..k+1); `synthetic_speed_runs` runs the pinned baseline and the draft on one engine each over the batch sizes
+(`vllm_spec_runs`, waves of b requests); `synthetic_study` is the notebook's call (recorded unless forced: two
+engine starts of the 8B pair cost ~4 minutes); `record` is the GPU session's step `speculative-8b`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from .. import validate
+from ..hardware.device import device_facts
+from ..results.reference import recorded_facts
+from ..session import Shown, live_or_recorded
+from .speculative_vllm import Setting, speculative_config, vllm_spec_runs
+
+TARGET, DRAFT = "llama-3.1-8b", "llama-3.2-1b"  # synthetic shapes of data/synthetic/architectures.json
+LABEL = "synthetic acceptance: the speed is real, the acceptance rate is set"
+STEP = KEY = "speculative-8b"  # scripts/record_reference.py --steps speculative-8b writes facts["speculative-8b"]
+TAG = "8b"
+
+
+def synthetic_config(k: int, length: float, target: str | Path, draft: str | Path) -> dict[str, Any]:
+    """vLLM's speculative_config for the synthetic draft at a set mean acceptance length L (1 <= L <= k + 1)."""
+    validate.integer("synthetic_config", "k", k, "draft tokens per step, e.g. 4.")
+    validate.number("synthetic_config", "length", length, f"a mean acceptance length 1..{k + 1} (k + 1), e.g. the "
+                    "loop's measured length at this k.", 1.0, k + 1.0)
+    spec = speculative_config("draft_model", k, draft=draft, target=target)
+    return {**spec, "rejection_sample_method": "synthetic", "synthetic_acceptance_length": float(length)}
+
+
+def synthetic_speed_runs(length: float, k: int = 4, batches: Sequence[int] = (1, 4, 16, 64), *, n_prompts: int = 32,
+                         max_new_tokens: int = 128, gpu_memory_utilization: float = 0.9, store: Any = None,
+                         lab: str = "08_speculative_decoding") -> list[dict[str, Any]]:
+    """The pinned baseline and the synthetic 1B draft at acceptance length L on the synthetic 8B, per batch size.
+
+    Both pinned (V1 runner, async off: what a draft model forces), one engine each serving every batch size. A
+    row per run as `vllm_spec_runs` gives it, plus "label" (LABEL) and "set_length" (L): vLLM's counted mean
+    acceptance length should come out near L (its synthetic sampler draws acceptances at that rate)."""
+    from ..models.synthetic import synthetic_spec
+
+    batches = validate.integers("synthetic_speed_runs", "batches", batches, "batch sizes, e.g. (1, 4, 16, 64).")
+    target, draft = synthetic_spec(TARGET), synthetic_spec(DRAFT)
+    spec = synthetic_config(k, length, target.path, draft.path)  # refused before any engine starts
+    runs = [Setting("baseline", None, None, True, TAG), Setting("draft_model", k, spec, True, TAG)]
+    rows = vllm_spec_runs(batches=batches, n_prompts=n_prompts, max_new_tokens=max_new_tokens, model=target,
+                          gpu_memory_utilization=gpu_memory_utilization, store=store, lab=lab, runs=runs)
+    for r in rows:
+        r.update(label=LABEL, set_length=float(length), token_match=None, first_divergence=None)  # noise: not compared
+    return rows
+
+
+def loop_length(k: int = 4, facts: dict[str, Any] | None = None) -> float:
+    """L: the trained pair's mean acceptance length at k from the speculative recording's loop, else the loop now."""
+    for row in (facts or {}).get("speculative", {}).get("loop", []):
+        if row.get("k") == k and row.get("drafter", "draft_model") == "draft_model":
+            return float(row["measured_length"])
+    from .speculative_acceptance import drafter_acceptance
+
+    (row,) = drafter_acceptance(("draft_model",), n_prompts=64, max_new_tokens=64, ks=(k,))
+    return float(row["measured_length"])
+
+
+def _measure(k: int, batches: Sequence[int], n_prompts: int, max_new_tokens: int, store: Any,
+             facts: dict[str, Any] | None = None) -> dict[str, Any]:
+    length = loop_length(k, facts)
+    rows = synthetic_speed_runs(length, k, batches, n_prompts=n_prompts, max_new_tokens=max_new_tokens, store=store)
+    results = [r.pop("result") for r in rows]
+    return {"rows": rows, "results": results, "k": k, "set_length": length, "label": LABEL,
+            "workload": {"name": "journey", "requests": n_prompts, "max_new_tokens": max_new_tokens},
+            "models": {"target": f"synthetic:{TARGET}", "draft": f"synthetic:{DRAFT}"}}
+
+
+def synthetic_study(k: int = 4, batches: Sequence[int] = (1, 4, 16, 64), *, n_prompts: int = 32,
+                    max_new_tokens: int = 128, store: Any = None, force: bool | None = False) -> Shown[dict | None]:
+    """Lab 08's 8B speed step. Recorded by default (`force=False`): live it starts two 8B engines (~4 min on an
+    H200) beside the lab's other five; `force=True` runs it live on a GPU with vLLM, None lets the machine decide."""
+    validate.integer("synthetic_study", "k", k, "draft tokens per step, e.g. 4.")
+    validate.integers("synthetic_study", "batches", batches, "batch sizes, e.g. (1, 4, 16, 64).")
+
+    def recorded() -> dict[str, Any]:
+        return dict(recorded_facts(KEY, STEP))
+
+    asked = {"k": k, "batches": sorted(batches)}
+    return live_or_recorded(lambda: _measure(k, batches, n_prompts, max_new_tokens, store), recorded, force=force,
+                            asked=asked, recorded_with=lambda v: {"k": v.get("k"),
+                                                                  "batches": sorted({r["batch"] for r in v["rows"]})})
+
+
+def record(out_dir: Path, store: Any, facts: dict[str, Any], *, k: int = 4, batches: Sequence[int] = (1, 4, 16, 64),
+           n_prompts: int = 32, max_new_tokens: int = 128) -> None:
+    """The recording step `speculative-8b` (after `speculative`, whose loop sets L; else the loop runs here)."""
+    got = _measure(k, batches, n_prompts, max_new_tokens, None, facts)
+    for r in got.pop("results"):
+        store.append(dataclasses.replace(r, provenance="recorded"))
+    got.update({"gpu": device_facts().get("gpu"), "date": time.strftime("%Y-%m-%d")})
+    facts[KEY] = got
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
+    (Path(out_dir) / "speculative-8b.json").write_text(json.dumps(got, indent=1, default=str))
