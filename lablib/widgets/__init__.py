@@ -6,7 +6,9 @@ panel still draws after a browser refresh (a plotly FigureWidget does not).
 from .batching import BatchingPanel
 from .figure import FigureArea
 from .kv import KVCalculator, VRAMChart
+from .quantization import QuantizationExplorer
 from .speculative import SpeedupExplorer
 from .text import code_sample
 
-__all__ = ["BatchingPanel", "FigureArea", "KVCalculator", "SpeedupExplorer", "VRAMChart", "code_sample"]
+__all__ = ["BatchingPanel", "FigureArea", "KVCalculator", "QuantizationExplorer", "SpeedupExplorer", "VRAMChart",
+           "code_sample"]
