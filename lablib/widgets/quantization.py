@@ -78,11 +78,8 @@ def weight_format(scheme: str, model: str) -> str | None:
 
 
 def _speed_rows(speed: Shown | Sequence[dict[str, Any]] | None) -> tuple[list[dict[str, Any]], str]:
-    value = speed.value if isinstance(speed, Shown) else speed
-    rows = list(value or [])
-    if not rows:
-        return [], speed.label if isinstance(speed, Shown) else NO_SPEED
-    return rows, rows_provenance(rows)
+    rows = list((speed.value if isinstance(speed, Shown) else speed) or [])
+    return rows, rows_provenance(rows) if rows else speed.label if isinstance(speed, Shown) else NO_SPEED
 
 
 def batches_of(speed: Shown | Sequence[dict[str, Any]] | None) -> list[int]:
@@ -98,8 +95,8 @@ def _memory(scheme: str, model: str, batch: int, stored: Sequence[dict[str, Any]
         row = next((r for r in stored or [] if r["scheme"] == scheme), None)
         why = (NO_STORAGE if stored is None else "a vLLM switch on the bf16 weights: no checkpoint of its own here"
                if scheme in VLLM_SWITCHES else "not quantized in this run (add it to SCHEMES)")
-        return ({"weight_bytes": row["file_bytes"], "vs_bf16": row["vs_bf16"], "bits_per_weight": row["bits_per_weight"],
-                 "where": f"{CPU_WHERE}: the checkpoint's files"} if row else {"weight_bytes": None, "why": why})
+        return ({"weight_bytes": row["file_bytes"], "vs_bf16": row["vs_bf16"], "where": f"{CPU_WHERE}: its files",
+                 "bits_per_weight": row["bits_per_weight"]} if row else {"weight_bytes": None, "why": why})
     fmt = weight_format(scheme, model)
     if fmt is None:
         return {"weight_bytes": None, "why": f"WEIGHT_FORMATS has no format for {scheme} on {model}"}
@@ -113,7 +110,7 @@ def _memory(scheme: str, model: str, batch: int, stored: Sequence[dict[str, Any]
     tokens = max(0, int(left // per_token))
     out = {"weight_bytes": weights, "vs_bf16": row["vs_bf16"], "format": fmt, "kv_bytes_per_token": per_token,
            "kv_tokens": tokens, "tokens_per_sequence": tokens // batch, "fits_context": tokens >= CONTEXT,
-           "where": row["provenance"] + f"; KV in {BUDGET:.0%} of one {GPU} less {RESERVE_BYTES / 2**30:.2f} GiB reserve"}
+           "where": f"{row['provenance']}; KV: {BUDGET:.0%} of one {GPU} less {RESERVE_BYTES / 2**30:.2f} GiB reserve"}
     vllm = next((r for r in speed if r["scheme"] == scheme and r["batch"] == batch), None)
     if model == SPEED_MODEL and vllm and vllm.get("weight_gib"):
         out["vllm"] = {"weight_gib": vllm["weight_gib"], "kv_tokens": vllm.get("kv_tokens"), "where": speed_where}
@@ -124,7 +121,8 @@ def _speed(scheme: str, batch: int, rows: list[dict[str, Any]], where: str) -> d
     here = next((r for r in rows if r["scheme"] == scheme and r["batch"] == batch), None)
     base = next((r for r in rows if r["scheme"] == "bf16" and r["batch"] == batch), None)
     if not here:
-        why = where if not rows else f"no speed run of {scheme} at batch {batch} ({where})"
+        held = ", ".join(dict.fromkeys(r["scheme"] for r in rows if r["batch"] == batch))
+        why = where if not rows else f"no speed run of {scheme} at batch {batch} (there: {held}; {where})"
         return {"decode_tok_s": None, "why": why}
     return {"decode_tok_s": here["decode_tok_s"], "of_roofline": here.get("of_roofline"),
             "vs_bf16": here["decode_tok_s"] / base["decode_tok_s"] if base and base.get("decode_tok_s") else None,
@@ -187,40 +185,38 @@ def _captions(view: dict[str, Any]) -> list[str]:
 
 def _text(view: dict[str, Any]) -> str:
     s, m, sp, q = view["settings"], view["memory"], view["speed"], view["quality"]
-    if m["weight_bytes"] is None:
-        memory = f"none: {m['why']}"
-    else:
-        memory = f"<b>{m['weight_bytes'] / 1e9:.4g} GB of weights</b> (x{m['vs_bf16']:.2f} of bf16's)"
-        if "kv_tokens" in m:
-            memory += (f"; {m['kv_tokens']:,} KV tokens left on one {GPU} ({m['kv_bytes_per_token'] / 1024:.0f} KiB per "
-                       f"token): at batch {s['batch']}, {m['tokens_per_sequence']:,} tokens per sequence")
-        if "vllm" in m:
-            memory += f"; vLLM held {m['vllm']['weight_gib']:.2f} GiB, {m['vllm']['kv_tokens'] or 0:,} KV tokens " \
-                      f"[{m['vllm']['where']}]"
-        memory += f" [{m['where']}]"
-    if sp["decode_tok_s"] is None:
-        speed = f"none: {sp['why']}"
-    else:
-        ratio = "" if sp["vs_bf16"] is None else f", x{sp['vs_bf16']:.2f} of bf16's"
-        roof = "" if not sp["of_roofline"] else f", {sp['of_roofline']:.0%} of its roofline"
-        speed = f"<b>{sp['decode_tok_s']:,.0f} decode tok/s</b> at batch {s['batch']}{ratio}{roof} [{sp['where']}]"
-    if q["ppl_change_pct"] is None:
-        quality = f"none: {q['why']}"
-    else:
-        verdict = "the reference" if q["gate"] is None else q["gate"]
-        quality = (f"<b>perplexity {q['ppl_change_pct']:+.2f}%</b> of bf16's ({verdict}), {q['agreement']:.0%} of greedy "
-                   f"tokens as bf16's [{q['where']}]")
-        if s["model"] != "embedded":
-            quality += f" (the embedded model's: {s['model']} has no trained weights here, so no quality of its own)"
-    return "<table>" + "".join(f"<tr><td><b>{k}</b></td><td>{v}</td></tr>" for k, v in
-                               (("memory", memory), ("speed", speed), ("quality", quality))) + "</table>"
+    memory = speed = quality = ""
+    if m["weight_bytes"] is not None:
+        memory = f"<b>{m['weight_bytes'] / 1e9:.4g} GB of weights</b> (x{m['vs_bf16']:.2f} of bf16's)" + (
+            "" if "kv_tokens" not in m else f"; the weights and the reserve leave no KV room on one {GPU}"
+            if not m["kv_tokens"] else f"; {m['kv_tokens']:,} KV tokens left on one {GPU} "
+            f"({m['kv_bytes_per_token'] / 1024:.0f} KiB each): at batch {s['batch']}, {m['tokens_per_sequence']:,} "
+            "tokens per sequence") + (
+            f"; vLLM held {m['vllm']['weight_gib']:.2f} GiB, {m['vllm']['kv_tokens'] or 0:,} KV tokens "
+            f"[{m['vllm']['where']}]" if "vllm" in m else "") + f" [{m['where']}]"
+    if sp["decode_tok_s"] is not None:
+        speed = (f"<b>{sp['decode_tok_s']:,.0f} decode tok/s</b> at batch {s['batch']}" +
+                 ("" if sp["vs_bf16"] is None else f", x{sp['vs_bf16']:.2f} of bf16's") +
+                 ("" if not sp["of_roofline"] else f", {sp['of_roofline']:.0%} of its roofline") + f" [{sp['where']}]")
+    if q["ppl_change_pct"] is not None:
+        quality = (f"<b>perplexity {q['ppl_change_pct']:+.2f}%</b> of bf16's ({q['gate'] or 'the reference'}), "
+                   f"{q['agreement']:.0%} of greedy tokens as bf16's [{q['where']}]" + (
+                       "" if s["model"] == "embedded" else
+                       f" (the embedded model's: {s['model']} has no trained weights here, so no quality of its own)"))
+    cells = (("memory", memory or f"none: {m.get('why')}"), ("speed", speed or f"none: {sp.get('why')}"),
+             ("quality", quality or f"none: {q.get('why')}"))
+    return "<table>" + "".join(f"<tr><td><b>{k}</b></td><td>{v}</td></tr>" for k, v in cells) + "</table>"
 
 
 def scheme_figure(view: dict[str, Any]) -> go.Figure:
     """`scheme_view` drawn: weights, decode tok/s at the batch and perplexity change per scheme, the chosen one bold."""
     s, every = view["settings"], view["all"]
-    fig = make_subplots(rows=1, cols=3, horizontal_spacing=0.09, subplot_titles=(
-        f"weights, {s['model']} (GB)", f"decode tok/s at batch {s['batch']}", "perplexity vs bf16 (embedded)"))
+    speed_short = "not recorded yet" if "not recorded yet" in view["speed_where"] else view["speed_where"]
+    memory_short = "live on this CPU" if s["model"] == "embedded" else f"arithmetic, {BUDGET:.0%} of one {GPU}"
+    titles = (f"weights, {s['model']} (GB)", memory_short), (f"decode tok/s at batch {s['batch']}", speed_short), \
+        ("perplexity vs bf16", "live on this CPU, embedded model")
+    fig = make_subplots(rows=1, cols=3, horizontal_spacing=0.09,
+                        subplot_titles=[f"{t}<br><sup>[{w[:48]}]</sup>" for t, w in titles])
     fig.update_annotations(font_size=13)
     panels = (("weights (GB)", "memory", lambda v: v["weight_bytes"] / 1e9, "%{y:.4g} GB", view["memory_where"]),
               ("decode tok/s", "speed", lambda v: v["decode_tok_s"], "%{y:,.0f} tok/s", view["speed_where"]),
@@ -228,8 +224,9 @@ def scheme_figure(view: dict[str, Any]) -> go.Figure:
     for col, (name, part, value, fmt, where) in enumerate(panels, start=1):
         have = [k for k in SCHEMES if every[k][part].get("where")]
         if not have:
-            fig.add_annotation(text="nothing to draw:<br>the line under the figure says why", xref=f"x{col} domain",
-                               yref=f"y{col} domain", x=0.5, y=0.5, showarrow=False, font={"color": "gray"})
+            axis = col if col > 1 else ""
+            fig.add_annotation(text="nothing to draw:<br>the line under the figure says why", xref=f"x{axis} domain",
+                               yref=f"y{axis} domain", x=0.5, y=0.5, showarrow=False, font={"color": "gray"})
             continue
         fig.add_bar(x=have, y=[value(every[k][part]) for k in have], name=name, showlegend=False, row=1, col=col,
                     marker={"color": [scheme_colour(k) for k in have],
@@ -243,7 +240,7 @@ def scheme_figure(view: dict[str, Any]) -> go.Figure:
     fig.update_xaxes(title_text="scheme")
     where = f"memory: {view['memory_where']}; speed: {view['speed_where']}; quality: {CPU_WHERE}"
     fig = finish(fig, f"{s['scheme']} among the schemes", where, height=480)
-    fig.update_layout(margin={"t": fig.layout.margin.t + 24})  # the subplot titles sit above the plots
+    fig.update_layout(margin={"t": fig.layout.margin.t + 40})  # the subplot titles (two lines) sit above the plots
     return fig
 
 
@@ -278,8 +275,8 @@ class QuantizationExplorer:
 
             speed = speed_step(force=False)
         first = next((r["scheme"] for r in quality or [] if r["scheme"] != "bf16"), None)
-        return cls(**({"scheme": first} if first else {}), **controls, quality=quality, stored=stored, speed=speed,
-                   max_increase_pct=max_increase_pct)
+        controls = {"scheme": first, **controls} if first else controls
+        return cls(**controls, quality=quality, stored=stored, speed=speed, max_increase_pct=max_increase_pct)
 
     @property
     def figure(self) -> go.Figure:

@@ -22,8 +22,8 @@ from lablib.widgets import quantization as qw
 from lablib.widgets.figure import PLOTLY_MIME
 
 RECORDED = "recorded on NVIDIA H200, 2026-12-02"
-NOT_RECORDED = ("lab 06's speed and memory per scheme on the synthetic 8B is not recorded yet: a GPU session records it "
-                "with `scripts/record_reference.py --steps quantization` (then scripts/pack_reference.py)")
+NOT_RECORDED = ("lab 06's speed and memory per scheme on the synthetic 8B is not recorded yet: a GPU session records "
+                "it with `scripts/record_reference.py --steps quantization` (then scripts/pack_reference.py)")
 CPU = "measured on this machine's CPU (test CPU), torch 2.x, transformers 5.x, 1 thread(s)"
 
 
@@ -81,10 +81,12 @@ def test_memory_on_a_real_shape_is_weights_alones_arithmetic(scheme, model):
     m, fmt = view["memory"], qw.weight_format(scheme, model)
     row = next(r for r in qe.weights_alone((model,)) if r["format"] == fmt)
     cfg = architectures()[model]
-    assert m["weight_bytes"] == qe.predicted_bytes(cfg, fmt) and m["weight_bytes"] / 1e9 == pytest.approx(row["weights_GB"])
+    assert m["weight_bytes"] == qe.predicted_bytes(cfg, fmt)
+    assert m["weight_bytes"] / 1e9 == pytest.approx(row["weights_GB"])
     assert m["vs_bf16"] == row["vs_bf16"] and row["provenance"] in m["where"]
-    per_token = kv_bytes_per_token(cfg["num_hidden_layers"], cfg["num_key_value_heads"],
-                                   cfg["hidden_size"] // cfg["num_attention_heads"], 1 if scheme == "bf16-kv-fp8" else 2)
+    head_dim = cfg["hidden_size"] // cfg["num_attention_heads"]
+    per_token = kv_bytes_per_token(cfg["num_hidden_layers"], cfg["num_key_value_heads"], head_dim,
+                                   1 if scheme == "bf16-kv-fp8" else 2)
     assert m["kv_bytes_per_token"] == per_token and m["tokens_per_sequence"] == m["kv_tokens"] // 64
     if scheme != "bf16-kv-fp8":  # the same budget as weights_alone's fit: one 8k sequence fits iff it says so
         assert m["fits_context"] == row["fits_one_H200"]
@@ -94,7 +96,8 @@ def test_memory_on_a_real_shape_is_weights_alones_arithmetic(scheme, model):
 
 
 def test_the_70b_in_bf16_leaves_no_kv_and_fp8_kv_doubles_the_8bs_capacity():
-    assert qw.scheme_view("bf16", 1, "llama-3.1-70b")["memory"]["kv_tokens"] == 0
+    no_room = qw.scheme_view("bf16", 1, "llama-3.1-70b")
+    assert no_room["memory"]["kv_tokens"] == 0 and "leave no KV room on one H200" in no_room["text"]
     bf16, fp8_kv = (qw.scheme_view(s, 1, "llama-3.1-8b")["memory"] for s in ("bf16", "bf16-kv-fp8"))
     assert bf16["weight_bytes"] == fp8_kv["weight_bytes"] and fp8_kv["kv_tokens"] == pytest.approx(
         2 * bf16["kv_tokens"], abs=1)
@@ -127,7 +130,8 @@ def test_speed_at_the_batch_is_the_recorded_row_with_its_provenance():
     assert view["speed"]["decode_tok_s"] == 8783 and view["speed"]["vs_bf16"] == pytest.approx(8783 / 8786)
     assert view["speed"]["where"] == RECORDED and f"[{RECORDED}]" in view["text"]
     assert view["memory"]["vllm"] == {"weight_gib": 5.4, "kv_tokens": 790_000, "where": RECORDED}
-    assert "no speed run of w8a8-int8 at batch 64" in qw.scheme_view("w8a8-int8", 64, speed=speed)["speed"]["why"]
+    missing = qw.scheme_view("w8a8-int8", 64, speed=speed)["speed"]["why"]
+    assert missing == f"no speed run of w8a8-int8 at batch 64 (there: bf16, fp8, gptq-w4a16; {RECORDED})"
     bars = _bars(qw.scheme_figure(view).to_plotly_json(), "decode tok/s")
     assert list(bars["x"]) == ["bf16", "gptq-w4a16", "fp8"] and list(bars["y"]) == [8786, 8783, 11890]
     assert RECORDED in bars["hovertemplate"]
@@ -178,15 +182,28 @@ def test_a_missing_recording_draws_no_speed_and_the_caption_says_why():
     ({"max_increase_pct": -1.0}, "QuantizationExplorer.max_increase_pct=-1.0: allowed a number in [0, inf]; Fix: "),
 ])
 def test_bad_settings_are_refused_in_lablibs_message_shape(setting, message):
-    with pytest.raises(ValueError) as view_error:
-        qw.scheme_view(**setting)
-    assert str(view_error.value).startswith(message) and "; Fix: " in str(view_error.value)
-    with pytest.raises(ValueError) as panel_error:  # before any widget is built
-        qw.QuantizationExplorer(**setting)
-    assert str(panel_error.value) == str(view_error.value)
+    errors = []
+    for build in (qw.scheme_view, qw.QuantizationExplorer):  # the panel refuses before any widget is built
+        with pytest.raises(ValueError) as refused:
+            build(**setting)
+        errors.append(str(refused.value))
+    assert errors[0].startswith(message) and "; Fix: " in errors[0] and errors[1] == errors[0]
 
 
 def test_from_lab_reads_the_shipped_recording_or_says_it_is_not_recorded():
     e = qw.QuantizationExplorer.from_lab(_quality(), _stored())
     assert e.scheme.value == "fp8-dynamic"
     assert e.view["speed"]["decode_tok_s"] is not None or "not recorded yet" in e.caption.value
+
+
+def test_each_panel_says_where_its_numbers_come_from():
+    view = qw.scheme_view("gptq-w4a16", 8, "llama-3.1-8b", _quality(), _stored(), Shown(_speed(), False, RECORDED))
+    titles = [a["text"] for a in qw.scheme_figure(view).to_plotly_json()["layout"]["annotations"][:3]]
+    assert "[arithmetic, 90% of one H200]" in titles[0] and f"[{RECORDED}]" in titles[1]
+    assert "[live on this CPU, embedded model]" in titles[2]
+    empty = qw.scheme_figure(qw.scheme_view(model="embedded", speed=Shown(None, False, NOT_RECORDED)))
+    assert "[not recorded yet]" in empty.layout.annotations[1].text and "[live on this CPU]" in \
+        empty.layout.annotations[0].text
+    assert not [t for t in empty.data if t.name in ("weights (GB)", "decode tok/s")]  # nothing invented
+    e = qw.QuantizationExplorer.from_lab(_quality(), _stored(), Shown(None, False, NOT_RECORDED), scheme="bf16")
+    assert e.scheme.value == "bf16"  # a control passed to from_lab wins over the first quantized scheme
