@@ -140,23 +140,3 @@ def test_empty_rows_are_refused_with_the_call_that_makes_them():
     with pytest.raises(ValueError, match="quality_table"):
         qp.quality_figure(_quality()[:1], 1.0)
 
-
-def test_the_scheme_panel_answers_for_the_chosen_scheme_and_batch():
-    rows = _speed()
-    for r in rows:
-        r["of_roofline"], r["kv_tokens"] = 0.5, 100_000
-    panel = qp.SchemePanel(_quality(), _stored(), rows, "recorded on NVIDIA H200, 2026-12-02", 1.0)
-    assert panel.scheme.value == "fp8-dynamic"  # the first scheme after bf16
-    panel.scheme.value, panel.batch.value = "gptq-w4a16", 64
-    n = panel.numbers()
-    assert "8,783 decode tok/s at batch 64, x1.00 of bf16's" in n["speed"] and "recorded on NVIDIA H200" in n["speed"]
-    assert "+1.56% of bf16's (fails your 1% gate)" in n["quality"] and "4.25 bits" in n["memory"]
-    assert "<b>speed</b>" in panel.card.value
-    shown = panel.area.shown()
-    assert {t["name"] for t in shown["data"]} >= {"gptq-w4a16", "bf16", "your choice"}
-    panel.scheme.value = "fp8"  # a vLLM switch: no checkpoint, no CPU quality
-    assert panel.numbers()["quality"].startswith("not measured on this CPU")
-    empty = qp.SchemePanel(_quality(), _stored(), None, NOT_RECORDED, 1.0)
-    assert "no speed run" in empty.numbers()["speed"] and "not recorded yet" in empty.numbers()["speed"]
-    assert any("no speed runs to draw yet" in (a.text or "") for a in empty.figure().layout.annotations)
-    assert empty.display().children[1] is empty.card
