@@ -134,3 +134,28 @@ def test_the_sse_stub_needs_only_the_standard_library():
                    "transformers", "tqdm"}
     p = _imports_without("lablib.bench.sse_stub", third_party)
     assert p.returncode == 0, p.stderr[-1500:]
+
+
+def test_every_module_imports_first_in_a_fresh_interpreter():
+    """An import cycle only shows when its module is imported first (lablib.experiments.speculative_synthetic once
+    broke `lablab` that way while every test that had imported `speculative` before passed): each module is
+    imported with no lablib module loaded, in one subprocess (third-party packages stay cached between them)."""
+    import subprocess
+    import sys
+
+    names = sorted("lablib." + ".".join(p.relative_to(PKG).with_suffix("").parts).removesuffix(".__init__")
+                   for p in PKG.rglob("*.py") if p.name != "__main__.py")  # __main__ runs its command
+    script = (
+        "import importlib, sys\n"
+        "bad = []\n"
+        f"for name in {[n.removesuffix('.__init__') for n in names]!r}:\n"
+        "    for m in [m for m in sys.modules if m == 'lablib' or m.startswith('lablib.')]:\n"
+        "        del sys.modules[m]\n"
+        "    try:\n"
+        "        importlib.import_module(name)\n"
+        "    except Exception as e:\n"
+        "        bad.append(f'{name}: {type(e).__name__}: {e}')\n"
+        "print('\\n'.join(bad))\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip() == "", out.stdout

@@ -60,7 +60,6 @@ from .speculative_loops import (  # noqa: F401 - re-exported, as above
     load_pair,
     provenance,
 )
-from .speculative_synthetic import synthetic_study  # noqa: F401 - re-exported, as above
 from .speculative_sampling import (  # noqa: F401 - re-exported, as above
     VERIFY_RULES,
     apply_rule,
@@ -175,13 +174,20 @@ VLLM_NAMES = ("LAB", "STEP", "METHODS", "VLLM_METHODS", "NOT_IN_THIS_LAB", "REFU
               "record", "speedup_falls_with_batch")
 
 
+SYNTHETIC_NAMES = ("synthetic_study", "synthetic_speed_runs", "synthetic_config")  # speculative_synthetic's, likewise
+
+
 def __getattr__(name: str) -> Any:
     if name in VLLM_NAMES:
         from . import speculative_vllm
 
         return getattr(speculative_vllm, name)
+    if name in SYNTHETIC_NAMES:
+        from . import speculative_synthetic
+
+        return getattr(speculative_synthetic, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
-    return sorted([*globals(), *VLLM_NAMES])
+    return sorted([*globals(), *VLLM_NAMES, *SYNTHETIC_NAMES])
