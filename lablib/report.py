@@ -135,7 +135,8 @@ def _story(results: list[Result]) -> str:
                          f"done, so {idle:.0%} of {_e(static.step)}'s decode slots went to requests already finished.")
         out.append(text)
     hf = _best(rec, "hf-static")
-    same = [r for r in rec if hf and r.model.get("name") == hf.model.get("name")]  # one model: a fair ratio
+    same = [r for r in rec if hf and r.model.get("name") == hf.model.get("name")  # one model, one workload
+            and r.workload.get("name") == hf.workload.get("name")]
     vllm = _best([r for r in same if not r.config.get("quantization")], "vllm")  # bf16 vLLM, not the FP8 rung
     if hf and vllm:
         x, y = hf.summary["output_tok_s"], vllm.summary["output_tok_s"]
@@ -166,15 +167,16 @@ def _side_road_lines(results: list[Result]) -> list[str]:
         place = "recorded on the H200" if row["where"] == "recorded" else "live here"
         text = (f"<b>{_e(row['rung'])}</b> against <b>{_e(row['baseline'])}</b> ({place}, {_e(row['model'])}, "
                 f"{_e(row['workload'])}, {row['requests']} requests): {tok_s_text(row['tok_s'])} vs "
-                f"{tok_s_text(row['baseline_tok_s'])} output tok/s ({row['tok_s_ratio']:.2f}&times;)")
+                f"{tok_s_text(row['baseline_tok_s'])} output tok/s"
+                + (f" ({row['tok_s_ratio']:.2f}&times;)" if row["tok_s_ratio"] else ""))
         x = row["ttft_speedup"]
         if x:
             text += (f", TTFT p50 {_latency(row['ttft_p50_s'])} vs {_latency(row['baseline_ttft_p50_s'])} "
                      + (f"({x:.2f}&times; sooner)" if x >= 1 else f"({1 / x:.2f}&times; later)"))
         if row["tpot_speedup"]:
             text += f", TPOT p50 {_ms(row['tpot_p50_s'])} vs {_ms(row['baseline_tpot_p50_s'])} ms"
-        if row["mean_acceptance_length"]:
-            text += f"; {row['mean_acceptance_length']:.2f} tokens per verify step"
+        if row["tokens_per_forward"]:
+            text += f"; {row['tokens_per_forward']:.2f} tokens per target forward"
         text += "."
         if row["journey_gain"]:
             text += (f" The rest of the road, {place} on this model, gained {row['journey_gain']:.2f}&times; over "

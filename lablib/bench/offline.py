@@ -26,6 +26,7 @@ an interrupted run (Kernel → Interrupt) stores what finished before re-raising
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import time
 from typing import Any, Callable
@@ -141,6 +142,18 @@ def _in_waves(engine: Engine, requests: list[PreparedRequest], size: int, collec
     run's clock) is added to every time; `arrival` stays 0 (every request was there at t=0, waiting for its
     wave). The engine's `facts["last_run"]` ends as the waves' sum (`merge_last_run`)."""
     records, parts = [], []
+    try:
+        _waves(engine, requests, size, collect, t0, records, parts)
+    finally:  # an interrupted run keeps the counters of the waves that finished, as it keeps their records
+        if parts:
+            engine.facts["last_run"] = merge_last_run(parts)
+        else:
+            engine.facts.pop("last_run", None)  # the warm-up's would pass for the run's
+    return records
+
+
+def _waves(engine: Engine, requests: list[PreparedRequest], size: int, collect: Callable[[RequestRecord], None],
+           t0: float, records: list[RequestRecord], parts: list[dict[str, Any]]) -> None:
     for i in range(0, len(requests), size):
         offset = time.perf_counter() - t0
 
@@ -150,38 +163,38 @@ def _in_waves(engine: Engine, requests: list[PreparedRequest], size: int, collec
 
             return dataclasses.replace(rec, start=move(rec.start), first_token=move(rec.first_token),
                                        last_token=move(rec.last_token), finished=move(rec.finished),
-                                       token_times=[t + offset for t in rec.token_times])
+                                       token_times=None if rec.token_times is None else
+                                       [t + offset for t in rec.token_times])
 
+        engine.facts.pop("last_run", None)  # this wave's, when the call ends; none if it does not
         got = engine.generate(requests[i:i + size], on_record=lambda rec, s=shifted: collect(s(rec)), progress=False)
         records += [shifted(rec) for rec in got]
         if "last_run" in engine.facts:
             parts.append(engine.facts["last_run"])
-    if parts:
-        engine.facts["last_run"] = merge_last_run(parts)
-    return records
 
 
 def merge_last_run(parts: list[dict[str, Any]]) -> dict[str, Any]:
     """Several engine calls' `last_run` facts as one run's: counters (`metrics_delta`, wall time, a speculative
-    engine's tokens and verify steps) summed, lists of counters summed element by element, gauges (`metrics`:
-    the state after the call) the last call's; the mean acceptance length recomputed from the sums."""
+    engine's tokens and target forwards) summed, lists of counters summed element by element, gauges (`metrics`:
+    the state after the call) the last call's; tokens per target forward recomputed from the sums."""
     def add(a: Any, b: Any) -> Any:
         if isinstance(a, dict) and isinstance(b, dict):
             return {k: add(a[k], b[k]) if k in a and k in b else b.get(k, a.get(k)) for k in {**a, **b}}
-        if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool):
+        if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool) \
+                and not isinstance(b, bool):
             return a + b
         if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
             return [add(x, y) for x, y in zip(a, b)]
         return b
 
-    out = dict(parts[0])
+    out = copy.deepcopy(parts[0])  # the engine's own dicts stay as they were
     for part in parts[1:]:
         for key, value in part.items():
             out[key] = value if key == "metrics" or key not in out else add(out[key], value)
-    spec = out.get("speculative")
+    spec, last = out.get("speculative"), next((p["speculative"] for p in reversed(parts) if "speculative" in p), {})
     if isinstance(spec, dict):
-        spec.update(k=parts[-1]["speculative"]["k"], method=parts[-1]["speculative"]["method"],
-                    mean_acceptance_length=spec["tokens"] / spec["verify_steps"] if spec.get("verify_steps") else None)
+        spec.update(k=last.get("k"), method=last.get("method"),
+                    tokens_per_forward=spec["tokens"] / spec["target_forwards"] if spec.get("target_forwards") else None)
     out["calls"] = len(parts)
     return out
 

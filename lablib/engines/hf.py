@@ -32,7 +32,9 @@ class _StepClock:
 
     A plain step puts one token per sequence (shape [batch]); an assisted (speculative) step puts the tokens
     the target accepted plus its own next one (shape [1, n]): each gets the step's time, and `steps` counts
-    the verify steps, so tokens / steps is the mean acceptance length."""
+    the target's forwards, so tokens / steps is tokens per target forward. That is vLLM's mean acceptance
+    length only where every step drafted: prompt lookup finds nothing to propose on some steps, which then
+    count as plain ones (vLLM counts drafted steps only)."""
 
     def __init__(self, t0: float):
         self.t0, self.times, self.steps, self._prompt_seen = t0, [], 0, False
@@ -147,8 +149,8 @@ class HFEngine:
         if self.config.speculative:  # this call's own counts (a warm-up call is not the run)
             tokens = sum(r.output_tokens for r in records)
             self.facts["last_run"] = {"speculative": {
-                "method": self.config.speculative, "k": self.config.num_speculative_tokens, "verify_steps": self._steps,
-                "tokens": tokens, "mean_acceptance_length": tokens / self._steps if self._steps else None}}
+                "method": self.config.speculative, "k": self.config.num_speculative_tokens, "target_forwards": self._steps,
+                "tokens": tokens, "tokens_per_forward": tokens / self._steps if self._steps else None}}
         return records
 
     def _run_batch(self, batch: list[PreparedRequest], t0: float, torch: Any) -> list[RequestRecord]:

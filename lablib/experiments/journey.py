@@ -46,7 +46,7 @@ class Step:
     why: str = ""  # one line: what this step changes
     recorded: tuple[str, ...] = ()  # runs of this rung recorded on the H200 (step names in data/reference/)
     record_step: str = ""  # scripts/record_reference.py's step that records them ("": the rung's own name)
-    lab: str = "01"  # the lab that adds this rung ("01".."09")
+    lab: str = "01"  # the lab that adds this rung (one of LABS)
     workload: str = ""  # the rung's own workload ("": the journey's)
     baseline: str = ""  # the rung this one is measured against, on the same workload ("": the road before it)
     models: tuple[str, ...] = ()  # the only models it runs on (): any; e.g. the EAGLE head fits the embedded target
@@ -81,10 +81,10 @@ def hf_steps(batch_sizes: list[int]) -> list[Step]:
             steps.append(Step(f"hf-static-b{b}", lambda m, b=b: HFEngine(m, HFConfig("static", b,
                                                                                      attn_implementation=eager)),
                               why=f"left-padded batches of {b}; each batch waits for its longest member"))
-    last, b = steps[-1], max(batch_sizes)
-    mode = ("static", b) if b > 1 else ("naive", 1)
-    steps.append(Step(f"{last.name}-sdpa", lambda m: HFEngine(m, HFConfig(*mode, attn_implementation="sdpa")),
-                      lab="02", baseline=last.name, recorded=HF_RECORDED,
+    b = max(batch_sizes)
+    mode, largest = (("static", b), f"hf-static-b{b}") if b > 1 else (("naive", 1), "hf-naive")
+    steps.append(Step(f"{largest}-sdpa", lambda m: HFEngine(m, HFConfig(*mode, attn_implementation="sdpa")),
+                      lab="02", baseline=largest, recorded=HF_RECORDED,
                       why="the same batches with PyTorch's fused attention (sdpa) instead of eager's N x N scores"))
     return steps
 
@@ -140,14 +140,27 @@ def ladder(batch_sizes: list[int]) -> list[Step]:
         *speculative_hf_steps(),
         Step("vllm-b1", lambda m: VLLMEngine(m, VLLMConfig(max_num_seqs=1)), needs=gpu, lab="08",
              recorded=SPEC_RECORDED[1][:1], record_step="speculative",
-             why="vLLM one request at a time (max_num_seqs=1): the baseline of the next rung"),
+             why="vLLM one request at a time (live: max_num_seqs=1 at vLLM's defaults; its recording is lab 08's "
+                 "baseline, V1 runner and async off, waves of one request): the baseline of the next rung"),
         eagle(1), eagle(None)]
 
 
-def available(step: Step, model: str | None = None) -> tuple[bool, str]:
+def _is_one_of(model: Any, names: tuple[str, ...]) -> bool:
+    """Whether `model` (a name, an alias or a ModelSpec) is the checkpoint one of `names` resolves to."""
+    from ..models import resolve_model
+
+    try:
+        path = getattr(model, "path", None) or resolve_model(model).path
+        return any(str(resolve_model(n).path) == str(path) for n in names)
+    except ValueError:
+        return False
+
+
+def available(step: Step, model: Any = None) -> tuple[bool, str]:
     """Whether this machine runs `step` for `model` (None: any model), and if not, why (and what shows instead)."""
-    if step.models and model is not None and model not in step.models:
-        return False, f"it runs on {', '.join(step.models)} only, not {model!r}"
+    if step.models and model is not None and not _is_one_of(model, step.models):
+        name = getattr(model, "name", model)
+        return False, f"it runs on {', '.join(step.models)} only, not {name!r}"
     if step.needs == "cpu":
         return True, ""
     from ..session import mode
@@ -189,8 +202,9 @@ def run_journey(model: str = "embedded", workload: str = "journey", requests: in
     results, skipped = [], []
     for step in ladder(list(batch_sizes)):
         if through is not None and step.lab > through:
+            skipped.append({"step": step.name, "why": f"lab {step.lab}'s rung (this run goes through lab {through})"})
             continue
-        ok, why = available(step, model if isinstance(model, str) else None)
+        ok, why = available(step, model)
         if not ok:
             skipped.append({"step": step.name, "why": why})
             log(f"skip {step.name}: {why}")
@@ -228,16 +242,25 @@ def road(results: list[Result], batch_sizes: list[int] = (1, 4, 16)) -> list[Res
     return out + [r for r in results if r.step not in on_ladder]
 
 
-def side_roads(results: list[Result], batch_sizes: list[int] = (1, 4, 16)) -> list[dict[str, Any]]:
+def batch_sizes_of(results: list[Result]) -> list[int]:
+    """The --batch-sizes a journey's live HF rungs ran with (lab 01's rungs name them), (1, 4, 16) if none."""
+    from .batching import LAB01_RUNG
+
+    sizes = {int(r.config.get("batch_size") or 1) for r in results if r.provenance == "live"
+             and LAB01_RUNG.fullmatch(r.step)}
+    return sorted(sizes) or [1, 4, 16]
+
+
+def side_roads(results: list[Result], batch_sizes: list[int] | None = None) -> list[dict[str, Any]]:
     """Each rung that is measured against a baseline of its own (`Step.baseline`, or a recording's
     `RECORDED_BASELINE`) and ran beside it in `results`: what it bought on those requests.
 
     A row: the rung and its baseline, the workload, where measured, output tok/s of both and their ratio, TTFT p50
-    and TPOT p50 of both (seconds) and the baseline's over the rung's (above 1: faster), and the speculative
-    counters where the rung has them. `journey_gain` is the road's own (the best journey rung over naive
+    and TPOT p50 of both (seconds) and the baseline's over the rung's (above 1: faster), and tokens per target forward
+    where the rung speculates. `journey_gain` is the road's own (the best journey rung over naive
     generate, same model, same place), so a reader sees the side road's factor beside the whole road's."""
     by_step = {r.step: r for r in results}
-    steps = ladder(list(batch_sizes))
+    steps = ladder(list(batch_sizes or batch_sizes_of(results)))
     lab_of = {name: s.lab for s in steps for name in (s.name, *s.recorded)}
     pairs = [(s.name, s.baseline) for s in steps if s.baseline] + list(RECORDED_BASELINE.items())
     rows = []
@@ -260,7 +283,7 @@ def side_roads(results: list[Result], batch_sizes: list[int] = (1, 4, 16)) -> li
                      "ttft_speedup": ratio(bs["ttft_s"]["p50"], rs["ttft_s"]["p50"]),
                      "tpot_p50_s": rs["tpot_s"]["p50"], "baseline_tpot_p50_s": bs["tpot_s"]["p50"],
                      "tpot_speedup": ratio(bs["tpot_s"]["p50"], rs["tpot_s"]["p50"]),
-                     "mean_acceptance_length": spec.get("mean_acceptance_length") if spec else None,
+                     "tokens_per_forward": spec.get("tokens_per_forward") if spec else None,
                      "journey_gain": journey_gain(results, r)})
     return rows
 
@@ -268,12 +291,11 @@ def side_roads(results: list[Result], batch_sizes: list[int] = (1, 4, 16)) -> li
 def journey_gain(results: list[Result], like: Result) -> float | None:
     """The rest of the road's gain where `like` was measured: the best journey-workload rung other than `like`
     over naive generate, among the runs of `like`'s model and provenance (a recorded 8B's vLLM over the CPU's
-    naive run is no gain)."""
+    naive run is no gain); None where that place has no naive generate run."""
     same = [r for r in results if r.provenance == like.provenance and r.model.get("name") == like.model.get("name")
             and r.workload.get("name") == "journey" and r is not like]
-    naive = next((r for r in same if r.step == "hf-naive"), None) or next(
-        (r for r in same if r.engine == "hf-static"), None)
-    if naive is None:
+    naive = next((r for r in same if r.step == "hf-naive"), None)
+    if naive is None or not same:  # no naive generate here (the H200's recordings start at static batching)
         return None
     best = max(same, key=lambda r: r.summary["output_tok_s"])
     return best.summary["output_tok_s"] / naive.summary["output_tok_s"]

@@ -201,7 +201,7 @@ def harness_runs(n_prompts: int = 16, max_new_tokens: int = 32, k: int = 4, *, s
     each an `HFEngine` run by `bench.run` on the same journey prompts (one warm-up request, exact lengths): what
     the journey's lab 08 rungs measure, with the latencies every other lab reports.
 
-    Returns {"rows": one per engine (tok/s, speedup over naive, TTFT and TPOT p50, tokens per verify step,
+    Returns {"rows": one per engine (tok/s, speedup over naive, TTFT and TPOT p50, tokens per target forward,
     identical to naive's greedy tokens), "k", "provenance", "results"}. `threads` pins torch's threads (1: steady
     on a shared CPU)."""
     owner = "harness_runs"
@@ -230,7 +230,7 @@ def harness_runs(n_prompts: int = 16, max_new_tokens: int = 32, k: int = 4, *, s
         rows.append({"engine": name, "speculative": how or "off", "output_tok_s": s["output_tok_s"],
                      "speedup": s["output_tok_s"] / naive.summary["output_tok_s"],
                      "ttft_p50_ms": s["ttft_s"]["p50"] * 1e3, "tpot_p50_ms": s["tpot_s"]["p50"] * 1e3,
-                     "tokens_per_verify_step": spec.get("mean_acceptance_length"),
+                     "tokens_per_target_forward": spec.get("tokens_per_forward"),
                      "identical_to_naive": [q.output_ids for q in r.requests] ==
                                            [q.output_ids for q in naive.requests]})
     return {"rows": rows, "k": k, "provenance": provenance(threads), "results": results}
@@ -241,7 +241,7 @@ def harness_lines(runs: dict[str, Any]) -> str:
     out = [f"{runs['provenance']}; k = {runs['k']}:"]
     for r in runs["rows"][1:]:
         out.append(f"  {r['engine']}: {r['output_tok_s']:,.0f} output tok/s, {r['speedup']:.2f}x naive generate "
-                   f"({runs['rows'][0]['output_tok_s']:,.0f}); {r['tokens_per_verify_step']:.2f} tokens per verify "
-                   f"step; TPOT p50 {r['tpot_p50_ms']:.2f} ms against {runs['rows'][0]['tpot_p50_ms']:.2f}; "
+                   f"({runs['rows'][0]['output_tok_s']:,.0f}); {r['tokens_per_target_forward']:.2f} tokens per target "
+                   f"forward; TPOT p50 {r['tpot_p50_ms']:.2f} ms against {runs['rows'][0]['tpot_p50_ms']:.2f}; "
                    f"tokens {'identical to' if r['identical_to_naive'] else 'NOT identical to'} naive's")
     return "\n".join(out)

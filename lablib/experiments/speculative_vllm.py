@@ -299,11 +299,15 @@ def vllm_spec_runs(methods: Sequence[str] = METHODS, ks: Sequence[int] = (2, 4),
     """The draft model, n-gram and the EAGLE head on vLLM against a baseline on the same engine settings, per batch.
 
     One engine per setting (`settings`), started in its own worker with max_num_seqs = the largest batch, runs
-    every batch size b as waves of b requests (`BenchConfig.max_concurrency`: b in flight, all arriving at t=0;
-    with every request's length fixed a wave ends together, as max_num_seqs=b's refills would), then closes
+    every batch size b as waves of b requests (`BenchConfig.max_concurrency`: b in flight, all arriving at t=0),
+    then closes
     before the next: an engine start costs about a minute on the H200, so 4 batch sizes cost no extra starts.
     The price: each wave is one call into the worker, whose round trip (milliseconds) lands between waves, in
-    every setting alike; it lowers batch 1's tok/s a little and pulls its speedups slightly towards 1.
+    every setting alike; it lowers batch 1's tok/s a little and pulls its speedups slightly towards 1. And a
+    wave waits for its slowest request where max_num_seqs=b would refill the freed slot: with every request's
+    length fixed a baseline's wave ends together, but under speculation requests accept different numbers of
+    tokens per step and finish apart, so at batches between 1 and n_prompts the speculative rows read somewhat
+    low (at b=1 and b=n_prompts, one request per wave or one wave, nothing is lost).
     The settings: the pinned baseline (V1 runner, async scheduling off: what vLLM falls back to
     for draft_model and ngram), vLLM's default baseline (V2 runner, async on: what the switch alone costs),
     and each method x k, pinned. Every run decodes the first n_prompts journey prompts greedily to exactly
@@ -317,6 +321,10 @@ def vllm_spec_runs(methods: Sequence[str] = METHODS, ks: Sequence[int] = (2, 4),
     owner = "vllm_spec_runs"
     batches = validate.integers(owner, "batches", batches, "batch sizes (requests in flight), e.g. (1, 4, 16, 64).")
     validate.integer(owner, "n_prompts", n_prompts, "journey prompts per run, e.g. 64.", 1, 64)
+    if max(batches) > n_prompts:
+        raise validate.refuse(owner, "batches", list(batches), f"batch sizes <= n_prompts={n_prompts} (a batch of "
+                              f"{max(batches)} from {n_prompts} requests is one wave of {n_prompts})",
+                              f"n_prompts={min(64, max(batches))}, or smaller batches.")
     validate.integer(owner, "max_new_tokens", max_new_tokens, "new tokens per request, e.g. 64.")
     runs = list(runs) if runs is not None else settings(methods, ks, prompt_lookup, defaults_baseline)  # refusals first
     from ..bench.offline import run

@@ -209,11 +209,39 @@ def test_waves_keep_every_request_on_the_runs_clock_and_sum_the_engines_counters
     last = r.engine_facts["last_run"]
     assert last["metrics_delta"] == {"vllm:x": 5, "per_pos": [3, 6]} and last["metrics"] == {"gauge": 3}
     assert last["calls"] == 3 and last["wall_s"] == pytest.approx(0.3)
-    spec = merge_last_run([{"speculative": {"method": "draft", "k": 4, "tokens": 10, "verify_steps": 5,
-                                            "mean_acceptance_length": 2.0}},
-                           {"speculative": {"method": "draft", "k": 4, "tokens": 2, "verify_steps": 2,
-                                            "mean_acceptance_length": 1.0}}])["speculative"]
-    assert spec == {"method": "draft", "k": 4, "tokens": 12, "verify_steps": 7, "mean_acceptance_length": 12 / 7}
+    spec = merge_last_run([{"speculative": {"method": "draft", "k": 4, "tokens": 10, "target_forwards": 5,
+                                            "tokens_per_forward": 2.0}},
+                           {"speculative": {"method": "draft", "k": 4, "tokens": 2, "target_forwards": 2,
+                                            "tokens_per_forward": 1.0}}])["speculative"]
+    assert spec == {"method": "draft", "k": 4, "tokens": 12, "target_forwards": 7, "tokens_per_forward": 12 / 7}
     with pytest.raises(ValueError, match=r"BenchConfig\.max_concurrency=0: allowed .*; Fix:"):
         BenchConfig(max_concurrency=0)
     assert dc.replace(BenchConfig(), max_concurrency=None).max_concurrency is None
+
+
+def test_an_interrupted_wave_run_keeps_the_counters_of_the_waves_that_finished():
+    from lablib.bench.offline import _in_waves
+    from lablib.engines import PreparedRequest
+    from lablib.results import RequestRecord
+
+    class Stops:
+        facts = {"last_run": {"metrics_delta": {"n": 99}}}  # the warm-up's, which must not pass for the run's
+        calls = 0
+
+        def generate(self, reqs, on_record=None, progress=True):
+            self.calls += 1
+            if self.calls == 3:
+                raise KeyboardInterrupt
+            recs = [RequestRecord(r.request_id, 1, 1, arrival=0.0, start=0.0, first_token=0.01, last_token=0.01,
+                                  finished=0.01, token_times=None) for r in reqs]  # an engine without per-token times
+            for rec in recs:
+                on_record(rec)
+            self.facts["last_run"] = {"metrics_delta": {"n": len(reqs)}}
+            return recs
+
+    eng, seen = Stops(), []
+    reqs = [PreparedRequest(f"r{i}", [1, 2], 1) for i in range(6)]
+    with pytest.raises(KeyboardInterrupt):
+        _in_waves(eng, reqs, 2, seen.append, 0.0)
+    assert len(seen) == 4 and all(r.token_times is None for r in seen)
+    assert eng.facts["last_run"]["metrics_delta"] == {"n": 4} and eng.facts["last_run"]["calls"] == 2

@@ -126,7 +126,7 @@ def test_cuda_without_a_gpu_is_refused():
 # --- later labs' HF rungs: another attention kernel (lab 02), transformers' speculative decoding (lab 08) -------
 
 @pytest.mark.parametrize("how", ["ngram", "draft"])
-def test_speculative_decoding_keeps_the_greedy_tokens_and_counts_its_verify_steps(naive, requests, naive_records, how):
+def test_speculative_decoding_keeps_the_greedy_tokens_and_counts_its_target_forwards(naive, requests, naive_records, how):
     """Assisted generation verifies greedily: the tokens are naive generate's, token for token. Each verify step
     emits 1..k+1 tokens, one time stamp per token (a step's tokens share its stamp), and the counters say so."""
     e = HFEngine(naive.spec, HFConfig(speculative=how, num_speculative_tokens=3, device="cpu"))
@@ -138,11 +138,11 @@ def test_speculative_decoding_keeps_the_greedy_tokens_and_counts_its_verify_step
     check_records(requests, recs, together=True)
     assert [r.output_ids for r in recs] == [r.output_ids for r in naive_records]
     assert spec["method"] == how and spec["k"] == 3 and spec["tokens"] == N * NEW
-    assert N <= spec["verify_steps"] <= N * NEW  # at least one step a request, at most one a token
-    assert 1 <= spec["mean_acceptance_length"] <= 3 + 1
-    assert spec["mean_acceptance_length"] == spec["tokens"] / spec["verify_steps"]
-    stamps = [len(set(r.token_times)) for r in recs]  # distinct stamps = the request's verify steps
-    assert sum(stamps) <= spec["verify_steps"] and all(s <= NEW for s in stamps)
+    assert N <= spec["target_forwards"] <= N * NEW  # at least one step a request, at most one a token
+    assert 1 <= spec["tokens_per_forward"] <= 3 + 1
+    assert spec["tokens_per_forward"] == spec["tokens"] / spec["target_forwards"]
+    stamps = [len(set(r.token_times)) for r in recs]  # distinct stamps = the request's target forwards
+    assert sum(stamps) <= spec["target_forwards"] and all(s <= NEW for s in stamps)
     if how == "draft":
         assert e.facts["draft"]["model"] == "embedded-draft" and 0 < e.facts["draft"]["parameters"]
 
@@ -153,7 +153,7 @@ def test_the_draft_accepts_more_than_chance(naive, requests):
     e = HFEngine(naive.spec, HFConfig(speculative="draft", num_speculative_tokens=4, device="cpu"))
     try:
         e.generate(requests, progress=False)
-        assert e.facts["last_run"]["speculative"]["mean_acceptance_length"] > 1.3
+        assert e.facts["last_run"]["speculative"]["tokens_per_forward"] > 1.3
     finally:
         e.close()
 

@@ -55,8 +55,10 @@ def test_through_keeps_a_labs_own_rungs(monkeypatch):
                         run_of(kw["step"], "hf-naive", 1.0, workload=wl.name))
     monkeypatch.setattr(jx, "ladder", lambda sizes: [
         jx.Step("a", Stub), jx.Step("b", Stub, lab="02"), jx.Step("c", Stub, lab="07", workload=jx.PREFIX_WORKLOAD)])
-    jx.run_journey(requests=2, batch_sizes=[1], through="01", log=lambda _: None)
+    _, skipped = jx.run_journey(requests=2, batch_sizes=[1], through="01", log=lambda _: None)
     assert made == [("a", "journey")]
+    assert [(s["step"], s["why"]) for s in skipped] == [("b", "lab 02's rung (this run goes through lab 01)"),
+                                                       ("c", "lab 07's rung (this run goes through lab 01)")]
     made.clear()
     jx.run_journey(requests=2, batch_sizes=[1], log=lambda _: None)
     assert made == [("a", "journey"), ("b", "journey"), ("c", jx.PREFIX_WORKLOAD)]  # a rung's own workload
@@ -65,7 +67,7 @@ def test_through_keeps_a_labs_own_rungs(monkeypatch):
 
 
 def test_side_roads_read_each_rung_against_its_baseline_beside_the_roads_gain():
-    spec = {"last_run": {"speculative": {"mean_acceptance_length": 2.5}}}
+    spec = {"last_run": {"speculative": {"tokens_per_forward": 2.5}}}
     results = [run_of("hf-naive", "hf-naive", 2.0), run_of("hf-static-b4", "hf-static", 0.5),
                run_of("hf-naive-ngram-k4", "hf-naive", 1.0, facts=spec),
                run_of("vllm-prefix-off", "vllm", 1.0, ttft=0.4, workload=jx.PREFIX_WORKLOAD, model="x"),
@@ -74,7 +76,7 @@ def test_side_roads_read_each_rung_against_its_baseline_beside_the_roads_gain():
     assert set(rows) == {"hf-naive-ngram-k4", "vllm-prefix-on"}  # the draft rung and the rest did not run here
     ngram = rows["hf-naive-ngram-k4"]
     assert (ngram["baseline"], ngram["lab"], ngram["tok_s_ratio"]) == ("hf-naive", "08", pytest.approx(2.0))
-    assert ngram["mean_acceptance_length"] == 2.5
+    assert ngram["tokens_per_forward"] == 2.5
     assert ngram["journey_gain"] == pytest.approx(4.0)  # hf-static-b4 over hf-naive: the best other journey rung
     fast = [*results[:2], run_of("hf-naive-ngram-k4", "hf-naive", 0.1)]  # the rung itself fastest: not its own gain
     assert jx.side_roads(fast, [1, 4])[0]["journey_gain"] == pytest.approx(4.0)
@@ -112,3 +114,27 @@ def test_the_rungs_recorded_names_are_the_ones_labs_07_and_08_record():
     assert jx.PREFIX_RECORDED == {c: f"prefix-{'on' if c else 'off'}-{jx.PREFIX_WORKLOAD}-{pw.BIG}" for c in (0, 1)}
     base, eagle = sv.settings(("eagle",), (jx.SPEC_K,), defaults_baseline=False)
     assert jx.SPEC_RECORDED == {b: (base.step(b), eagle.step(b)) for b in (1, 64)}
+
+
+def test_the_sdpa_rung_is_measured_against_the_largest_batch_whatever_the_order():
+    steps = {s.name: s for s in jx.hf_steps([16, 4, 1])}
+    assert steps["hf-static-b16-sdpa"].baseline == "hf-static-b16" and "hf-static-b4-sdpa" not in steps
+    assert jx.hf_steps([1])[-1].name == "hf-naive-sdpa" and jx.hf_steps([1])[-1].baseline == "hf-naive"
+
+
+def test_side_roads_read_the_batch_sizes_the_results_ran_with():
+    """`lablab --batch-sizes 1,32`: the report pairs hf-static-b32-sdpa with hf-static-b32 without being told."""
+    results = [run_of("hf-naive", "hf-naive", 2.0), run_of("hf-static-b32", "hf-static", 1.0),
+               run_of("hf-static-b32-sdpa", "hf-static", 0.5)]
+    results[1].config["batch_size"] = results[2].config["batch_size"] = 32
+    assert jx.batch_sizes_of(results) == [1, 32]
+    (row,) = jx.side_roads(results)
+    assert (row["rung"], row["baseline"], row["tok_s_ratio"]) == ("hf-static-b32-sdpa", "hf-static-b32", 2.0)
+
+
+def test_a_rung_for_one_model_knows_it_by_any_name():
+    from lablib.models import resolve_model
+
+    draft = next(s for s in jx.ladder([1]) if s.name == "hf-naive-draft-k4")
+    assert jx.available(draft, "embedded-target")[0] and jx.available(draft, resolve_model("embedded"))[0]
+    assert not jx.available(draft, resolve_model("embedded-draft"))[0]

@@ -504,7 +504,7 @@ def test_the_harness_runs_the_pair_as_engines_and_keeps_the_tokens():
     rows = runs["rows"]
     assert [r["speculative"] for r in rows] == ["off", "draft", "ngram"] and rows[0]["speedup"] == 1.0
     assert all(r["identical_to_naive"] for r in rows)
-    assert rows[0]["tokens_per_verify_step"] is None and all(1 <= r["tokens_per_verify_step"] <= 4 for r in rows[1:])
+    assert rows[0]["tokens_per_target_forward"] is None and all(1 <= r["tokens_per_target_forward"] <= 4 for r in rows[1:])
     assert [r.step for r in runs["results"]] == ["hf-naive-sdpa", "hf-naive-draft-k3", "hf-naive-ngram-k3"]
     assert all(r.summary["output_tokens"] == 16 for r in runs["results"])
     text = spec.harness_lines(runs)
@@ -514,3 +514,8 @@ def test_the_harness_runs_the_pair_as_engines_and_keeps_the_tokens():
 def test_the_harness_refuses_a_bad_k_before_any_model_loads():
     with pytest.raises(ValueError, match=r"harness_runs\.k=0: allowed integers 1\.\.16; Fix:"):
         spec.harness_runs(k=0)
+
+
+def test_a_batch_larger_than_the_prompts_is_refused():
+    with pytest.raises(ValueError, match=r"vllm_spec_runs\.batches=\[1, 64\]: allowed batch sizes <= n_prompts=16"):
+        spec.vllm_spec_runs(("ngram",), (2,), (1, 64), n_prompts=16)
