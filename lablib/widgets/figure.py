@@ -74,3 +74,46 @@ class FigureArea:
         """The plotly JSON the area shows now ({"data": [...], "layout": {...}}), as the browser receives it."""
         outputs = self.output.outputs
         return outputs[-1]["data"][PLOTLY_MIME] if outputs else {}
+
+
+class Explorer:
+    """A panel of controls over one plain-data view, drawn into a FigureArea with a text card and captions.
+
+    A subclass sets `self.text`, `self.caption` (HTML widgets), `self.area` (a FigureArea) and `self.widget` (the
+    whole panel), observes each control with `value_changed`, and gives `settings()` (the controls' values),
+    `compute(settings)` (the view: a dict with "text" and "captions") and `draw(view)` (its figure). Everything
+    shown is in the view, so a test reads the view without a browser."""
+
+    view: dict[str, Any]
+
+    def settings(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def compute(self, settings: dict[str, Any]) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def draw(self, view: dict[str, Any]) -> go.Figure:
+        raise NotImplementedError
+
+    def value_changed(self, change: dict) -> None:
+        self.refresh()
+
+    def refresh(self) -> dict[str, Any]:
+        """Recompute from the controls and redraw the text, the figure and the captions."""
+        self.view = self.compute(self.settings())
+        self.show(self.view)
+        return self.view
+
+    def show(self, view: dict[str, Any]) -> None:
+        self.text.value = view["text"]
+        self.caption.value = "".join(f"<p style='margin:2px 0;color:#555'>{line}</p>" for line in view["captions"])
+        self.area.show(self.draw(view))
+
+    def display(self) -> widgets.VBox:
+        """The explorer; as the last line of a cell it shows itself."""
+        return self.widget
+
+    def _ipython_display_(self) -> None:
+        from IPython.display import display
+
+        display(self.widget)

@@ -48,7 +48,7 @@ from ..models.quantize import default_group_size
 from ..plots.quantization import CPU_WHERE, scheme_colour
 from ..plots.style import finish, rows_provenance
 from ..session import Shown
-from .figure import FigureArea
+from .figure import Explorer, FigureArea
 
 OWNER = "QuantizationExplorer"
 SCHEMES = ("bf16", *QUANTIZED, *(s for s in SPEED_SCHEMES if s != "bf16" and s not in QUANTIZED))
@@ -244,7 +244,7 @@ def scheme_figure(view: dict[str, Any]) -> go.Figure:
     return fig
 
 
-class QuantizationExplorer:
+class QuantizationExplorer(Explorer):
     """A scheme, a batch size and a model shape in; memory, speed and quality out, each labelled with its source."""
 
     def __init__(self, scheme: str = "gptq-w4a16", batch: int | None = None, model: str = SPEED_MODEL,
@@ -287,26 +287,9 @@ class QuantizationExplorer:
         """The controls' values, as `scheme_view` takes them."""
         return {"scheme": self.scheme.value, "batch": self.batch.value, "model": self.model.value}
 
-    def value_changed(self, change: dict) -> None:
-        self.refresh()
+    def compute(self, settings: dict[str, Any]) -> dict[str, Any]:
+        return scheme_view(**settings, quality=self.quality, stored=self.stored, speed=self.speed,
+                           max_increase_pct=self.max_increase_pct)
 
-    def refresh(self) -> dict[str, Any]:
-        """Recompute from the controls (`scheme_view`) and redraw the text, the figure and the captions."""
-        self.view = scheme_view(**self.settings(), quality=self.quality, stored=self.stored, speed=self.speed,
-                                max_increase_pct=self.max_increase_pct)
-        self.show(self.view)
-        return self.view
-
-    def show(self, view: dict[str, Any]) -> None:
-        self.text.value = view["text"]
-        self.caption.value = "".join(f"<p style='margin:2px 0;color:#555'>{line}</p>" for line in view["captions"])
-        self.area.show(scheme_figure(view))
-
-    def display(self) -> widgets.VBox:
-        """The explorer; as the last line of a cell it shows itself."""
-        return self.widget
-
-    def _ipython_display_(self) -> None:
-        from IPython.display import display
-
-        display(self.widget)
+    def draw(self, view: dict[str, Any]) -> go.Figure:
+        return scheme_figure(view)

@@ -34,7 +34,7 @@ from ..models.architecture import architectures
 from ..plots.speculative import SPEEDUP_AXIS, colour_of
 from ..plots.style import finish, rows_provenance
 from ..session import Shown
-from .figure import FigureArea
+from .figure import Explorer, FigureArea
 
 OWNER = "SpeedupExplorer"
 K_MAX, ALPHA_MAX, COST_MAX, BATCH_MAX = 16, 0.99, 1.5, 256  # the controls' ranges
@@ -231,7 +231,7 @@ def _cpu_traces(fig: go.Figure, cpu: list[dict[str, Any]]) -> None:
                                       "<extra></extra>")
 
 
-class SpeedupExplorer:
+class SpeedupExplorer(Explorer):
     """Alpha, k, the draft's cost c, the batch and a GPU in; predicted speedup and tokens per step out, drawn."""
 
     def __init__(self, alpha: float = 0.8, k: int = 4, draft_cost: float = 0.125, batch: int = 1, gpu: str = "H200",
@@ -286,25 +286,8 @@ class SpeedupExplorer:
         return {"alpha": self.alpha.value, "k": self.k.value, "draft_cost": self.draft_cost.value,
                 "batch": self.batch.value, "gpu": self.gpu.value, "target": self.target.value}
 
-    def value_changed(self, change: dict) -> None:
-        self.refresh()
+    def compute(self, settings: dict[str, Any]) -> dict[str, Any]:
+        return speedup_view(**settings, study=self.study, runs=self.runs)
 
-    def refresh(self) -> dict[str, Any]:
-        """Recompute from the controls (`speedup_view`) and redraw the text, the figure and the captions."""
-        self.view = speedup_view(**self.settings(), study=self.study, runs=self.runs)
-        self.show(self.view)
-        return self.view
-
-    def show(self, view: dict[str, Any]) -> None:
-        self.text.value = view["text"]
-        self.caption.value = "".join(f"<p style='margin:2px 0;color:#555'>{line}</p>" for line in view["captions"])
-        self.area.show(speedup_figure(view))
-
-    def display(self) -> widgets.VBox:
-        """The explorer; as the last line of a cell it shows itself."""
-        return self.widget
-
-    def _ipython_display_(self) -> None:
-        from IPython.display import display
-
-        display(self.widget)
+    def draw(self, view: dict[str, Any]) -> go.Figure:
+        return speedup_figure(view)
