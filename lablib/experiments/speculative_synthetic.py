@@ -72,8 +72,17 @@ def synthetic_speed_runs(length: float, k: int = 4, batches: Sequence[int] = (1,
 
 
 def loop_length(k: int = 4, facts: dict[str, Any] | None = None) -> float:
-    """L: the trained pair's mean acceptance length at k from the speculative recording's loop, else the loop now."""
-    for row in (facts or {}).get("speculative", {}).get("loop", []):
+    """L: the trained pair's mean acceptance length at k from the speculative recording's loop (this recording
+    session's `facts`, else the shipped recording), else the loop run now on this machine's CPU."""
+    from ..results.reference import NotRecorded
+
+    loop = (facts or {}).get("speculative", {}).get("loop")
+    if loop is None:
+        try:
+            loop = recorded_facts("speculative", "speculative").get("loop", [])
+        except NotRecorded:
+            loop = []
+    for row in loop:
         if row.get("k") == k and row.get("drafter", "draft_model") == "draft_model":
             return float(row["measured_length"])
     from .speculative_acceptance import drafter_acceptance

@@ -64,3 +64,14 @@ def test_without_a_recording_the_study_says_which_step_records_it():
     assert shown.value is None and "--steps speculative-8b" in shown.label
     with pytest.raises(ValueError, match=r"synthetic_study\.k=0"):
         syn.synthetic_study(k=0)
+
+
+def test_the_set_length_comes_from_this_sessions_loop_then_the_shipped_one(monkeypatch):
+    import lablib.experiments.speculative_synthetic as mod
+
+    here = {"speculative": {"loop": [{"k": 4, "drafter": "draft_model", "measured_length": 2.6}]}}
+    assert mod.loop_length(4, here) == 2.6
+    shipped = {"loop": [{"k": 4, "drafter": "eagle", "measured_length": 3.1},
+                        {"k": 4, "drafter": "draft_model", "measured_length": 2.4}]}
+    monkeypatch.setattr(mod, "recorded_facts", lambda key, step: shipped)
+    assert mod.loop_length(4, {}) == 2.4  # the draft model's row, not the EAGLE head's
