@@ -91,9 +91,10 @@ def hf_steps(batch_sizes: list[int]) -> list[Step]:
 
 def speculative_hf_steps() -> list[Step]:
     """Lab 08's rungs this CPU runs: transformers' own speculative decoding (assisted generation, batch 1) with
-    the embedded draft and with prompt lookup (n-gram), each against naive generate, k = SPEC_K."""
-    return [Step(f"hf-naive-{how}-k{SPEC_K}", lambda m, how=how: HFEngine(m, HFConfig(speculative=how,
-                                                                                    num_speculative_tokens=SPEC_K)),
+    the embedded draft and with prompt lookup (n-gram), each against naive generate, k = SPEC_K, with naive
+    generate's own attention kernel (eager): a side road changes one thing."""
+    return [Step(f"hf-naive-{how}-k{SPEC_K}", lambda m, how=how: HFEngine(m, HFConfig(
+                     speculative=how, num_speculative_tokens=SPEC_K, attn_implementation="eager")),
                  lab="08", baseline="hf-naive", models=("embedded",) if how == "draft" else (),
                  why=f"{'the embedded draft' if how == 'draft' else 'prompt lookup (n-gram)'} proposes {SPEC_K} "
                      "tokens, the target checks them in one pass (transformers' assisted generation)")
@@ -210,18 +211,26 @@ def run_journey(model: str = "embedded", workload: str = "journey", requests: in
             log(f"skip {step.name}: {why}")
             continue
         log(f"run  {step.name}: {step.why}")
-        engine = step.make_engine(model)
-        try:
-            with torch_threads(cpu_threads):
-                own = load_workload(step.workload, limit=requests) if step.workload else wl
-                r = run(engine, own, bench, lab=lab, step=step.name, store=store)
-        finally:
-            engine.close()
+        own = load_workload(step.workload, limit=requests) if step.workload else wl
+        r = run_step(step, model, own, bench, lab=lab, store=store, threads=cpu_threads)
         s = r.summary
         log(f"     {s['output_tok_s']:.1f} output tok/s, TTFT p50 {s['ttft_s']['p50'] * 1e3:.0f} ms, "
             f"wall {r.wall_s:.1f} s")
         results.append(r)
     return results, skipped
+
+
+def run_step(step: Step, model: Any, workload: Any, bench: BenchConfig, *, lab: str, store: ResultStore | None = None,
+             threads: int | None = None) -> Result:
+    """One rung on `workload`: its engine made for `model`, the run (`bench.offline.run`, named after the rung,
+    torch on `threads` in this process), the engine closed whatever happens. Labs that run a few rungs of
+    their own (02's attention pair, 08's harness) call this too."""
+    engine = step.make_engine(model)
+    try:
+        with torch_threads(threads):
+            return run(engine, workload, bench, lab=lab, step=step.name, store=store)
+    finally:
+        engine.close()
 
 
 def road(results: list[Result], batch_sizes: list[int] = (1, 4, 16)) -> list[Result]:
