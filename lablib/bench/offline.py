@@ -134,6 +134,16 @@ def run(engine: Engine, workload: Workload, bench: BenchConfig = BenchConfig(), 
     return result
 
 
+def _shifted(rec: RequestRecord, offset: float) -> RequestRecord:
+    """`rec` with every time moved `offset` seconds later (arrival stays: the request was there at t=0)."""
+    def move(t: float | None) -> float | None:
+        return None if t is None else t + offset
+
+    return dataclasses.replace(rec, start=move(rec.start), first_token=move(rec.first_token),
+                               last_token=move(rec.last_token), finished=move(rec.finished),
+                               token_times=None if rec.token_times is None else [t + offset for t in rec.token_times])
+
+
 def _in_waves(engine: Engine, requests: list[PreparedRequest], size: int, collect: Callable[[RequestRecord], None],
               t0: float) -> list[RequestRecord]:
     """The requests in waves of `size`, one `generate` call each, every record's times moved onto the run's clock.
@@ -141,36 +151,23 @@ def _in_waves(engine: Engine, requests: list[PreparedRequest], size: int, collec
     An engine stamps a call's records from that call's own start, so a wave's offset (when it was sent, on the
     run's clock) is added to every time; `arrival` stays 0 (every request was there at t=0, waiting for its
     wave). The engine's `facts["last_run"]` ends as the waves' sum (`merge_last_run`)."""
-    records, parts = [], []
+    records: list[RequestRecord] = []
+    parts: list[dict[str, Any]] = []
     try:
-        _waves(engine, requests, size, collect, t0, records, parts)
+        for i in range(0, len(requests), size):
+            offset = time.perf_counter() - t0
+            engine.facts.pop("last_run", None)  # this wave's, when the call ends; none if it does not
+            got = engine.generate(requests[i:i + size], on_record=lambda rec, o=offset: collect(_shifted(rec, o)),
+                                  progress=False)
+            records += [_shifted(rec, offset) for rec in got]
+            if "last_run" in engine.facts:
+                parts.append(engine.facts["last_run"])
     finally:  # an interrupted run keeps the counters of the waves that finished, as it keeps their records
         if parts:
             engine.facts["last_run"] = merge_last_run(parts)
         else:
             engine.facts.pop("last_run", None)  # the warm-up's would pass for the run's
     return records
-
-
-def _waves(engine: Engine, requests: list[PreparedRequest], size: int, collect: Callable[[RequestRecord], None],
-           t0: float, records: list[RequestRecord], parts: list[dict[str, Any]]) -> None:
-    for i in range(0, len(requests), size):
-        offset = time.perf_counter() - t0
-
-        def shifted(rec: RequestRecord, offset: float = offset) -> RequestRecord:
-            def move(t: float | None) -> float | None:
-                return None if t is None else t + offset
-
-            return dataclasses.replace(rec, start=move(rec.start), first_token=move(rec.first_token),
-                                       last_token=move(rec.last_token), finished=move(rec.finished),
-                                       token_times=None if rec.token_times is None else
-                                       [t + offset for t in rec.token_times])
-
-        engine.facts.pop("last_run", None)  # this wave's, when the call ends; none if it does not
-        got = engine.generate(requests[i:i + size], on_record=lambda rec, s=shifted: collect(s(rec)), progress=False)
-        records += [shifted(rec) for rec in got]
-        if "last_run" in engine.facts:
-            parts.append(engine.facts["last_run"])
 
 
 def merge_last_run(parts: list[dict[str, Any]]) -> dict[str, Any]:

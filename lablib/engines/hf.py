@@ -51,6 +51,13 @@ class _StepClock:
         pass
 
 
+def _sizes(model: Any) -> dict[str, int]:
+    """A model's parameters and weight bytes, each tensor once (`parameters()` skips tied duplicates)."""
+    params = list(model.parameters())
+    return {"parameters": sum(p.numel() for p in params),
+            "weight_bytes": sum(p.numel() * p.element_size() for p in params)}
+
+
 def exact_draft_length(assistant_config: Any, k: int) -> Any:
     """Make a draft's generation_config propose exactly k tokens every assisted step (in place; returned).
 
@@ -91,21 +98,19 @@ class HFEngine:
         self.draft = self._load_draft(config) if config.speculative == "draft" else None
         if config.speculative == "ngram":
             self._gen_config.prompt_lookup_num_tokens = config.num_speculative_tokens
-        params = {id(p): p for p in self.model.parameters()}.values()
-        dtype = next(iter(params)).dtype
+        sizes = _sizes(self.model)
+        dtype = next(self.model.parameters()).dtype
         self.name = config.engine
         self.facts = {
             "load_s": time.perf_counter() - t0, "device": self.device, "dtype": str(dtype).replace("torch.", ""),
-            "parameters": sum(p.numel() for p in params),
-            "weight_bytes": sum(p.numel() * p.element_size() for p in params),
+            **sizes,
             "kv_bytes_per_token": self.spec.kv_bytes_per_token(dtype.itemsize),
             "context": self.spec.architecture()["context"], "batch_size": config.batch_size,
             "ignore_eos": True,  # EOS is not a stop token here (generation_config.eos_token_id = None)
             "attn_implementation": self.model.config._attn_implementation,
         }
         if self.draft is not None:
-            self.facts["draft"] = {"model": config.draft_model, "parameters": sum(p.numel() for p in self.draft.parameters()),
-                                   "weight_bytes": sum(p.numel() * p.element_size() for p in self.draft.parameters())}
+            self.facts["draft"] = {"model": config.draft_model, **_sizes(self.draft)}
 
     def _load_draft(self, config: HFConfig) -> Any:
         """The draft for assisted generation, proposing exactly k tokens a step (`exact_draft_length`)."""

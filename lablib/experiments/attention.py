@@ -342,21 +342,14 @@ def journey_rung(requests: int = 16, batch: int = 16, max_new_tokens: int = 32, 
     validate.integer(owner, "requests", requests, "journey requests, e.g. 16.", 1, 64)
     validate.integer(owner, "batch", batch, "a static batch size > 1, e.g. 16.", 2, 64)
     validate.integer(owner, "max_new_tokens", max_new_tokens, "new tokens per request, e.g. 32.")
-    from ..bench.offline import run
     from ..config import BenchConfig
     from ..session import live_label
     from ..workloads import load_workload
-    from .journey import hf_steps
+    from .journey import hf_steps, run_step
 
     wl, bench = load_workload("journey", limit=requests), BenchConfig(max_new_tokens=max_new_tokens, progress=False)
-    results = []
-    with torch_threads(threads):
-        for step in hf_steps([batch])[-2:]:  # hf-static-b<batch> (eager), then its -sdpa rung
-            engine = step.make_engine("embedded")
-            try:
-                results.append(run(engine, wl, bench, lab="02_attention", step=step.name, store=store))
-            finally:
-                engine.close()
+    results = [run_step(step, "embedded", wl, bench, lab="02_attention", store=store, threads=threads)
+               for step in hf_steps([batch])[-2:]]  # hf-static-b<batch> (eager), then its -sdpa rung
     eager, sdpa = results
     rows = [{"panel": "rung", "rung": r.step, "attention": r.config["attn_implementation"],
              "output_tok_s": r.summary["output_tok_s"],

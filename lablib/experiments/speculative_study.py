@@ -208,23 +208,17 @@ def harness_runs(n_prompts: int = 16, max_new_tokens: int = 32, k: int = 4, *, s
     validate.integer(owner, "n_prompts", n_prompts, "journey prompts, e.g. 16.", 1, 64)
     validate.integer(owner, "max_new_tokens", max_new_tokens, "new tokens per request, e.g. 32.")
     validate.integer(owner, "k", k, "tokens proposed per verify step, e.g. 4.", 1, 16)
-    from ..bench.offline import run
     from ..config import BenchConfig, HFConfig
     from ..engines.hf import HFEngine
-    from ..hardware.device import torch_threads
+    from .journey import Step, run_step
 
     wl = load_workload("journey", limit=n_prompts)
     bench = BenchConfig(max_new_tokens=max_new_tokens, progress=False)
-    rows, results = [], []
-    with torch_threads(threads):
-        for name, how in HARNESS:
-            engine = HFEngine("embedded", HFConfig(speculative=how, num_speculative_tokens=k))
-            try:
-                step = f"hf-naive-{how}-k{k}" if how else "hf-naive-sdpa"
-                results.append(run(engine, wl, bench, lab=lab, step=step, store=store))
-            finally:
-                engine.close()
-    naive = results[0]
+    steps = [Step(f"hf-naive-{how}-k{k}" if how else "hf-naive-sdpa",
+                  lambda m, how=how: HFEngine(m, HFConfig(speculative=how, num_speculative_tokens=k)))
+             for _, how in HARNESS]
+    results = [run_step(s, "embedded", wl, bench, lab=lab, store=store, threads=threads) for s in steps]
+    rows, naive = [], results[0]
     for (name, how), r in zip(HARNESS, results):
         s, spec = r.summary, (r.engine_facts.get("last_run") or {}).get("speculative") or {}
         rows.append({"engine": name, "speculative": how or "off", "output_tok_s": s["output_tok_s"],
