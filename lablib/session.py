@@ -43,7 +43,8 @@ def mode() -> dict[str, Any]:
     why = ("GPU and vLLM present: measuring live" if live else "LABLIB_MODE=recorded" if forced else
            "no NVIDIA GPU visible" if not gpu else "vLLM is not installed (pip install 'lablib[gpu]')")
     head = reference_facts()["headline"]
-    recorded = f"recorded on {head['gpu']}, {head['date']}"
+    last = head.get("last_date", head["date"])
+    recorded = f"recorded on {head['gpu']}, {head['date']}" + (f" to {last}" if last != head["date"] else "")
     banner = ("LIVE: vLLM runs on this machine's " + gpu) if live else (
         f"RECORDED: {why}, so vLLM cells show runs {recorded}; simulators, calculators and HF runs are live.")
     return {"live": live, "gpu": gpu, "vllm": has_vllm, "why": why, "banner": banner, "recorded": recorded}

@@ -63,6 +63,7 @@ def recompare(d: Path, facts: dict) -> None:
     from lablib.bench.referee import agreement
     from lablib.bench.vllm_bench import compare_serve
 
+    reread_backends(d, facts)
     if not (d / "reference.jsonl").exists():
         return
     runs = {r.step: r for r in ResultStore(d / "reference.jsonl").load()}
@@ -80,6 +81,24 @@ def recompare(d: Path, facts: dict) -> None:
                                       "lab_first": old.get("lab_first")}
         if check.get("rounds"):
             check["agreement"] = agreement(check["rounds"])
+
+
+def reread_backends(d: Path, facts: dict) -> None:
+    """The attention backend each forced-backend engine of the `attention` step ran, read again from the vLLM
+    worker logs the run brought back (lablib.engines.vllm_worker.attention_backends): the first sweep's parser
+    missed the wording vLLM uses when `attention_backend` forces one, so its rows said 'unknown'."""
+    from lablib.engines.vllm_worker import attention_backends
+
+    rows = ((facts.get("attention") or {}).get("vllm_backends") or {}).get("rows") or []
+    ran = {}
+    for f in sorted(d.glob("lablib-vllm-*.log")):
+        log = f.read_text(errors="replace")
+        forced, chose = re.findall(r"'attention_backend': '(\w+)'", log), attention_backends(log)
+        if forced and chose:
+            ran[forced[0]] = chose[-1]
+    for row in rows:
+        if row.get("ran") in (None, "unknown") and row["backend"] in ran:
+            row["ran"] = ran[row["backend"]]
 
 
 def nbval_summary(log: str) -> dict[str, str]:
@@ -160,8 +179,12 @@ def main(dirs: list[Path], labs: list[Path] | None = None) -> None:
                 for q in r["requests"]:
                     q["output_ids"] = None
                 results.append(_round(r))
+        dates = sorted(json.loads(line)["recorded_at"][:10] for line in (d / "reference.jsonl").read_text().splitlines()
+                       if line.strip()) if (d / "reference.jsonl").exists() else []
         for f in sorted(d.glob("facts-*.json")):
             new = {k: v for k, v in json.loads(f.read_text()).items() if k != "step_seconds"}
+            if dates:  # the day each facts key was recorded (a key recorded again takes the new day)
+                facts["recorded_dates"] = {**facts.get("recorded_dates", {}), **{k: dates[-1] for k in new}}
             if "scheduler_sweep" in new:  # rows of one engine each: a new run adds settings, replaces the same ones
                 key = lambda r: (r["max_num_seqs"], r.get("max_num_batched_tokens"))  # noqa: E731
                 merged = {key(r): r for r in facts.get("scheduler_sweep", []) + new["scheduler_sweep"]}
@@ -182,6 +205,7 @@ def main(dirs: list[Path], labs: list[Path] | None = None) -> None:
     head = {
         "gpu": first["hardware"].get("gpu"), "driver": first["hardware"].get("driver_version"),
         "versions": first["versions"], "date": first["recorded_at"][:10],
+        "last_date": max(r["recorded_at"][:10] for r in by_step.values()),
     }
     if "vllm-8b-journey" in s and "hf-static-b64-8b-journey" in s:
         head["journey_ratio"] = s["vllm-8b-journey"]["output_tok_s"] / s["hf-static-b64-8b-journey"]["output_tok_s"]

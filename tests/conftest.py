@@ -56,6 +56,19 @@ def load_script():
 
 
 @pytest.fixture
+def unrecorded(monkeypatch):
+    """unrecorded(*keys): the shipped recordings as if facts[key] had not been recorded yet, so a test can check
+    what a lab says before a GPU session records its step (the real recordings are tested where they are shown)."""
+    from lablib.results import reference
+
+    shipped = reference.reference_facts
+
+    def drop(*keys: str) -> None:
+        monkeypatch.setattr(reference, "reference_facts", lambda: {k: v for k, v in shipped().items() if k not in keys})
+    return drop
+
+
+@pytest.fixture
 def no_gpu(monkeypatch):
     """Hide nvidia-ml-py and torch, as on a laptop without them."""
     monkeypatch.setitem(sys.modules, "pynvml", None)  # `import pynvml` now raises ImportError

@@ -73,11 +73,11 @@ def test_a_lab_newer_than_the_recordings_says_so_instead_of_failing():
     from lablib.results.reference import NotRecorded, recorded_facts
 
     def not_yet():
-        return recorded_facts("prefix_seqs_1", "prefix")
+        return recorded_facts("not_a_recorded_key", "prefix")
 
     shown = session.live_or_recorded(lambda: 1 / 0, not_yet, force=False)
     assert shown.value is None and not shown.live and not shown.recorded_yet
-    assert "prefix_seqs_1 is not recorded yet" in shown.label and "--steps prefix" in shown.label
+    assert "not_a_recorded_key is not recorded yet" in shown.label and "--steps prefix" in shown.label
     assert shown.line("{hits} hits") == f"[{shown.label}]"
     assert list(shown.table()["provenance"]) == [shown.label]
     checks = session.Checks("07_prefix_caching")

@@ -32,12 +32,19 @@ def _redirect_output(log_path: str) -> None:
     os.dup2(fd, 2)
 
 
+def attention_backends(log: str) -> list[str]:
+    """The attention backends vLLM says it chose, in order. It words it two ways: "Using FLASH_ATTN attention
+    backend out of potential backends: [...]" when it picks, "Using AttentionBackendEnum.FLASH_ATTN backend." when
+    `attention_backend` forces one (vLLM 0.26)."""
+    return re.findall(r"Using (?:AttentionBackendEnum\.)?([A-Z][A-Z0-9_]+)(?: attention)? backend", log)
+
+
 def _facts(llm: Any, startup_s: float, log_path: str) -> dict[str, Any]:
     cfg = llm.llm_engine.vllm_config
     cache, sched, model = cfg.cache_config, cfg.scheduler_config, cfg.model_config
     blocks = cache.num_gpu_blocks or 0
     log = open(log_path, errors="replace").read()
-    backend = re.findall(r"Using (\w+) attention backend", log) or re.findall(r"Using (\w+) backend", log)
+    backend = attention_backends(log)
     import vllm
 
     return {

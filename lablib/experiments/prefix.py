@@ -27,8 +27,11 @@ from ..mechanisms.prefix import PrefixCacheResult, simulate
 from ..results.record import Result
 from ..workloads import Workload, load_workload
 from .prefix_checks import (  # noqa: F401 - re-exported: the notebook and the tests read them here
+    agreement_lines,
     caching_cuts_ttft,
     checks,
+    control_identical,
+    counters_keep_only_the_first,
     falls_with_capacity,
     on_off_pairs,
     part,
@@ -90,18 +93,34 @@ def measured_hits(result: Result) -> dict[str, Any]:
 
 
 def compare(predicted: PrefixCacheResult, result: Result) -> dict[str, Any]:
-    """Predicted next to measured: per request, in total, and the verdict in a sentence."""
+    """Predicted next to measured: per request, in total, and the verdict in a sentence (`judged`)."""
     got = measured_hits(result)
     per_request = [{"request_id": r.request_id, "prompt_tokens": r.prompt_tokens, "predicted": p, "vllm": m}
                    for r, p, m in zip(result.requests, predicted.cached_tokens, got["cached_tokens"])]
-    differ = [row for row in per_request if row["predicted"] != row["vllm"]]
-    exact = not differ and got["hits"] == predicted.hits and got["queries"] == predicted.queries
-    verdict = (f"vLLM hit {got['hits']} of {got['queries']} prompt tokens, the simulator predicted {predicted.hits} of "
-               f"{predicted.queries}: " + ("exactly equal, request by request" if exact else
-                                          f"{len(differ)} of {len(per_request)} requests differ"))
-    return {"per_request": per_request, "predicted_hits": predicted.hits, "predicted_queries": predicted.queries,
-            "vllm_hits": got["hits"], "vllm_queries": got["queries"], "exact": exact, "differ": differ,
-            "verdict": verdict}
+    return judged({"per_request": per_request, "predicted_hits": predicted.hits,
+                   "predicted_queries": predicted.queries, "vllm_hits": got["hits"], "vllm_queries": got["queries"]})
+
+
+def judged(row: dict[str, Any]) -> dict[str, Any]:
+    """A comparison row (per request, the totals both ways) with its verdict: "exact", "differ" (the requests whose
+    cached tokens differ), "per_request_exact", "counters_undercount" (`counters_keep_only_the_first`) and
+    "verdict", a sentence. Recorded rows pass through it too, so they read as a live run reads today."""
+    differ = [r for r in row["per_request"] if r["predicted"] != r["vllm"]]
+    exact = not differ and (row["vllm_hits"], row["vllm_queries"]) == (row["predicted_hits"], row["predicted_queries"])
+    undercount = not differ and not exact and counters_keep_only_the_first(row)
+    cached = sum(r["vllm"] for r in row["per_request"] if r["vllm"] is not None)
+
+    def n(x: Any) -> str:
+        return "n/a" if x is None else f"{x:,.0f}"
+
+    verdict = (f"vLLM hit {n(row['vllm_hits'])} of {n(row['vllm_queries'])} prompt tokens, the simulator predicted "
+               f"{n(row['predicted_hits'])} of {n(row['predicted_queries'])}: " + (
+                   "exactly equal, request by request" if exact else
+                   f"every request's num_cached_tokens equals the simulator's ({cached:,} tokens in all); the "
+                   f"counters kept only the first request's stats (vLLM 0.26 drops those of steps without outputs: "
+                   f"PR #48668)" if undercount else f"{len(differ)} of {len(row['per_request'])} requests differ"))
+    return {**row, "exact": exact, "differ": differ, "per_request_exact": not differ,
+            "counters_undercount": undercount, "verdict": verdict}
 
 
 def measure(engine: Any, workload: Workload, *, max_new_tokens: int | None = 8, lab: str = "07_prefix_caching",
@@ -156,7 +175,8 @@ def counters(max_num_seqs: int = 1, *, store: Any = None, force: bool | None = N
                     "1 (exact by construction) or 32 (the batch case).")
     step = "prefix" if max_num_seqs == 1 else "prefix-batch"
     return live_or_recorded(lambda: counter_rows(max_num_seqs, store=store),
-                            lambda: recorded_facts(f"prefix_seqs_{max_num_seqs}", step), force=force,
+                            lambda: [judged(r) for r in recorded_facts(f"prefix_seqs_{max_num_seqs}", step)],
+                            force=force,
                             asked={"max_num_seqs": max_num_seqs},
                             recorded_with=lambda rows: {"max_num_seqs": rows[0]["max_num_seqs"]})
 
@@ -207,7 +227,7 @@ def on_off_runs(models: tuple[Any, ...] = ("embedded", BIG), *, lab: str = LAB, 
     runs, agreement, results = [], [], []
     for model in models:
         spec = synthetic_spec(model) if model == BIG else model
-        by_caching: dict[bool, list[Result]] = {}
+        by_caching: dict[Any, list[Result]] = {}  # True, False, and "again" (caching off, run twice)
         for caching in (False, True):
             config = VLLMConfig(gpu_memory_utilization=gpu_memory_utilization, enable_prefix_caching=caching,
                                 max_model_len=4096 if model == BIG else None)
@@ -221,8 +241,15 @@ def on_off_runs(models: tuple[Any, ...] = ("embedded", BIG), *, lab: str = LAB, 
                     runs.append(on_off_row(r, wl, caching, shared_tokens(_ids(wl, eng))))
                     by_caching.setdefault(caching, []).append(r)
                     results.append(r)
-        agreement += [outputs_agree(on, off) for on, off in zip(by_caching[True], by_caching[False])]
+                    if not caching:  # the same run again on the same engine: how far greedy tokens move by themselves
+                        by_caching.setdefault("again", []).append(_run_from_empty_cache(eng, wl, False, lab, step))
+        agreement += [{**outputs_agree(on, off), "off_twice": _identical(outputs_agree(again, off))}
+                      for on, off, again in zip(by_caching[True], by_caching[False], by_caching["again"])]
     return {"runs": runs, "agreement": agreement}, results
+
+
+def _identical(agree: dict[str, Any]) -> str:
+    return f"{agree['identical']} of {agree['of']}"
 
 
 def on_off(models: tuple[Any, ...] = ("embedded", BIG), *, store: Any = None, force: bool | None = None) -> Any:

@@ -77,4 +77,10 @@ def recorded_rows(key: str, step: str) -> list[dict[str, Any]]:
         raise ValueError(f"data/reference/facts.json has no {key!r}: it ships with the repository. Fix: git checkout "
                          f"data/reference, or record it on a GPU (scripts/record_reference.py --steps {step}).")
     head = facts["headline"]
-    return [{**row, "provenance": f"recorded on {head['gpu']}, {head['date']}"} for row in facts[key]]
+    return [{**row, "provenance": f"recorded on {head['gpu']}, {recorded_date(key)}"} for row in facts[key]]
+
+
+def recorded_date(key: str) -> str:
+    """The day facts[key] was recorded (scripts/pack_reference.py keeps it per key; older keys: the headline's)."""
+    facts = reference_facts()
+    return facts.get("recorded_dates", {}).get(key, facts["headline"]["date"])

@@ -519,3 +519,16 @@ def test_preflight_refuses_parallel_sizes_this_machine_or_the_model_cannot_take(
         with pytest.raises(ValueError, match=r"needs Ray, which is not installed"):
             preflight(spec, VLLMConfig(tensor_parallel_size=4, pipeline_parallel_size=4,
                                        distributed_executor_backend="ray"))
+
+
+def test_the_worker_reads_the_attention_backend_both_ways_vllm_logs_it():
+    """vLLM 0.26's own lines, from the H200's worker logs: a backend it picks, and one `attention_backend` forces
+    (the forced wording broke the first backend sweep: every row said 'unknown')."""
+    from lablib.engines.vllm_worker import attention_backends
+
+    picked = ("(EngineCore pid=1) INFO 12-01 16:12:03 [cuda.py:351] Using FLASH_ATTN attention backend out of "
+              "potential backends: ['FLASH_ATTN', 'FLASHINFER', 'TRITON_ATTN', 'FLEX_ATTENTION'].")
+    forced = "(EngineCore pid=1) INFO 12-01 16:14:40 [cuda.py:330] Using AttentionBackendEnum.FLASHINFER backend."
+    assert attention_backends(picked) == ["FLASH_ATTN"]
+    assert attention_backends(forced) == ["FLASHINFER"]
+    assert attention_backends("Using cache directory: /root/.cache/vllm for vLLM's torch.compile") == []

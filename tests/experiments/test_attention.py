@@ -250,12 +250,17 @@ def test_the_backend_sweep_refuses_an_unknown_backend_before_any_engine():
         A.vllm_backend_sweep(lambda b, kw: pytest.fail("an engine started"), ["FLASH_ATTN", "XFORMERS"])
 
 
-def test_vllm_backends_are_wired_and_say_they_are_not_recorded_yet():
+def test_vllm_backends_are_wired_recorded_and_said_not_recorded_without_it(unrecorded):
     assert A.wired() is True  # VLLMConfig.attention_backend reaches vllm.LLM through llm_kwargs
     assert VLLMConfig(attention_backend="FLASHINFER").llm_kwargs()["attention_backend"] == "FLASHINFER"
     assert "attention_backend" not in VLLMConfig().llm_kwargs()  # None: vLLM's own choice
     with pytest.raises(ValueError, match=r"VLLMConfig.attention_backend='FA4': allowed"):
         VLLMConfig(attention_backend="FA4")
+    shown = A.vllm_backends(force=False)  # the H200's sweep: every backend ran as itself on the embedded model
+    assert not shown.live and shown.label.startswith("recorded on NVIDIA H200")
+    assert [(r["backend"], r["status"]) for r in shown.value] == [(b, "ok") for b in A.VLLM_BACKENDS]
+    assert all(r["ran"] == r["backend"] and r["output_tok_s"] > 0 for r in shown.value), shown.value
+    unrecorded("attention")
     shown = A.vllm_backends(force=False)
     assert shown.value is None and "not recorded yet" in shown.label and not shown.live
 

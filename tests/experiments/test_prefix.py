@@ -200,6 +200,9 @@ def test_on_and_off_on_the_fake_vllm(start):  # noqa: F811
     assert on["shared-prefix-1024"]["shared_tokens"] == 1024 and on["shared-prefix-1024"]["hit_rate"] > 0.9
     assert all(r["hit_rate"] is None and not r["vllm_hits"] for r in runs if r["caching"] == "off")
     assert [(a["identical"], a["of"]) for a in value["agreement"]] == [(32, 32)] * 5  # the fake ignores its cache
+    assert [a["off_twice"] for a in value["agreement"]] == ["32 of 32"] * 5  # caching off, each set run twice
+    text = prefix.agreement_lines(type(prefix.on_off(force=False))(value, True, "live here"))
+    assert text.startswith("embedded: 128 of 128 requests identical") and "the same run twice: 32 of 32" in text
     assert len(results) == 10 and all(r.requests[0].output_tokens == 32 for r in results)
     pairs = prefix.on_off_pairs(runs)
     assert [p["workload"] for p in pairs] == [r["workload"] for r in runs[5:]] and all(p["ttft_p50_on_over_off"] > 0
@@ -244,10 +247,11 @@ def test_record_writes_one_facts_key_and_recorded_results(start, tmp_path):  # n
     assert len(saved) == 10 and all(r.provenance == "recorded" and r.lab == "reference" for r in saved)
 
 
-def test_the_lab_counts_vllms_hits_live_and_says_what_is_not_recorded(start):  # noqa: F811
+def test_the_lab_counts_vllms_hits_live_and_says_what_is_not_recorded(start, unrecorded):  # noqa: F811
     shown = prefix.counters(1, force=True)
     assert shown.live and [r["workload"] for r in shown.value] == [w.name for w in prefix.lab_workloads()]
     assert all(r["exact"] for r in shown.value), [r["verdict"] for r in shown.value]
+    unrecorded("prefix_seqs_1", "prefix_seqs_32", prefix.ON_OFF_KEY)
     for got, step in ((prefix.counters(1, force=False), "prefix"), (prefix.counters(32, force=False), "prefix-batch"),
                       (prefix.on_off(force=False), "prefix-on-off")):
         assert got.value is None and f"--steps {step}`" in got.label
@@ -266,6 +270,9 @@ def test_the_scarce_memory_claim_notices_a_rate_that_rises_as_room_shrinks():
     assert prefix.part(fake, "runs", len).value == 2 and prefix.part(fake, "runs").label == fake.label
 
 
+EMPTY_ROW = {"per_request": [], "predicted_hits": 0, "predicted_queries": 0, "vllm_hits": 0, "vllm_queries": 0}
+
+
 def test_a_recorded_on_off_or_counters_shows_what_the_cell_asked_or_says_what_stands_in(monkeypatch, capsys):
     """Issue 11.8: the recording's models are read from its runs; the lab's own call on a recording of both models
     says nothing, one model picks its runs out, a model it lacks shows every run and names the stand-in (the parts
@@ -275,7 +282,7 @@ def test_a_recorded_on_off_or_counters_shows_what_the_cell_asked_or_says_what_st
     big = "synthetic:llama-3.1-8b"
     facts = {prefix.ON_OFF_KEY: {"runs": [{"model": m, "workload": w} for m in ("embedded", big) for w in "ab"],
                                  "agreement": [{"model": m, "identical": 1, "of": 1} for m in ("embedded", big)]},
-             "prefix_seqs_1": [{"workload": "a", "max_num_seqs": 1}]}
+             "prefix_seqs_1": [{"workload": "a", "max_num_seqs": 1, **EMPTY_ROW}]}
 
     def recorded(key, step):
         if key not in facts:
@@ -293,8 +300,9 @@ def test_a_recorded_on_off_or_counters_shows_what_the_cell_asked_or_says_what_st
         capsys.readouterr().out)
     assert prefix.part(other, "runs").stand_ins == other.stand_ins and prefix.part(other, "runs", len).value == 4
     seq = prefix.counters(1, force=False)
-    assert seq.stand_ins == {} and seq.value == facts["prefix_seqs_1"]
-    facts["prefix_seqs_1"] = [{"workload": "a", "max_num_seqs": 32}]  # a recording filed under the wrong key says so
+    assert seq.stand_ins == {} and seq.value == [prefix.judged(r) for r in facts["prefix_seqs_1"]]
+    assert seq.value[0]["exact"] and seq.value[0]["verdict"].endswith("exactly equal, request by request")
+    facts["prefix_seqs_1"] = [{"workload": "a", "max_num_seqs": 32, **EMPTY_ROW}]  # a recording filed under the wrong key says so
     assert prefix.counters(1, force=False).stand_ins == {"max_num_seqs": {"asked": 1, "shown": 32}}
     batch = prefix.counters(32, force=False)
     assert batch.value is None and batch.stand_ins == {} and "--steps prefix-batch`" in batch.label
@@ -446,7 +454,7 @@ def test_bad_input_is_refused_before_any_server_starts(monkeypatch, kw, message)
             call()
 
 
-def test_the_lab_serves_live_and_says_what_is_not_recorded(with_fake_vllm, tmp_path):  # noqa: F811
+def test_the_lab_serves_live_and_says_what_is_not_recorded(with_fake_vllm, tmp_path, unrecorded):  # noqa: F811
     from lablib.experiments import prefix_serving
     from lablib.plots import prefix as figures
     from lablib.results import ResultStore
@@ -462,6 +470,7 @@ def test_the_lab_serves_live_and_says_what_is_not_recorded(with_fake_vllm, tmp_p
     assert [t.name for t in fig.data][:2] == [figures.COUNTED, figures.PREDICTED]
     assert list(fig.data[0].y) == pytest.approx([100 * live.value[1]["hit_rate"]])
     assert fig.layout.xaxis.type == "log" and live.label in fig.layout.title.text
+    unrecorded(prefix_serving.KEY)
     none = prefix_serving.serve(force=False)
     assert none.value is None and "not recorded yet" in none.label and "--steps prefix-serve`" in none.label
     assert prefix_serving.serve_lines(none) == f"[{none.label}]"
@@ -520,3 +529,22 @@ def test_the_recording_step_records_every_rate_on_and_off(with_fake_vllm, tmp_pa
     finally:
         monkeypatch.undo()
     assert called == [(tmp_path, store, facts)]
+
+
+def test_the_h200_recordings_of_lab_07_hold_what_the_lab_says_of_them():
+    """The shipped recordings (2026-12-01): every request's num_cached_tokens equals the simulator's one request at a
+    time, while vLLM 0.26's offline counters kept only the first request's stats there (the zero-output-step bug,
+    vLLM #48668); 32 at once the counters are exact; the server's /metrics counters equal the simulator's at every
+    rate; caching cuts the synthetic 8B's TTFT on every shared-first set."""
+    from lablib.experiments import prefix_checks, prefix_serving
+
+    seq, batch = prefix.counters(1, force=False), prefix.counters(32, force=False)
+    assert seq.label.startswith("recorded on NVIDIA H200") and len(seq.value) == len(batch.value) == 5
+    for row in seq.value:
+        assert not row["differ"] and prefix.counters_keep_only_the_first(row), row["verdict"]
+        assert "PR #48668" in prefix.judged(row)["verdict"]
+    assert all(prefix.judged(r)["exact"] for r in batch.value), [r["verdict"] for r in batch.value]
+    serve = prefix_serving.serve(force=False)
+    assert prefix_checks.serve_hits_predicted(serve.value) and prefix_checks.serve_cuts_ttft(serve.value)
+    onoff = prefix.on_off(force=False)
+    assert prefix_checks.caching_cuts_ttft(onoff.value["runs"])

@@ -59,8 +59,12 @@ def test_the_recording_takes_its_length_from_the_speculative_loop_and_writes_its
     assert json.loads((tmp_path / "speculative-8b.json").read_text())["rows"][1]["set_length"] == 2.2
 
 
-def test_without_a_recording_the_study_says_which_step_records_it():
-    shown = syn.synthetic_study()
+def test_without_a_recording_the_study_says_which_step_records_it(unrecorded):
+    shown = syn.synthetic_study(force=False)  # the H200's recording (2026-12-01): every row pinned, counters consistent
+    assert shown.value["label"] == syn.LABEL and [r["batch"] for r in shown.value["rows"]] == [1, 1, 4, 4, 16, 16, 64, 64]
+    assert all(r["counters_consistent"] in (None, True) and r["pinned"] for r in shown.value["rows"])
+    unrecorded(syn.KEY)
+    shown = syn.synthetic_study(force=False)
     assert shown.value is None and "--steps speculative-8b" in shown.label
     with pytest.raises(ValueError, match=r"synthetic_study\.k=0"):
         syn.synthetic_study(k=0)

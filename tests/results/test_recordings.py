@@ -22,7 +22,11 @@ def test_lab03_recorded_sweep_kv_grows_and_vram_returns():
     _recorded(rows)
     assert all(r["back_to_baseline"] for r in rows.value)
     assert all(a["kv_tokens"] < b["kv_tokens"] for a, b in zip(rows.value, rows.value[1:]))
-    assert list(rows.table()["provenance"]) == [rows.label] * len(rows.value)
+    from lablib.results.reference import recorded_date
+
+    day = recorded_date("sweep")  # each row carries the day its key was recorded, inside the recordings' span
+    assert list(rows.table()["provenance"]) == [f"recorded on NVIDIA H200, {day}"] * len(rows.value)
+    assert day in rows.label
 
 
 def test_lab03_recorded_cold_start_within_10pct_of_the_estimate():
