@@ -117,6 +117,36 @@ def synthetic_study(k: int = 4, batches: Sequence[int] = (1, 4, 16, 64), *, n_pr
                                                                   "batches": sorted({r["batch"] for r in v["rows"]})})
 
 
+def synthetic_lines(shown: Shown) -> str:
+    """What the 8B speed runs say, every number from them: the speedup per batch, the draft cost c that would break
+    even at the set acceptance length ((L - 1) / k, the verify pass costing one step), the c the runs imply, and what
+    the weights alone would predict (c = the draft's parameters over the target's)."""
+    if shown.value is None:
+        return f"[{shown.label}]"
+    from ..models.architecture import architectures, parameter_count
+
+    v = shown.value
+    drafts = [r for r in v["rows"] if r["method"] != "baseline"]
+    k, length = v["k"], v["set_length"]
+    arch = architectures()
+    c_weights = parameter_count(arch[DRAFT]) / parameter_count(arch[TARGET])
+    implied = [r["implied_c"] for r in drafts if r.get("implied_c") is not None]
+    speedups = ", ".join(f"{r['speedup']:.2f}x at batch {r['batch']}" for r in drafts)
+    paid = [r["batch"] for r in drafts if r["speedup"] > 1]
+    text = (f"synthetic {TARGET} target, synthetic {DRAFT} draft, k = {k}, acceptance length set to {length:.2f}: "
+            f"{speedups}; " + (f"it paid at batch {', '.join(map(str, paid))}. " if paid else
+                               "below 1 at every batch. ")
+            + f"At L = {length:.2f} a draft breaks even below c = (L - 1) / k = {(length - 1) / k:.2f} of a target "
+              f"step")
+    if implied:
+        text += (f"; these runs imply c = {min(implied):.2f}-{max(implied):.2f}, where the weights alone "
+                 f"({parameter_count(arch[DRAFT]) / 1e9:.2f}B of {parameter_count(arch[TARGET]) / 1e9:.2f}B "
+                 f"parameters) give c = {c_weights:.2f} and would predict {length / (k * c_weights + 1):.2f}x: the "
+                 f"draft's step costs more than its share of the weights' bytes (what else it pays, its own "
+                 f"kernel launches, attention and KV, is not separated by these runs)")
+    return text + f". [{v['label']}; {shown.label}]"
+
+
 def record(out_dir: Path, store: Any, facts: dict[str, Any], *, k: int = 4, batches: Sequence[int] = (1, 4, 16, 64),
            n_prompts: int = 64, max_new_tokens: int = 128) -> None:
     """The recording step `speculative-8b` (after `speculative`, whose loop sets L; else the loop runs here)."""

@@ -63,8 +63,12 @@ def test_without_a_recording_the_study_says_which_step_records_it(unrecorded):
     shown = syn.synthetic_study(force=False)  # the H200's recording (2026-12-01): every row pinned, counters consistent
     assert shown.value["label"] == syn.LABEL and [r["batch"] for r in shown.value["rows"]] == [1, 1, 4, 4, 16, 16, 64, 64]
     assert all(r["counters_consistent"] in (None, True) and r["pinned"] for r in shown.value["rows"])
+    text = syn.synthetic_lines(shown)  # the recording: a 1B draft at L = 2.21 never paid; c from the runs > break-even
+    assert "below 1 at every batch" in text and "c = (L - 1) / k = 0.30" in text and text.endswith(f"{shown.label}]")
+    assert all(r["implied_c"] > (shown.value["set_length"] - 1) / 4 for r in shown.value["rows"] if r["implied_c"])
     unrecorded(syn.KEY)
     shown = syn.synthetic_study(force=False)
+    assert syn.synthetic_lines(shown) == f"[{shown.label}]"
     assert shown.value is None and "--steps speculative-8b" in shown.label
     with pytest.raises(ValueError, match=r"synthetic_study\.k=0"):
         syn.synthetic_study(k=0)

@@ -7,6 +7,7 @@ from lablib.engines.hf import HFEngine
 from lablib.experiments import prefix
 from lablib.plots import prefix as figures
 from lablib.plots import style
+from lablib.results.reference import NotRecorded
 from lablib.session import Shown
 from tests.plots import rules
 
@@ -40,7 +41,9 @@ def figs(hf):
             "cached_per_request": figures.cached_per_request(prefix.advice(hf)),
             "scarce_memory": figures.scarce_memory(prefix.scarce_memory_rows()),
             "on_off_figure": figures.on_off_figure(_on_off_rows(), where="recorded on NVIDIA H200, 2026-12-01"),
-            "on_off_figure/not-recorded": figures.on_off_figure(prefix.on_off(force=False))}
+            "on_off_figure/h200": figures.on_off_figure(prefix.on_off(force=False)),  # the shipped recording
+            "on_off_figure/not-recorded": figures.on_off_figure(Shown(None, False, str(NotRecorded(
+                prefix.ON_OFF_KEY, prefix.ON_OFF_STEP))))}
 
 
 def test_block_states_colours_every_block_by_its_state_at_every_step():
@@ -116,6 +119,8 @@ def test_on_off_figure_not_recorded_yet_says_which_step_records_it(figs):
     assert not fig.data and "--steps prefix-on-off" in fig.layout.title.text
     shown = Shown({"runs": _on_off_rows(), "agreement": []}, False, "recorded on NVIDIA H200, 2026-12-01")
     assert figures.on_off_figure(shown).layout.title.text.count("recorded on NVIDIA H200") == 1
+    h200 = figs["on_off_figure/h200"]
+    assert h200.data and h200.layout.title.text.count("recorded on NVIDIA H200") == 1
 
 
 def test_the_figure_rules_hold(figs):
