@@ -173,18 +173,18 @@ def main(dirs: list[Path], labs: list[Path] | None = None) -> None:
         facts["lab_runs"] = lab_runs(labs, facts.get("lab_runs"))
     n_old = len(results)
     for d in dirs:
+        day = None  # the run's last day: the day its facts keys were recorded (a key recorded again takes it)
         if (d / "reference.jsonl").exists():
             for line in (d / "reference.jsonl").read_text().splitlines():
                 r = json.loads(line)
                 for q in r["requests"]:
                     q["output_ids"] = None
                 results.append(_round(r))
-        dates = sorted(json.loads(line)["recorded_at"][:10] for line in (d / "reference.jsonl").read_text().splitlines()
-                       if line.strip()) if (d / "reference.jsonl").exists() else []
+                day = max(day or "", r["recorded_at"][:10])
         for f in sorted(d.glob("facts-*.json")):
             new = {k: v for k, v in json.loads(f.read_text()).items() if k != "step_seconds"}
-            if dates:  # the day each facts key was recorded (a key recorded again takes the new day)
-                facts["recorded_dates"] = {**facts.get("recorded_dates", {}), **{k: dates[-1] for k in new}}
+            if day:
+                facts["recorded_dates"] = {**facts.get("recorded_dates", {}), **{k: day for k in new}}
             if "scheduler_sweep" in new:  # rows of one engine each: a new run adds settings, replaces the same ones
                 key = lambda r: (r["max_num_seqs"], r.get("max_num_batched_tokens"))  # noqa: E731
                 merged = {key(r): r for r in facts.get("scheduler_sweep", []) + new["scheduler_sweep"]}

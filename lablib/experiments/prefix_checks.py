@@ -77,11 +77,12 @@ def agreement_lines(shown: Any) -> str:
         twice = [a["off_twice"] for a in mine if a.get("off_twice")]
         if twice:
             text += f"; caching off, the same run twice: {', '.join(twice)}"
-        if control and control_identical(rows, model) and same < sum(a["of"] for a in reused):
+        quiet = control_identical(rows, model)
+        if quiet and same < sum(a["of"] for a in reused):
             text += (". Without reuse on and off agree exactly, so the differences come with reused blocks: K/V "
                      "computed in another request's prefill, in another batch shape, differ in bf16's last bits, "
                      "and greedy decoding flips where two tokens are nearly tied.")
-        elif control and not control_identical(rows, model):
+        elif control and not quiet:
             text += (". The control differs too, so these differences are not the cache's: two engines of the same "
                      "configuration already part on this model (the likely reason: random weights give flat logits, "
                      "where near-ties are everywhere; the same run twice, where recorded, says how far one engine "
@@ -92,7 +93,7 @@ def agreement_lines(shown: Any) -> str:
 
 def caching_cuts_ttft(runs: list[dict[str, Any]], model: str = f"synthetic:{BIG}") -> bool:
     """The lab's claim: on every shared-first set, caching on gives `model` a lower TTFT p50 than off."""
-    pairs = [p for p in on_off_pairs(runs) if p["model"] == model and not p["workload"].endswith("-shared-after")]
+    pairs = [p for p in on_off_pairs(runs) if p["model"] == model and not p["workload"].endswith(CONTROL)]
     return bool(pairs) and all(p["ttft_p50_on_s"] < p["ttft_p50_off_s"] for p in pairs)
 
 
@@ -107,7 +108,7 @@ def serve_hits_predicted(rows: list[dict[str, Any]]) -> bool:
 def serve_cuts_ttft(rows: list[dict[str, Any]], model: str = f"synthetic:{BIG}") -> bool:
     """At the highest rate, where prefills queue, caching on gives `model` a lower TTFT p50 than off (shared-first
     sets only: the shared-after variant hits nothing)."""
-    mine = [r for r in rows if r["model"] == model and not r["workload"].endswith("-shared-after")]
+    mine = [r for r in rows if r["model"] == model and not r["workload"].endswith(CONTROL)]
     top = max((r["rate"] for r in mine), default=None)
     by = {r["caching"]: r["ttft_p50_s"] for r in mine if r["rate"] == top}
     return {"on", "off"} <= set(by) and by["on"] < by["off"]
@@ -129,8 +130,8 @@ def checks(idea: Any, chain: Any, lengths: Any, advice: Any, demo: Any, scarce: 
 
     Takes what the lab's cells computed: the repeat table, the hash chain, the prefix-length rows, the advice
     runs, the eviction demo, the scarce-memory rows, the sequential counters, the on/off runs, the transformers
-    reuse study, the server's load tests and the counters 32 at once. Prints what ran and what did not (and returns nothing, so the cell
-    shows it once)."""
+    reuse study, the server's load tests and the counters 32 at once. Prints what ran and what did not (and returns
+    nothing, so the cell shows it once)."""
     from ..session import Checks
 
     c = Checks("07_prefix_caching")
@@ -194,7 +195,7 @@ def checks(idea: Any, chain: Any, lengths: Any, advice: Any, demo: Any, scarce: 
     c.live(
         seq,
         "vLLM hits nothing with a per-request line first",
-        lambda rows: all(r["vllm_hits"] == 0 for r in rows if r["workload"].endswith("shared-after")),
+        lambda rows: all(r["vllm_hits"] == 0 for r in rows if r["workload"].endswith(CONTROL)),
     )
     c.live(
         part(onoff, "runs"), "prefix caching cuts TTFT p50 on every shared-prefix set (synthetic 8B)", caching_cuts_ttft

@@ -174,7 +174,8 @@ VLLM_NAMES = ("LAB", "STEP", "METHODS", "VLLM_METHODS", "NOT_IN_THIS_LAB", "REFU
               "record", "speedup_falls_with_batch")
 
 
-SYNTHETIC_NAMES = ("synthetic_study", "synthetic_speed_runs", "synthetic_config", "synthetic_lines")  # speculative_synthetic's, likewise
+# speculative_synthetic's, likewise
+SYNTHETIC_NAMES = ("synthetic_study", "synthetic_speed_runs", "synthetic_config", "synthetic_lines")
 
 
 def __getattr__(name: str) -> Any:

@@ -129,7 +129,8 @@ def synthetic_lines(shown: Shown) -> str:
     drafts = [r for r in v["rows"] if r["method"] != "baseline"]
     k, length = v["k"], v["set_length"]
     arch = architectures()
-    c_weights = parameter_count(arch[DRAFT]) / parameter_count(arch[TARGET])
+    p_draft, p_target = parameter_count(arch[DRAFT]), parameter_count(arch[TARGET])
+    c_weights = p_draft / p_target
     implied = [r["implied_c"] for r in drafts if r.get("implied_c") is not None]
     speedups = ", ".join(f"{r['speedup']:.2f}x at batch {r['batch']}" for r in drafts)
     paid = [r["batch"] for r in drafts if r["speedup"] > 1]
@@ -140,7 +141,7 @@ def synthetic_lines(shown: Shown) -> str:
               f"step")
     if implied:
         text += (f"; these runs imply c = {min(implied):.2f}-{max(implied):.2f}, where the weights alone "
-                 f"({parameter_count(arch[DRAFT]) / 1e9:.2f}B of {parameter_count(arch[TARGET]) / 1e9:.2f}B "
+                 f"({p_draft / 1e9:.2f}B of {p_target / 1e9:.2f}B "
                  f"parameters) give c = {c_weights:.2f} and would predict {length / (k * c_weights + 1):.2f}x: the "
                  f"draft's step costs more than its share of the weights' bytes (what else it pays, its own "
                  f"kernel launches, attention and KV, is not separated by these runs)")
