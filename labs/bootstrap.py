@@ -5,7 +5,9 @@
    installed. In Colab the notebook's working directory is `/content` and the clone is
    `/content/<repo>`: the first cell finds this file there (`*/labs/bootstrap.py` below the working
    directory) and runs it, and `__file__` leads back to the clone. A clone whose package is not
-   installed yet (a fresh Colab runtime) is installed once with `pip install -e`, for its dependencies.
+   installed and whose dependencies are missing (a fresh Colab runtime) is installed once with
+   `pip install -e`, for them; where they are all there (a GPU machine with the clone on PYTHONPATH and
+   no registry to reach) the clone is imported as it is.
    Without a clone around (notebooks copied elsewhere) an installed lablib is used as it is.
 2. Figures. plotly's default in Jupyter is `plotly_mimetype` alone: JupyterLab draws it, but
    `jupyter nbconvert --to html` has no renderer for that type and drops every figure. With
@@ -31,13 +33,37 @@ _root = next((p for p in (*_here.parents, _cwd, *_cwd.parents)
               if (p / "pyproject.toml").is_file() and (p / "lablib" / "__init__.py").is_file()), None)
 if _root is not None and str(_root) not in sys.path:
     sys.path.insert(0, str(_root))
+
+
+def _missing_dependencies(root: pathlib.Path) -> list[str]:
+    """The clone's declared dependencies (pyproject.toml) that this Python has no distribution of."""
+    import re
+
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10: no TOML reader in the standard library, so install to be sure
+        return ["(unread: Python 3.10 has no tomllib)"]
+    names = [re.match(r"[A-Za-z0-9_.-]+", d).group(0)
+             for d in tomllib.loads((root / "pyproject.toml").read_text())["project"]["dependencies"]]
+    missing = []
+    for name in names:
+        try:
+            importlib.metadata.distribution(name)
+        except importlib.metadata.PackageNotFoundError:
+            missing.append(name)
+    return missing
+
+
 try:
     importlib.metadata.distribution("lablib")
-except importlib.metadata.PackageNotFoundError:  # a fresh clone (Colab): its dependencies are not installed yet
+except importlib.metadata.PackageNotFoundError:  # a clone on sys.path that pip never installed
     assert _root is not None, (f"lablib is not installed and no clone of the lab is around {_here} or {_cwd}: "
                                "clone the repository and open the notebook from its labs/ folder (README.md)")
-    print(f"installing {_root} (pip install -e, once per runtime) ...")
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "-e", str(_root)], check=True)
+    _missing = _missing_dependencies(_root)
+    if _missing:  # a fresh runtime (Colab): install the clone once, for its dependencies; a machine that has them
+        # all (the GPU machine, its clone on PYTHONPATH, no registry) imports the clone as it is
+        print(f"installing {_root} for {', '.join(_missing)} (pip install -e, once per runtime) ...")
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "-e", str(_root)], check=True)
 
 import plotly.io  # noqa: E402
 

@@ -50,6 +50,29 @@ def test_bootstrap_puts_the_clones_lablib_first_from_colabs_working_directory(co
     assert "installing" not in p.stdout  # lablib is installed here: bootstrap must not pip install the tmp clone
 
 
+def test_bootstrap_imports_an_uninstalled_clone_whose_dependencies_are_all_there(colab):
+    """The GPU machine: the clone on PYTHONPATH, never pip-installed, every dependency present, no registry to
+    reach. Bootstrap must import the clone as it is (pip install -e would fail there, offline), and must still
+    install where a dependency is missing (a fresh Colab runtime)."""
+    code = ("import importlib.metadata as m, runpy, sys; real = m.distribution\n"
+            "def fake(name):\n"
+            "    if name in ('lablib', *sys.argv[2:]): raise m.PackageNotFoundError(name)\n"
+            "    return real(name)\n"
+            "m.distribution = fake\n"
+            "import subprocess; run = subprocess.run  # pip intercepted, any other process runs\n"
+            "subprocess.run = lambda *a, **k: print('PIP', a[0][2:6]) if 'pip' in a[0] else run(*a, **k)\n"
+            "runpy.run_path(sys.argv[1]); import lablib; print(lablib.__file__)")
+    as_is = subprocess.run([sys.executable, "-c", code, "REPO/labs/bootstrap.py"], cwd=colab, capture_output=True,
+                           text=True, timeout=120, check=False)
+    assert as_is.returncode == 0, as_is.stderr[-2000:]
+    assert "installing" not in as_is.stdout and "PIP" not in as_is.stdout, as_is.stdout
+    assert Path(as_is.stdout.split()[-1]).resolve() == (colab / "REPO" / "lablib" / "__init__.py").resolve()
+    fresh = subprocess.run([sys.executable, "-c", code, "REPO/labs/bootstrap.py", "plotly"], cwd=colab,
+                           capture_output=True, text=True, timeout=120, check=False)
+    assert "installing" in fresh.stdout and "for plotly" in fresh.stdout, fresh.stdout
+    assert "PIP ['pip', 'install', '-q', '-e']" in fresh.stdout, fresh.stdout
+
+
 def test_bootstrap_without_a_clone_around_uses_the_installed_lablib(tmp_path):
     shutil.copy(ROOT / "labs" / "bootstrap.py", tmp_path / "bootstrap.py")  # notebooks copied out of the clone
     code = "import runpy, sys; runpy.run_path(sys.argv[1]); import lablib; print(lablib.__file__)"

@@ -336,13 +336,20 @@ def journey_rung(requests: int = 16, batch: int = 16, max_new_tokens: int = 32, 
     """Lab 01's largest static batch (eager attention) and lab 02's rung (the same batches with sdpa), on the
     first `requests` journey requests through `bench.run`, live on this machine (any machine runs it). A Shown
     of {"rows": per rung (panel "rung": attention, tok/s, TTFT p50, TPOT p50; `table(shown, "rung")`), "ratios":
-    sdpa over eager (tok/s, TTFT, TPOT: above 1, sdpa better), "identical": the greedy tokens agree, "results"}.
-    `threads` pins torch's threads."""
+    sdpa over eager (tok/s, TTFT, TPOT: above 1, sdpa better), "identical": the greedy tokens agree, "agreement":
+    `outputs_agree` of the two, "dtype", "float32": the same pair's agreement in float32, "results"}.
+
+    sdpa computes the same attention as eager in another order of sums. In float32 (the CPU's dtype) that leaves
+    the greedy tokens identical; in bfloat16 (a GPU's) the two roundings differ in the last bits and greedy
+    decoding flips where two tokens are nearly tied, so off float32 the pair runs again in float32 (the
+    embedded model: seconds) and "float32" says whether the tokens are then identical. `threads` pins torch's
+    threads."""
     owner = "journey_rung"
     validate.integer(owner, "requests", requests, "journey requests, e.g. 16.", 1, 64)
     validate.integer(owner, "batch", batch, "a static batch size > 1, e.g. 16.", 2, 64)
     validate.integer(owner, "max_new_tokens", max_new_tokens, "new tokens per request, e.g. 32.")
     from ..config import BenchConfig
+    from ..results.compare import outputs_agree
     from ..session import live_label
     from ..workloads import load_workload
     from .journey import hf_steps, run_step
@@ -356,9 +363,22 @@ def journey_rung(requests: int = 16, batch: int = 16, max_new_tokens: int = 32, 
              "ttft_p50_s": r.summary["ttft_s"]["p50"], "tpot_p50_s": r.summary["tpot_s"]["p50"]} for r in results]
     ratios = {"tok_s": rows[1]["output_tok_s"] / rows[0]["output_tok_s"],
               "ttft": rows[0]["ttft_p50_s"] / rows[1]["ttft_p50_s"], "tpot": rows[0]["tpot_p50_s"] / rows[1]["tpot_p50_s"]}
-    same = [a.output_ids for a in eager.requests] == [b.output_ids for b in sdpa.requests]
-    return Shown({"rows": rows, "ratios": ratios, "identical": same, "results": results}, True,
+    agreement, dtype = outputs_agree(sdpa, eager), eager.model.get("dtype")
+    exact = agreement if dtype == "float32" else outputs_agree(*reversed(_float32_pair(wl, bench, batch, threads)))
+    return Shown({"rows": rows, "ratios": ratios, "identical": agreement["identical"] == agreement["of"],
+                  "agreement": agreement, "dtype": dtype, "float32": exact, "results": results}, True,
                  f"{live_label()}, {threads or 'all'} torch thread(s)")
+
+
+def _float32_pair(wl: Any, bench: Any, batch: int, threads: int | None) -> list[Any]:
+    """The rung's eager and sdpa runs again with float32 weights (not stored: they check the tokens, not the speed)."""
+    from ..config import HFConfig
+    from ..engines.hf import HFEngine
+    from .journey import Step, run_step
+
+    return [run_step(Step(f"hf-static-b{batch}-{impl}-float32", lambda m, impl=impl: HFEngine(m, HFConfig(
+                "static", batch, attn_implementation=impl, dtype="float32"))), "embedded", wl, bench,
+                     lab="02_attention", threads=threads) for impl in ("eager", "sdpa")]
 
 
 def journey_rung_lines(shown: Shown[dict[str, Any]]) -> str:
@@ -374,5 +394,19 @@ def journey_rung_lines(shown: Shown[dict[str, Any]]) -> str:
             f"{e['output_tok_s']:,.0f} ({word(r['tok_s'], 'as many', 'fewer')}); TTFT p50 {s['ttft_p50_s']:.2f} s "
             f"against {e['ttft_p50_s']:.2f} s ({word(r['ttft'], 'sooner', 'later')}: the prefill, where eager writes "
             f"the N x N scores); TPOT p50 {s['tpot_p50_s'] * 1e3:.1f} ms against {e['tpot_p50_s'] * 1e3:.1f} ms "
-            f"({word(r['tpot'], 'faster', 'slower')}: decode, one query row a step, no N x N); greedy tokens "
-            f"{'identical' if rung['identical'] else 'NOT identical'}.")
+            f"({word(r['tpot'], 'faster', 'slower')}: decode, one query row a step, no N x N). " + agreement_line(rung))
+
+
+def agreement_line(rung: dict[str, Any]) -> str:
+    """Whether the two rungs' greedy tokens agree, in the rung's dtype and in float32, every number from the runs."""
+    a, f = rung["agreement"], rung["float32"]
+    firsts = sorted(d["first_divergence"] for d in a["diverged"] if d["first_divergence"] is not None)
+    said = (f"Greedy tokens in {rung['dtype']}: {a['identical']} of {a['of']} requests identical"
+            + (f" (the others part at token {', '.join(map(str, firsts))})" if firsts else ""))
+    if rung["dtype"] == "float32":
+        return said + "."
+    said += f"; in float32, {f['identical']} of {f['of']} identical"
+    if a["identical"] < a["of"] and f["identical"] == f["of"]:
+        said += (": sdpa computes the same attention in another order of sums, and in bfloat16 the two roundings "
+                 "differ in the last bits, enough to flip greedy decoding where two tokens are nearly tied")
+    return said + "."

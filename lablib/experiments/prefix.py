@@ -24,6 +24,7 @@ from .. import validate
 from ..bench.offline import prepare, run
 from ..config import BenchConfig
 from ..mechanisms.prefix import PrefixCacheResult, simulate
+from ..results.compare import outputs_agree  # noqa: F401 - re-exported: the tests read it here
 from ..results.record import Result
 from ..workloads import Workload, load_workload
 from .prefix_checks import (  # noqa: F401 - re-exported: the notebook and the tests read them here
@@ -198,20 +199,6 @@ def on_off_row(result: Result, workload: Workload, caching: bool, shared: int) -
             "ttft_p99_s": s["ttft_s"]["p99"], "output_tok_s": s["output_tok_s"], "total_tok_s": s["total_tok_s"],
             "vllm_hits": got["hits"], "vllm_queries": got["queries"],
             "hit_rate": got["hits"] / got["queries"] if caching and got["queries"] else None, "step": result.step}
-
-
-def outputs_agree(on: Result, off: Result) -> dict[str, Any]:
-    """Greedy tokens with caching on against off, request by request: how many are identical, and where others part."""
-    off_ids = {r.request_id: r.output_ids for r in off.requests}
-    diverged = []
-    for r in on.requests:
-        a, b = r.output_ids or [], off_ids.get(r.request_id) or []
-        unequal = None if len(a) == len(b) else min(len(a), len(b))
-        at = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), unequal)
-        if at is not None or r.output_ids is None:
-            diverged.append({"request_id": r.request_id, "first_divergence": at, "output_tokens": len(a)})
-    return {"model": on.model.get("name"), "workload": on.workload.get("name"),
-            "identical": len(on.requests) - len(diverged), "of": len(on.requests), "diverged": diverged}
 
 
 def on_off_runs(models: tuple[Any, ...] = ("embedded", BIG), *, lab: str = LAB, gpu_memory_utilization: float = 0.3

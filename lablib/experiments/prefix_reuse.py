@@ -59,7 +59,8 @@ def reuse_study(engine: Any, workload: str = "shared-prefix-512", requests: int 
     model = engine.model
     if getattr(engine, "device", "cpu") != "cpu":
         raise ValueError(f"reuse_study.engine: on {engine.device}; allowed an HFEngine on the CPU (this step measures "
-                         "the CPU; vLLM's prefix cache is the GPU's, in step 7). Fix: lablib.HFEngine('embedded').")
+                         "the CPU; vLLM's prefix cache is the GPU's, in step 7). Fix: lablib.HFEngine('embedded', "
+                         "lablib.HFConfig(device='cpu')).")
     wl = load_workload(workload, limit=requests)
     ids = [list(p.prompt_ids) for p in prepare(wl, engine, BenchConfig(warmup_requests=0))]
     shared = shared_tokens(ids)
@@ -100,8 +101,8 @@ def reuse_study(engine: Any, workload: str = "shared-prefix-512", requests: int 
             "reused_share": sum(reuse) / sum(len(p) for p in ids), "prefix_ms": 1e3 * percentile(prefix_s, 50)}
 
 
-def reuse_lines(study: dict[str, Any], label: str) -> str:
-    """The study in two sentences, its numbers from the run."""
+def reuse_lines(study: dict[str, Any], label: str = "live on this machine's CPU") -> str:
+    """The study in two sentences, its numbers from the run (which `reuse_study` made on the CPU, GPU or not)."""
     return (f"{study['workload']}, {len(study['rows'])} requests sharing {study['shared_tokens']} prompt tokens: "
             f"{study['reused_share']:.0%} of the prompt tokens reused (whole {study['block_size']}-token blocks). "
             f"Median TTFT {study['cold_ttft_p50_ms']:.1f} ms cold, {study['warm_ttft_p50_ms']:.1f} ms with the "

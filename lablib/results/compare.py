@@ -29,3 +29,18 @@ def token_agreement(a: Result, b: Result) -> float:
         raise ValueError("token_agreement: the runs share no requests with stored output_ids. "
                          "Fix: compare two live runs of the same workload.")
     return sum(x == y for x, y in pairs) / len(pairs)
+
+
+def outputs_agree(a: Result, b: Result) -> dict[str, Any]:
+    """Greedy tokens of run `a` against run `b` of the same workload (caching on against off, sdpa against eager),
+    request by request: how many are identical, and where each other one first parts (None: no output ids)."""
+    b_ids = {r.request_id: r.output_ids for r in b.requests}
+    diverged = []
+    for r in a.requests:
+        x, y = r.output_ids or [], b_ids.get(r.request_id) or []
+        unequal = None if len(x) == len(y) else min(len(x), len(y))
+        at = next((i for i, (u, v) in enumerate(zip(x, y)) if u != v), unequal)
+        if at is not None or r.output_ids is None:
+            diverged.append({"request_id": r.request_id, "first_divergence": at, "output_tokens": len(x)})
+    return {"model": a.model.get("name"), "workload": a.workload.get("name"),
+            "identical": len(a.requests) - len(diverged), "of": len(a.requests), "diverged": diverged}

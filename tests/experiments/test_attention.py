@@ -316,6 +316,30 @@ def test_the_recorded_hf_prefill_shows_the_asked_lengths_or_says_what_stands_in(
     assert none.value is None and none.stand_ins == {} and "--steps attention" in none.label
 
 
+def test_off_float32_the_rung_checks_its_tokens_again_in_float32(monkeypatch):
+    """On a GPU the rung runs in bfloat16, where sdpa and eager round differently: the pair runs again in float32,
+    and the line says both. Here the CPU runs the bfloat16 rung (the same engines with dtype="bfloat16")."""
+    from lablib.config import HFConfig
+    from lablib.engines.hf import HFEngine
+    from lablib.experiments import attention, journey
+
+    def bf16_steps(sizes):
+        return [journey.Step(f"hf-static-b2{tail}", lambda m, impl=impl: HFEngine(m, HFConfig(
+                    "static", 2, attn_implementation=impl, dtype="bfloat16"))) for tail, impl in (("", "eager"),
+                                                                                              ("-sdpa", "sdpa"))]
+
+    monkeypatch.setattr(journey, "hf_steps", bf16_steps)
+    v = attention.journey_rung(requests=3, batch=2, max_new_tokens=8).value
+    assert v["dtype"] == "bfloat16" and v["float32"] is not v["agreement"]
+    assert v["float32"]["identical"] == v["float32"]["of"] == 3  # float32: the same tokens, as on the CPU's rung
+    line = attention.agreement_line(v)
+    assert f"Greedy tokens in bfloat16: {v['agreement']['identical']} of 3 requests identical" in line
+    assert "in float32, 3 of 3 identical" in line
+    assert ("nearly tied" in line) == (v["agreement"]["identical"] < 3)
+    split = {**v, "agreement": {**v["agreement"], "identical": 2, "diverged": [{"first_divergence": 5}]}}
+    assert "part at token 5" in attention.agreement_line(split) and "nearly tied" in attention.agreement_line(split)
+
+
 def test_the_journeys_attention_rung_runs_both_kernels_and_keeps_the_tokens():
     """Lab 02's rung against lab 01's largest batch: the same requests, eager then sdpa, whole generate runs."""
     from lablib.experiments import attention
@@ -327,7 +351,8 @@ def test_the_journeys_attention_rung_runs_both_kernels_and_keeps_the_tokens():
     assert v["ratios"]["tok_s"] == v["rows"][1]["output_tok_s"] / v["rows"][0]["output_tok_s"]
     assert all(r.summary["output_tokens"] == 12 for r in v["results"])
     assert list(attention.table(shown, "rung")["rung"]) == ["hf-static-b2", "hf-static-b2-sdpa"]
+    assert v["dtype"] == "float32" and v["float32"] is v["agreement"] and v["agreement"]["of"] == 3
     line = attention.journey_rung_lines(shown)
-    assert "hf-static-b2-sdpa made" in line and "greedy tokens identical" in line
+    assert "hf-static-b2-sdpa made" in line and "Greedy tokens in float32: 3 of 3 requests identical." in line
     with pytest.raises(ValueError, match=r"journey_rung\.batch=1: allowed integers 2\.\.64; Fix:"):
         attention.journey_rung(batch=1)
