@@ -199,7 +199,10 @@ def harness_runs(n_prompts: int = 16, max_new_tokens: int = 32, k: int = 4, *, s
                  lab: str = "08_speculative_decoding", threads: int | None = 1) -> dict[str, Any]:
     """Naive generate, then transformers' assisted generation with the embedded draft and with prompt lookup,
     each an `HFEngine` run by `bench.run` on the same journey prompts (one warm-up request, exact lengths): what
-    the journey's lab 08 rungs measure, with the latencies every other lab reports.
+    the journey's lab 08 rungs measure, with the latencies every other lab reports. On the CPU on every machine,
+    in float32, as the loop (`cpu_study`): a GPU's bfloat16 rounds the verify pass over k+1 tokens differently
+    from one-token decode steps, so "identical to naive" would test the rounding, not the method (lab 02 shows
+    the same with eager against sdpa); vLLM is the GPU's speculative decoding, in step 7.
 
     Returns {"rows": one per engine (tok/s, speedup over naive, TTFT and TPOT p50, tokens per target forward,
     identical to naive's greedy tokens), "k", "provenance", "results"}. `threads` pins torch's threads (1: steady
@@ -215,7 +218,7 @@ def harness_runs(n_prompts: int = 16, max_new_tokens: int = 32, k: int = 4, *, s
     wl = load_workload("journey", limit=n_prompts)
     bench = BenchConfig(max_new_tokens=max_new_tokens, progress=False)
     steps = [Step(f"hf-naive-{how}-k{k}" if how else "hf-naive-sdpa",
-                  lambda m, how=how: HFEngine(m, HFConfig(speculative=how, num_speculative_tokens=k)))
+                  lambda m, how=how: HFEngine(m, HFConfig(speculative=how, num_speculative_tokens=k, device="cpu")))
              for _, how in HARNESS]
     results = [run_step(s, "embedded", wl, bench, lab=lab, store=store, threads=threads) for s in steps]
     rows, naive = [], results[0]

@@ -511,6 +511,17 @@ def test_the_harness_runs_the_pair_as_engines_and_keeps_the_tokens():
     assert "draft model:" in text and "n-gram (prompt lookup):" in text and "identical to naive's" in text
 
 
+def test_the_harness_stays_on_the_cpu_in_float32_on_a_gpu_machine(monkeypatch):
+    """On a GPU machine HFEngine's device="auto" picks CUDA and bfloat16, where the verify pass rounds differently
+    from one-token steps; the harness pins the CPU, so its "identical to naive" and its label stay true."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # what device="auto" sees on a GPU machine
+    runs = spec.harness_runs(n_prompts=1, max_new_tokens=4, k=2)
+    assert [(r.engine_facts["device"], r.model["dtype"]) for r in runs["results"]] == [("cpu", "float32")] * 3
+    assert runs["provenance"].startswith("measured on this machine's CPU")
+
+
 def test_the_harness_refuses_a_bad_k_before_any_model_loads():
     with pytest.raises(ValueError, match=r"harness_runs\.k=0: allowed integers 1\.\.16; Fix:"):
         spec.harness_runs(k=0)
