@@ -213,6 +213,14 @@ class VLLMEngine:
                 bar.close()
         return [got[r.request_id] for r in requests]
 
+    def prompt_logprobs(self, prompts: list[list[int]]) -> list[list[float]]:
+        """Each token-id prompt's log-probability of its every token after the first, scored by the model (vLLM's
+        `prompt_logprobs`): what perplexity is made of (`experiments.quantization.from_logprobs`). vLLM skips
+        prefix-cache reads for such requests, so the cache cannot change the score. Starts the engine if needed."""
+        self.start()
+        self._conn.send(("prompt_logprobs", [list(p) for p in prompts]))
+        return self._receive(3600, expect=("logprobs",))[1]
+
     def reset_prefix_cache(self) -> bool:
         """Empty vLLM's prefix cache (`LLM.reset_prefix_cache()`), so the next run's hits are its own.
 

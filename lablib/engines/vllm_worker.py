@@ -1,8 +1,10 @@
 """The child side of the vLLM engine: runs in its own (spawned) process, owns the GPU.
 
 Protocol over a multiprocessing Pipe (tuples, first item the kind):
-  parent → worker: ("generate", [request dicts]), ("close",)
-  worker → parent: ("ready", facts), ("record", record dict), ("done", run facts), ("error", message, detail)
+  parent → worker: ("generate", [request dicts]), ("prompt_logprobs", [token id lists]), ("reset_prefix_cache",),
+                   ("close",)
+  worker → parent: ("ready", facts), ("record", record dict), ("done", run facts), ("logprobs", [float lists]),
+                   ("reset", bool), ("error", message, detail)
 
 The worker drives vLLM's own engine loop (`llm_engine.add_request`, then `llm_engine.step()` until
 nothing is unfinished: what `LLM.generate` does inside) so that each finished request can
@@ -110,6 +112,19 @@ def _generate(llm: Any, requests: list[dict[str, Any]], conn: Any) -> None:
     conn.send(("done", {"wall_s": time.monotonic() - t0, "metrics": after, "metrics_delta": delta}))
 
 
+def _prompt_logprobs(llm: Any, prompts: list[list[int]]) -> list[list[float]]:
+    """Each prompt's log-probability of every token after its first, as the model scores its own prompt (what
+    perplexity needs): `SamplingParams(max_tokens=1, prompt_logprobs=0)`; vLLM's entry 0 is None (the first token
+    is never predicted), each later one holds the prompt token's Logprob."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    params = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=0.0, detokenize=False)
+    outs = llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False)
+    return [[float(scored[t].logprob) for scored, t in zip(o.prompt_logprobs[1:], p[1:])]
+            for o, p in zip(outs, prompts)]
+
+
 def worker_main(conn: Any, model: str, tokenizer: str | None, llm_kwargs: dict[str, Any], log_path: str,
                 skip_tokenizer_init: bool) -> None:
     """Start vLLM, answer generate requests until told to close, then free the GPU."""
@@ -139,7 +154,10 @@ def worker_main(conn: Any, model: str, tokenizer: str | None, llm_kwargs: dict[s
                 conn.send(("error", f"{type(e).__name__}: {e}", traceback.format_exc()))
             continue
         try:
-            _generate(llm, msg[1], conn)
+            if msg[0] == "prompt_logprobs":
+                conn.send(("logprobs", _prompt_logprobs(llm, msg[1])))
+            else:
+                _generate(llm, msg[1], conn)
         except BaseException as e:
             conn.send(("error", f"{type(e).__name__}: {e}", traceback.format_exc()))
     del llm

@@ -496,6 +496,25 @@ def test_prefix_cache_hits_per_request_and_per_run_and_the_reset(start):
     assert [r.cached_tokens for r in off.generate(reqs, progress=False)] == [None] * 3
 
 
+def test_prompt_logprobs_score_every_token_after_the_first_and_the_engine_goes_on(start):
+    """What perplexity on the GPU is made of: per prompt, the model's log-probability of each of its tokens after
+    the first (vLLM's prompt_logprobs[1:]); the engine then serves generate as before."""
+    import math
+
+    from lablib.experiments.quantization import from_logprobs
+
+    from vllm.llm import fake_logprob  # the fake model's scores (the fixture put the fake vllm on sys.path)
+
+    engine = start()
+    prompts = [[5, 9, 2, 7], [3, 3]]
+    got = engine.prompt_logprobs(prompts)
+    assert got == [[fake_logprob(a, b) for a, b in zip(p, p[1:])] for p in prompts]
+    ppl = from_logprobs(got)
+    assert ppl.tokens == 4 and ppl.texts == 2 and math.isclose(ppl.ppl, math.exp(-sum(map(sum, got)) / 4))
+    [rec] = engine.generate(_requests([3]), progress=False)
+    assert rec.output_ids == _expected_ids(_requests([3])[0])
+
+
 def test_preflight_refuses_parallel_sizes_this_machine_or_the_model_cannot_take(with_fake_vllm, fake_gpu, monkeypatch):
     fake_gpu(count=2)
     spec = resolve_model("embedded")  # 4 heads, 5 layers

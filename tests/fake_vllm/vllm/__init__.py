@@ -2,7 +2,7 @@
 
 It has exactly the slice of vLLM 0.26's API that `lablib/engines/vllm_worker.py` uses:
 `LLM(...)` with `.llm_engine` (`vllm_config`, `add_request`, `step`,
-`has_unfinished_requests`) and `.get_metrics()`; `SamplingParams`;
+`has_unfinished_requests`), `.get_metrics()` and `.generate()` (for `prompt_logprobs`); `SamplingParams`;
 `inputs.TokensPrompt`; `sampling_params.RequestOutputKind`; `__version__`. Like vLLM it
 starts an "EngineCore" child process, which prints the attention-backend line the worker
 reads from its log, and which the LLM ends when it is garbage-collected.

@@ -44,12 +44,25 @@ class CompletionOutput:
 
 
 @dataclass
+class Logprob:
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
+def fake_logprob(previous: int, token: int) -> float:
+    """The fake model's log-probability of `token` after `previous` (deterministic, in [-3, -0.1])."""
+    return -0.1 - ((previous * 31 + token) % 30) / 10
+
+
+@dataclass
 class RequestOutput:
     request_id: str  # the id given to add_request (not the suffixed one it returned)
     outputs: list[CompletionOutput]
     finished: bool
     metrics: Any = None  # set only with stats logging on (disable_log_stats=False)
     num_cached_tokens: int | None = None  # prompt tokens the prefix cache served
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None  # with SamplingParams(prompt_logprobs=k)
 
 
 @dataclass
@@ -133,8 +146,11 @@ class LLMEngine:
             ids = [token] if kind == RequestOutputKind.DELTA else list(r.output)
             metrics = (SimpleNamespace(arrival_time=r.arrival_time, scheduled_ts=r.scheduled_ts)
                        if self.log_stats else None)
+            scored = None
+            if r.params.prompt_logprobs is not None and len(r.output) == 1:  # vLLM: with the first output
+                scored = [None] + [{t: Logprob(fake_logprob(a, t), 1)} for a, t in zip(r.prompt, r.prompt[1:])]
             outs.append(RequestOutput(r.request_id, [CompletionOutput(0, ids)], finished, metrics,
-                                      r.cached if self.prefix_caching else None))
+                                      r.cached if self.prefix_caching else None, scored))
         done = [r for r in self._running if len(r.output) >= r.params.max_tokens]
         self._running = [r for r in self._running if len(r.output) < r.params.max_tokens]
         self._finished += len(done)
@@ -191,6 +207,21 @@ class LLM:
 
     def get_metrics(self) -> list[Metric]:
         return self.llm_engine.get_metrics()
+
+    def generate(self, prompts: list[dict], sampling_params: SamplingParams | None = None,
+                 use_tqdm: bool = True) -> list[RequestOutput]:
+        """vLLM's offline call: every prompt to the end, one final output each, in the prompts' order."""
+        params = sampling_params or SamplingParams()
+        final = {}
+        for i, p in enumerate(prompts):
+            self.llm_engine.add_request(str(i), p, params)
+        while self.llm_engine.has_unfinished_requests():
+            for o in self.llm_engine.step():
+                kept = final.get(o.request_id)
+                if kept is not None and kept.prompt_logprobs is not None:
+                    o.prompt_logprobs = kept.prompt_logprobs
+                final[o.request_id] = o
+        return [final[str(i)] for i in range(len(prompts))]
 
     def reset_prefix_cache(self, reset_running_requests: bool = False, reset_connector: bool = False) -> bool:
         if self.llm_engine._running:

@@ -13,7 +13,7 @@ class RequestOutputKind(enum.Enum):
 class SamplingParams:
     def __init__(self, *, n: int = 1, temperature: float = 1.0, top_p: float = 1.0, seed: int | None = None,
                  max_tokens: int | None = 16, ignore_eos: bool = False, detokenize: bool = True,
-                 output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE):
+                 output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE, prompt_logprobs: int | None = None):
         if max_tokens is not None and max_tokens < 1:
             raise ValueError(f"max_tokens must be at least 1, got {max_tokens}.")
         if temperature < 0:
@@ -22,4 +22,6 @@ class SamplingParams:
             raise TypeError(f"output_kind must be a RequestOutputKind, got {output_kind!r}")
         self.n, self.temperature, self.top_p, self.seed = n, temperature, top_p, seed
         self.max_tokens, self.ignore_eos = max_tokens, ignore_eos
-        self.detokenize, self.output_kind = detokenize, output_kind
+        if prompt_logprobs is not None and prompt_logprobs < -1:
+            raise ValueError(f"prompt_logprobs must be non-negative or -1, got {prompt_logprobs}.")
+        self.detokenize, self.output_kind, self.prompt_logprobs = detokenize, output_kind, prompt_logprobs
