@@ -11,6 +11,7 @@
 set -u
 phase=$1; budget=$2; shift 2
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0
+[ -d /tmp/site-q ] && export LABLIB_QUANT_SITE=/tmp/site-q  # lab 06's quantizer: llm-compressor's own packages
 run=/tmp/run-$phase; mkdir -p "$run"
 t0=$(date +%s)
 case $phase in

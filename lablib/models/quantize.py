@@ -32,8 +32,9 @@ weight) and rounds slightly more accurately. `default_group_size` picks 128, els
 How it runs. llm-compressor 0.14 pins compressed-tensors 0.19 and vLLM 0.26 pins 0.17, so on a GPU
 machine the quantizer lives in its own environment. `quantize` therefore does every check here (pure
 standard library: config.json and the safetensors headers give every Linear's width with no torch), then
-starts `python -m lablib.models.quantize_worker` in a process of its own (`python=`, by default this
-interpreter) with a job file, and waits. The worker writes into a sibling folder that is renamed into
+starts `python -m lablib.models.quantize_worker` in a process of its own (`quant_environment` says which
+interpreter: this one where llm-compressor imports, else the quantization environment) with a job file, and
+waits. The worker writes into a sibling folder that is renamed into
 place only when everything is written, so a failed run leaves no half-written output behind.
 
 The output folder holds what vLLM and transformers load with no flags (`config.json` with its
@@ -218,21 +219,53 @@ def _calibration(scheme: Scheme, calibration: str | Workload | None, num_samples
     return calibration.head(num_samples)
 
 
-def _check_python(python: str | None) -> str:
-    exe = python or sys.executable
-    if python is None:
-        ok = importlib.util.find_spec("llmcompressor") is not None
-    else:
-        if not (Path(exe).is_file() or shutil.which(exe)):
-            raise validate.refuse(OWNER, "python", exe, "a Python interpreter", "pass the path of the quantization "
+QUANT_PYTHON, QUANT_SITE = "LABLIB_QUANT_PYTHON", "LABLIB_QUANT_SITE"  # where the quantization environment is
+QUANT_VENV = ROOT / ".venv-quant"  # what `scripts/setup.sh quant` makes beside a vLLM .venv
+
+
+def _has_llmcompressor(exe: str, pythonpath: str | None) -> bool:
+    probe = "import importlib.util, sys; sys.exit(0 if importlib.util.find_spec('llmcompressor') else 3)"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | ({"PYTHONPATH": pythonpath} if pythonpath else {})
+    return subprocess.run([exe, "-c", probe], capture_output=True, env=env).returncode == 0
+
+
+def quant_environment(python: str | None = None) -> tuple[str, str]:
+    """The interpreter that runs the quantization worker, and the PYTHONPATH it gets (the project root first).
+
+    llm-compressor and vLLM cannot share an environment, so a GPU machine has two. Asked in this order:
+    `python=` (another interpreter, its own packages); this interpreter when llm-compressor imports here (the CPU
+    lab's .venv, or a process started in the quantization environment; its PYTHONPATH is kept); $LABLIB_QUANT_PYTHON
+    (another interpreter); $LABLIB_QUANT_SITE (a folder of packages for this interpreter, the lent GPU machine's
+    /tmp/site-q, used instead of this process's PYTHONPATH, which holds vLLM's); `.venv-quant/bin/python`
+    (`scripts/setup.sh quant`). A worker in another environment never inherits this one's PYTHONPATH: vLLM's
+    compressed-tensors 0.17 there would shadow llm-compressor's 0.19."""
+    root = str(ROOT)
+    if python is not None:
+        if not (Path(python).is_file() or shutil.which(python)):
+            raise validate.refuse(OWNER, "python", python, "a Python interpreter", "pass the path of the quantization "
                                   "environment's python, e.g. .venv-quant/bin/python.")
-        probe = "import importlib.util, sys; sys.exit(0 if importlib.util.find_spec('llmcompressor') else 3)"
-        ok = subprocess.run([exe, "-c", probe], capture_output=True).returncode == 0
-    if not ok:
-        raise validate.refuse(OWNER, "python", exe, "an interpreter where llm-compressor 0.14 imports",
-                              f"{INSTALL} there, or pass python= the quantization environment's interpreter "
-                              "(on the GPU machine: PYTHONPATH=/tmp/site-q, see shared/gpu/README.md).")
-    return exe
+        candidates = [("python=", python, root)]
+    elif importlib.util.find_spec("llmcompressor") is not None:
+        return sys.executable, os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
+    else:
+        candidates = [(f"${QUANT_PYTHON}", os.environ.get(QUANT_PYTHON), root),
+                      (f"${QUANT_SITE}", sys.executable if os.environ.get(QUANT_SITE) else None,
+                       os.pathsep.join([root, os.environ.get(QUANT_SITE, "")])),
+                      (str(QUANT_VENV), str(QUANT_VENV / "bin" / "python") if (QUANT_VENV / "bin" / "python").is_file()
+                       else None, root)]
+    tried = []
+    for where, exe, path in candidates:
+        if exe is None:
+            continue
+        if _has_llmcompressor(exe, path):
+            return exe, path
+        tried.append(f"{where} ({exe})")
+    raise validate.refuse(OWNER, "python", python or sys.executable, "an interpreter where llm-compressor 0.14 imports",
+                          f"{INSTALL} here; or make the quantization environment beside vLLM's with "
+                          f"`scripts/setup.sh quant` (.venv-quant); or point ${QUANT_PYTHON} at its python, or "
+                          f"${QUANT_SITE} at a folder holding it (the lent GPU machine: /tmp/site-q, "
+                          "../shared/gpu/README.md)" + (f". Tried without it: {', '.join(tried)}" if tried else "")
+                          + ".")
 
 
 def plan(model_dir: str | Path, out_dir: str | Path, scheme: str, *, group_size: int | None = None,
@@ -272,7 +305,7 @@ def quantize(model_dir: str | Path, out_dir: str | Path, scheme: str, *, group_s
     target). calibration: a workload name or Workload (the lab's 'calibration' set, 64 windows of 512
     tokens, disjoint from 'evaluation'), first `num_samples` of it; unused by fp8-dynamic. ignore: modules
     kept in 16 bits (llm-compressor's names or 're:' patterns). python: the interpreter with llm-compressor
-    (default: this one). threads: torch threads in the worker (default: torch's own choice).
+    (default: `quant_environment`'s choice). threads: torch threads in the worker (default: torch's own choice).
 
     Every refusal comes before the worker starts: an unknown scheme, a group size that does not divide a
     targeted width, a missing calibration set, an output folder that is not empty, a folder already
@@ -282,15 +315,14 @@ def quantize(model_dir: str | Path, out_dir: str | Path, scheme: str, *, group_s
                num_samples=num_samples, ignore=ignore)
     validate.optional_integer(OWNER, "threads", threads, "pass e.g. threads=1, or None for torch's default.")
     validate.number(OWNER, "timeout_s", timeout_s, "pass seconds, e.g. 3600.", 0.0, low_open=True)
-    exe = _check_python(python)
+    exe, pythonpath = quant_environment(python)
     out = Path(job["out_dir"])
     out.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
     job.update(out_dir=str(work / "model"), threads=threads, result=str(work / "result.json"))
     (work / "job.json").write_text(json.dumps(job))
     log = work / "quantize.log"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-           "TQDM_DISABLE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    env = {**os.environ, "PYTHONPATH": pythonpath, "TQDM_DISABLE": "1", "TOKENIZERS_PARALLELISM": "false"}
     if threads:
         env["OMP_NUM_THREADS"] = str(threads)
     t0 = time.perf_counter()

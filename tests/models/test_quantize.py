@@ -111,12 +111,67 @@ def test_ignoring_every_linear_or_a_bad_ignore_is_refused(tmp_path, no_worker):
     refused("ignore", q.quantize, TARGET, tmp_path / "out", "fp8-dynamic", ignore=("",))
 
 
-def test_an_interpreter_without_llm_compressor_is_refused(tmp_path, monkeypatch, no_worker):
+@pytest.fixture
+def vllm_env(monkeypatch, tmp_path):
+    """This process as in vLLM's environment: llm-compressor does not import, no quantization environment named
+    or made, vLLM's packages on PYTHONPATH (what the worker must not inherit)."""
+    real = q.importlib.util.find_spec
+    monkeypatch.setattr(q.importlib.util, "find_spec", lambda name, *a: None if name == "llmcompressor" else
+                        real(name, *a))
+    for var in (q.QUANT_PYTHON, q.QUANT_SITE):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(q, "QUANT_VENV", tmp_path / "no-venv-quant")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "vllm-site"))
+
+
+def test_an_interpreter_without_llm_compressor_is_refused(tmp_path, vllm_env, no_worker):
     refused("python", q.quantize, TARGET, tmp_path / "out", "fp8-dynamic", python=str(tmp_path / "no-python"))
-    monkeypatch.setattr(q.importlib.util, "find_spec", lambda name: None)
     msg = refused("python", q.quantize, TARGET, tmp_path / "out", "fp8-dynamic")
-    assert "lablib[quant]" in msg
+    assert "lablib[quant]" in msg and "scripts/setup.sh quant" in msg and "LABLIB_QUANT_SITE" in msg
     assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".out.partial-*"))
+
+
+def test_the_quantization_environment_is_found_and_never_inherits_vllms_pythonpath(tmp_path, monkeypatch, vllm_env):
+    """Where llm-compressor does not import here (vLLM's environment), the worker runs in the quantization
+    environment: $LABLIB_QUANT_SITE (a folder for this interpreter: the GPU machine's /tmp/site-q), or
+    $LABLIB_QUANT_PYTHON / .venv-quant (another interpreter). Its PYTHONPATH is the project and that folder, never
+    this process's (vLLM's compressed-tensors 0.17 would shadow llm-compressor's 0.19). This interpreter has
+    llm-compressor itself, so the probe is played by a stand-in that looks only at PYTHONPATH, as vLLM's
+    interpreter would find it; the real probe is tested below on the venv's base interpreter."""
+    root, vllm_site = str(q.ROOT), str(tmp_path / "vllm-site")
+    probed = []
+
+    def probe(exe, pythonpath):
+        probed.append((exe, pythonpath))
+        return exe != sys.executable or any(Path(p, "llmcompressor").is_dir() for p in pythonpath.split(":"))
+
+    monkeypatch.setattr(q, "_has_llmcompressor", probe)
+    site = tmp_path / "site-q"
+    (site / "llmcompressor").mkdir(parents=True)
+    monkeypatch.setenv(q.QUANT_SITE, str(site))
+    exe, path = q.quant_environment()
+    assert (exe, path.split(":")) == (sys.executable, [root, str(site)]) and vllm_site not in path
+    monkeypatch.setenv(q.QUANT_SITE, str(tmp_path / "empty"))  # named, but llm-compressor is not there
+    msg = refused("python", q.quant_environment)
+    assert f"Tried without it: $LABLIB_QUANT_SITE ({sys.executable})" in msg
+    monkeypatch.delenv(q.QUANT_SITE)
+    other = tmp_path / "no-venv-quant" / "bin" / "python"  # .venv-quant: another interpreter, its own packages
+    other.parent.mkdir(parents=True)
+    other.write_text("")
+    assert q.quant_environment() == (str(other), root)
+    monkeypatch.setenv(q.QUANT_PYTHON, "/opt/quant/bin/python")  # named first: asked before .venv-quant
+    assert q.quant_environment() == ("/opt/quant/bin/python", root) and all(vllm_site not in p for _, p in probed)
+    monkeypatch.setattr(q.importlib.util, "find_spec", lambda name, *a: object())  # llm-compressor imports here
+    assert q.quant_environment() == (sys.executable, f"{root}:{vllm_site}")  # this environment, kept whole
+
+
+def test_the_probe_asks_the_interpreter_with_only_the_pythonpath_given(tmp_path, monkeypatch):
+    base = sys._base_executable  # the venv's base interpreter: no llm-compressor of its own
+    monkeypatch.setenv("PYTHONPATH", str(Path(q.importlib.util.find_spec("llmcompressor").origin).parents[1]))
+    assert not q._has_llmcompressor(base, None)  # this process's PYTHONPATH is not passed on
+    (tmp_path / "llmcompressor").mkdir()
+    (tmp_path / "llmcompressor" / "__init__.py").write_text("")
+    assert q._has_llmcompressor(base, str(tmp_path))
 
 
 def test_the_quantizer_loads_nothing_heavy_and_the_worker_no_other_lablib_module():
