@@ -31,7 +31,8 @@ Steps:
   tp-scaling  lab 09: TP=1/2/4 (needs a machine with 2-4 GPUs)
   attention  lab 02: the attention microbenchmark, HF eager/sdpa/flex prefill on the synthetic 8B, vLLM's backends
   quantization  lab 06: speed and memory per scheme on the synthetic 8B (after prepare_checkpoints() in the
-           llm-compressor environment: see lablib.experiments.quantization.record)
+           llm-compressor environment: see lablib.experiments.quantization.record); quantization-quality: the
+           embedded target's checkpoints made there (LABLIB_QUANT_SITE), perplexity through vLLM beside the CPU's
   journey-fp8  the journey's quantized rung: vLLM with FP8 weights on the synthetic 8B, as `big` runs bf16
 """
 from __future__ import annotations
@@ -277,7 +278,8 @@ STEPS = {"smoke": step_smoke, "startup": step_startup, "big": step_big, "big-lab
          "speculative": _lab("speculative", "record"), "speculative-8b": _lab("speculative_synthetic", "record"),
          "tp1": _lab("parallel", "record"),
          "tp-scaling": _lab("parallel", "record_scaling"), "attention": _lab("attention", "record"),
-         "quantization": _lab("quantization", "record"), "journey-fp8": step_journey_fp8}
+         "quantization": _lab("quantization", "record"),
+         "quantization-quality": _lab("quantization.gpu_quality", "record"), "journey-fp8": step_journey_fp8}
 
 
 def main() -> None:

@@ -148,6 +148,16 @@ def start(with_fake_vllm, fake_gpu, monkeypatch):
     assert _wait_gone(_cores(marker)) == []
 
 
+def fake_scores():
+    """The fake model's fake_logprob, loaded by path: importing it as `vllm.llm` would put vLLM in this process."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("fake_vllm_scores", os.path.join(FAKE, "vllm", "scores.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.fake_logprob
+
+
 def _requests(lengths, prompt_lens=None):
     prompt_lens = prompt_lens or [3 + 2 * i for i in range(len(lengths))]
     return [PreparedRequest(f"r{i}", tuple(range(1, p + 1)), n) for i, (p, n) in enumerate(zip(prompt_lens, lengths))]
@@ -503,7 +513,7 @@ def test_prompt_logprobs_score_every_token_after_the_first_and_the_engine_goes_o
 
     from lablib.experiments.quantization import from_logprobs
 
-    from vllm.llm import fake_logprob  # the fake model's scores (the fixture put the fake vllm on sys.path)
+    fake_logprob = fake_scores()
 
     engine = start()
     prompts = [[5, 9, 2, 7], [3, 3]]

@@ -438,3 +438,40 @@ def test_checkpoints_default_to_the_results_folder_wherever_the_process_started(
     monkeypatch.setenv("LABLIB_RESULTS", str(tmp_path / "r"))
     assert work_folder() == tmp_path / "r" / "quantized"
     assert [r["scheme"] for r in qe.storage_rows([])] == ["bf16"]  # no scheme: nothing read from the default folder
+
+
+def test_gpu_quality_on_the_fake_vllm_beside_the_cpu_rows_and_refusals_first(start, tmp_path, monkeypatch):  # noqa: F811
+    """vLLM's perplexity per checkpoint (the fake scores every token by a fixed rule, so each scheme scores the same
+    texts alike): from_logprobs of prompt_logprobs on the evaluation windows, its change against vLLM's bf16, the
+    gap to the CPU's number for the same scheme; a checkpoint not made is refused before any engine starts."""
+    import lablib.engines.vllm as engine
+    from lablib.models import load_tokenizer, resolve_model
+    from tests.engines.test_vllm import fake_scores
+
+    fake_logprob = fake_scores()
+
+    made = qe.quantize_all(("fp8-dynamic",), work_dir=tmp_path, num_samples=2)
+    texts = qe.evaluation_set(2).prompt_ids(load_tokenizer(resolve_model("embedded")))
+    want = qe.from_logprobs([[fake_logprob(a, b) for a, b in zip(t, t[1:])] for t in texts])
+    cpu = [{"scheme": "bf16", "ppl": want.ppl * 1.004}, {"scheme": "fp8-dynamic", "ppl": want.ppl * 0.9}]
+    rows = qe.vllm_quality_rows(("fp8-dynamic",), work_dir=tmp_path, eval_texts=2, cpu_rows=cpu)
+    assert [r["scheme"] for r in rows] == ["bf16", "fp8-dynamic"] and made[0]["folder"] == str(tmp_path / "fp8-dynamic")
+    assert all(math.isclose(r["ppl_vllm"], want.ppl) and r["tokens"] == want.tokens for r in rows)
+    assert rows[1]["ppl_change_pct"] == pytest.approx(0.0)
+    assert rows[0]["vllm_vs_cpu_pct"] == pytest.approx(100 * (1 / 1.004 - 1))
+    assert qe.bf16_agrees(rows) and not qe.bf16_agrees(rows, tolerance_pct=0.3)  # 0.4% apart: within 1%, not 0.3%
+    shown = qe.gpu_quality(("fp8-dynamic",), cpu_rows=cpu, work_dir=tmp_path, eval_texts=2, force=True)
+    text = qe.gpu_quality_lines(shown)
+    assert shown.live and "within the 1% the two must agree by" in text and "fp8-dynamic:" in text
+    monkeypatch.setattr(engine, "VLLMEngine", lambda *a, **k: pytest.fail("an engine was made before the refusal"))
+    with pytest.raises(ValueError, match="quantize_all"):
+        qe.vllm_quality_rows(("fp8-dynamic", "gptq-w4a16"), work_dir=tmp_path, eval_texts=2)
+    with pytest.raises(ValueError, match=SHAPE.format(owner="quantization", field="schemes")):
+        qe.vllm_quality_rows(("int3",), work_dir=tmp_path)
+
+
+def test_gpu_quality_not_recorded_yet_names_its_step(unrecorded):
+    unrecorded("quantization_quality")
+    shown = qe.gpu_quality(("fp8-dynamic",), cpu_rows=[], force=False)
+    assert shown.value is None and "--steps quantization-quality" in shown.label
+    assert qe.gpu_quality_lines(shown) == f"[{shown.label}]"

@@ -11,6 +11,8 @@ The lab's path, one module per noun, each importing only from the ones above it 
 - `quality`: `quality_table` scores every checkpoint against bf16, `lm_head_rows` measures lm_head kept
   16-bit against quantized.
 - `verdicts`: `claims` answers each seed claim from those numbers.
+- `gpu_quality`: the same checkpoints' perplexity as vLLM runs them (`prompt_logprobs`), beside the CPU's;
+  on bf16 the two must agree within `TOLERANCE_PCT`; `record` is step `quantization-quality`.
 - `speed_runs`, the GPU half: `prepare_checkpoints` quantizes a synthetic Llama-3.1-8B in the quantization
   environment, then `vllm_speed_runs` measures decode speed and memory per scheme and batch through vLLM,
   each against its own bandwidth roofline; `record` is scripts/record_reference.py's step `quantization`;
@@ -22,6 +24,7 @@ notebook, scripts/record_reference.py and the tests use them.
 from __future__ import annotations
 
 from .checkpoints import group_size_rows, quantize_all, quiet_progress, recipe_text
+from .gpu_quality import TOLERANCE_PCT, bf16_agrees, gpu_quality, gpu_quality_lines, vllm_quality_rows
 from .measures import (
     OWNER,
     Agreement,
@@ -72,6 +75,7 @@ from .speed_runs import (
 from .verdicts import claims, headline, under_one_percent
 
 __all__ = [
+    "TOLERANCE_PCT", "bf16_agrees", "gpu_quality", "gpu_quality_lines", "vllm_quality_rows",
     "BATCHES", "GPU_WORK", "KERNEL_LINE", "KV_LINE", "LAB", "LOAD_LINE", "OWNER", "QUANTIZED_DTYPES", "SPEED_MODEL",
     "SPEED_SCHEMES", "VLLM_SWITCHES", "WEIGHT_FORMATS", "Agreement", "Gate", "Perplexity", "agreement",
     "available_speed_schemes", "check_disjoint", "claims", "evaluation_set", "fixed_workload", "from_logprobs",

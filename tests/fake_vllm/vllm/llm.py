@@ -16,6 +16,7 @@ from typing import Any
 
 from .entrypoints.openai.api_server import PrefixCache  # the server's too
 from .sampling_params import RequestOutputKind, SamplingParams
+from .scores import fake_logprob
 
 # The EngineArgs names lablib may pass (an unknown one is a TypeError, as in vLLM).
 ENGINE_ARGS = {"gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens", "max_model_len",
@@ -48,11 +49,6 @@ class Logprob:
     logprob: float
     rank: int | None = None
     decoded_token: str | None = None
-
-
-def fake_logprob(previous: int, token: int) -> float:
-    """The fake model's log-probability of `token` after `previous` (deterministic, in [-3, -0.1])."""
-    return -0.1 - ((previous * 31 + token) % 30) / 10
 
 
 @dataclass

@@ -1,0 +1,141 @@
+"""Lab 06's quality on the GPU: each checkpoint's perplexity as vLLM runs it, beside transformers' on the CPU.
+
+The CPU table (`quality_table`) scores a scheme's arithmetic: weights dequantized to the values the checkpoint
+stores, matmuls in float32, activations fake-quantized where the scheme quantizes them. vLLM runs the real
+kernels (Machete or Marlin for int4, CUTLASS for 8-bit, cuBLAS for bf16) in bfloat16. `vllm_quality_rows` scores
+the same evaluation texts through vLLM's `prompt_logprobs` (`VLLMEngine.prompt_logprobs`, then the same
+`from_logprobs`), one engine per checkpoint, each from a cold start, and sets each beside the CPU's number.
+
+On bf16 the two differ only in arithmetic (bfloat16 on the GPU against float32 on the CPU, the same weights), so
+they must agree within `TOLERANCE_PCT`, set before the first measurement: bf16 keeps 8 bits of mantissa, and the
+rounding of a 2-layer model's logits moves a perplexity by tenths of a percent, not whole ones. On the quantized
+schemes the gap between the two is the kernels' own (their accumulation order and precision), reported, not
+asserted: what the lab asserts about a scheme's quality is its change against bf16 measured the same way.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from ... import validate
+from ...models.quantize import SCHEMES, read_facts
+from ...session import Shown, asked_rows, live_label, live_or_recorded
+from .measures import OWNER, evaluation_set, from_logprobs, work_folder
+from .speed_runs import GPU_WORK, vllm_log_facts
+
+TOLERANCE_PCT = 1.0  # vLLM's bf16 perplexity against transformers' float32 one, same weights: |gap| at most this
+KEY, STEP = "quantization_quality", "quantization-quality"  # facts key; scripts/record_reference.py's step
+
+
+def _engine_spec(scheme: str, work: Path) -> Any:
+    """The embedded target (bf16) or the checkpoint work/<scheme>, refused (naming what makes it) when not made."""
+    from ...models import ModelSpec, check_model_dir
+
+    if scheme == "bf16":
+        return "embedded"
+    folder = work / scheme
+    if read_facts(folder) is None:
+        raise validate.refuse(OWNER, "schemes", scheme, f"a scheme whose checkpoint is in {folder} (not made yet)",
+                              "run quantize_all (the lab's step 2) with the same work_dir first, or leave it out.")
+    return ModelSpec(str(folder), str(folder), "path", check_model_dir(folder))
+
+
+def vllm_quality_rows(schemes: Sequence[str], *, work_dir: str | Path | None = None, eval_texts: int | None = None,
+                      cpu_rows: Sequence[dict[str, Any]] | None = None,
+                      gpu_memory_utilization: float = 0.3) -> list[dict[str, Any]]:
+    """bf16, then every scheme's checkpoint in work_dir, scored by vLLM on the first `eval_texts` evaluation windows.
+
+    Per row: vLLM's perplexity, its change against vLLM's bf16, the CPU's perplexity from `cpu_rows` (a
+    `quality_table` of the same texts) and the gap between the two, the kernels vLLM logged, the tokens scored.
+    Every refusal (an unknown scheme, a checkpoint not made) comes before any engine starts."""
+    from ...config import VLLMConfig
+    from ...engines.vllm import VLLMEngine
+    from ...models import load_tokenizer, resolve_model
+
+    for s in schemes:
+        validate.choice(OWNER, "schemes", s, list(SCHEMES), f"pick from {list(SCHEMES)}.")
+    work = work_folder(work_dir)
+    plans = [(s, _engine_spec(s, work)) for s in ("bf16", *schemes)]
+    texts = evaluation_set(eval_texts).prompt_ids(load_tokenizer(resolve_model("embedded")))
+    cpu = {r["scheme"]: r["ppl"] for r in cpu_rows or ()}
+    rows = []
+    for scheme, spec in plans:
+        config = VLLMConfig(gpu_memory_utilization=gpu_memory_utilization, enable_prefix_caching=False)
+        t0 = time.perf_counter()
+        with VLLMEngine(spec, config) as eng:
+            ppl = from_logprobs(eng.prompt_logprobs(texts))
+            kernels = vllm_log_facts(Path(eng.log_path).read_text(errors="replace"))["linear_kernels"]
+        base = rows[0]["ppl_vllm"] if rows else ppl.ppl
+        rows.append({"scheme": scheme, "ppl_vllm": ppl.ppl, "ppl_change_pct": 100.0 * (ppl.ppl / base - 1.0),
+                     "ppl_cpu": cpu.get(scheme),
+                     "vllm_vs_cpu_pct": 100.0 * (ppl.ppl / cpu[scheme] - 1.0) if scheme in cpu else None,
+                     "tokens": ppl.tokens, "texts": ppl.texts,
+                     "linear_kernels": ", ".join(f"{k} ({layer})" for layer, k in kernels.items())
+                     or "none logged (bf16: cuBLAS)", "engine_s": time.perf_counter() - t0,
+                     "provenance": live_label()})
+    return rows
+
+
+def bf16_agrees(rows: Sequence[dict[str, Any]], tolerance_pct: float = TOLERANCE_PCT) -> bool:
+    """The cross-check: on bf16, vLLM's perplexity is within `tolerance_pct` of the CPU's (same weights, same texts)."""
+    gap = next((r["vllm_vs_cpu_pct"] for r in rows if r["scheme"] == "bf16"), None)
+    return gap is not None and abs(gap) <= tolerance_pct
+
+
+def gpu_quality(schemes: Sequence[str], *, cpu_rows: Sequence[dict[str, Any]], work_dir: str | Path | None = None,
+                eval_texts: int | None = None, force: bool | None = None) -> Shown[list[dict[str, Any]]]:
+    """`vllm_quality_rows` live on a GPU with vLLM (beside this run's CPU rows); else what step
+    `quantization-quality` recorded on the H200 (its own CPU rows, made there, beside it)."""
+    from ...results.reference import recorded_facts
+
+    def recorded() -> list[dict[str, Any]]:
+        return asked_rows(recorded_facts(KEY, STEP)["rows"], "scheme", ["bf16", *schemes])
+
+    return live_or_recorded(lambda: vllm_quality_rows(schemes, work_dir=work_dir, eval_texts=eval_texts,
+                                                      cpu_rows=cpu_rows),
+                            recorded, force=force, asked={"schemes": sorted(["bf16", *schemes])},
+                            recorded_with=lambda rows: {"schemes": sorted(r["scheme"] for r in rows)})
+
+
+def gpu_quality_lines(shown: Shown[list[dict[str, Any]]], tolerance_pct: float = TOLERANCE_PCT) -> str:
+    """What vLLM's perplexities say, every number from the rows."""
+    if shown.value is None:
+        return f"[{shown.label}]"
+    rows = shown.value
+    bf16 = next(r for r in rows if r["scheme"] == "bf16")
+    out = [f"vLLM, bf16: perplexity {bf16['ppl_vllm']:.3f} over {bf16['tokens']:,} tokens"
+           + (f", {bf16['vllm_vs_cpu_pct']:+.2f}% against transformers' float32 {bf16['ppl_cpu']:.3f} on the CPU "
+              f"({'within' if bf16_agrees(rows, tolerance_pct) else 'OUTSIDE'} the {tolerance_pct:g}% the two must "
+              "agree by)" if bf16["ppl_cpu"] is not None else "")]
+    for r in rows[1:]:
+        out.append(f"  {r['scheme']}: {r['ppl_vllm']:.3f}, {r['ppl_change_pct']:+.2f}% against vLLM's bf16"
+                   + (f" (the CPU's arithmetic: {r['ppl_cpu']:.3f}; vLLM's kernels {r['vllm_vs_cpu_pct']:+.2f}% from it)"
+                      if r["ppl_cpu"] is not None else "") + f"; {r['linear_kernels']}")
+    return "\n".join(out) + f"\n[{shown.label}]"
+
+
+def record(out_dir: str | Path, store: Any, facts: dict[str, Any], *,
+           schemes: Sequence[str] = ("fp8-dynamic", "gptq-w4a16", "w8a8-int8", "awq-w4a16"), eval_texts: int = 16,
+           num_samples: int = 16) -> None:
+    """scripts/record_reference.py's step `quantization-quality`: the embedded target's checkpoints made on the GPU
+    machine (the quantizer's worker in the quantization environment: $LABLIB_QUANT_SITE), the CPU quality table
+    there, then vLLM's perplexities beside it; facts[KEY] keeps both, labelled recorded."""
+    from ...hardware.device import device_facts
+    from .checkpoints import quantize_all
+    from .quality import quality_table
+
+    work = Path(GPU_WORK) / "embedded"
+    made = quantize_all(schemes, work_dir=work, num_samples=num_samples)
+    cpu = quality_table(schemes, work_dir=work, eval_texts=eval_texts, prompts=4, max_new_tokens=16,
+                        num_samples=num_samples)
+    rows = vllm_quality_rows(schemes, work_dir=work, eval_texts=eval_texts, cpu_rows=cpu)
+    gpu, date = device_facts().get("gpu"), time.strftime("%Y-%m-%d")
+    for r in rows:
+        r["provenance"] = f"recorded on {gpu}, {date}"
+    facts[KEY] = {"rows": rows, "cpu_rows": [{k: v for k, v in r.items() if k != "first_divergence"} for r in cpu],
+                  "made": [{k: m.get(k) for k in ("scheme", "group_size", "quantize_s", "device")} for m in made],
+                  "eval_texts": eval_texts, "tolerance_pct": TOLERANCE_PCT, "gpu": gpu, "date": date}
+    with open(Path(out_dir) / "log.txt", "a") as f:
+        f.write(f"quantization-quality: {[(r['scheme'], round(r['ppl_vllm'], 3), r['vllm_vs_cpu_pct']) for r in rows]}\n")
