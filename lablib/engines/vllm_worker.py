@@ -60,17 +60,29 @@ def _facts(llm: Any, startup_s: float, log_path: str) -> dict[str, Any]:
     }
 
 
-def _metrics(llm: Any) -> dict[str, float]:
-    """Counters and gauges from `LLM.get_metrics()` (prefix-cache hits, KV usage, spec-decode acceptance)."""
-    out: dict[str, float] = {}
+def _metrics(llm: Any) -> dict[str, Any]:
+    """Counters and gauges from `LLM.get_metrics()` (prefix-cache hits, KV usage, spec-decode acceptance), and its
+    one Vector, `vllm:spec_decode_num_accepted_tokens_per_pos` (a list of counts, one per draft position)."""
+    out: dict[str, Any] = {}
     try:
         for m in llm.get_metrics():
-            value = getattr(m, "value", None)
+            value, values = getattr(m, "value", None), getattr(m, "values", None)
             if isinstance(value, (int, float)):
                 out[m.name] = out.get(m.name, 0.0) + float(value)
+            elif isinstance(values, (list, tuple)) and all(isinstance(v, (int, float)) for v in values):
+                old = out.get(m.name, [])  # summed over engines, position by position
+                out[m.name] = [a + b for a, b in zip(old, values)] + list(values[len(old):]) if old else list(values)
     except Exception as e:  # metrics are a bonus; never fail a run over them
         out["error"] = f"{type(e).__name__}: {e}"
     return out
+
+
+def _minus(after: Any, before: Any) -> Any:
+    """A counter's growth over a run; for a Vector, position by position (a position new in the run counts whole)."""
+    if isinstance(after, list):
+        before = before if isinstance(before, list) else []
+        return [a - (before[i] if i < len(before) else 0) for i, a in enumerate(after)]
+    return after - before
 
 
 def _generate(llm: Any, requests: list[dict[str, Any]], conn: Any) -> None:
@@ -108,7 +120,7 @@ def _generate(llm: Any, requests: list[dict[str, Any]], conn: Any) -> None:
                     "first_token": times[0] if times else None, "last_token": times[-1] if times else None,
                     "finished": now, "token_times": times, "output_ids": toks, "cached_tokens": cached[0]}))
     after = _metrics(llm)
-    delta = {k: after[k] - before[k] for k in after if k in before and k != "error"}
+    delta = {k: _minus(after[k], before[k]) for k in after if k in before and k != "error"}
     conn.send(("done", {"wall_s": time.monotonic() - t0, "metrics": after, "metrics_delta": delta}))
 
 
@@ -121,8 +133,8 @@ def _prompt_logprobs(llm: Any, prompts: list[list[int]]) -> list[list[float]]:
 
     params = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=0.0, detokenize=False)
     outs = llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False)
-    return [[float(scored[t].logprob) for scored, t in zip(o.prompt_logprobs[1:], p[1:])]
-            for o, p in zip(outs, prompts)]
+    return [[float(o.prompt_logprobs[i][p[i]].logprob) for i in range(1, len(p))]  # by index: a list, or vLLM's
+            for o, p in zip(outs, prompts)]  # FlatLogprobs (its slices re-base their indices)
 
 
 def worker_main(conn: Any, model: str, tokenizer: str | None, llm_kwargs: dict[str, Any], log_path: str,

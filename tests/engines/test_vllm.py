@@ -561,3 +561,26 @@ def test_the_worker_reads_the_attention_backend_both_ways_vllm_logs_it():
     assert attention_backends(picked) == ["FLASH_ATTN"]
     assert attention_backends(forced) == ["FLASHINFER"]
     assert attention_backends("Using cache directory: /root/.cache/vllm for vLLM's torch.compile") == []
+
+
+def test_the_worker_keeps_the_per_position_vector_and_its_growth_over_a_run():
+    """vLLM's one Vector metric, spec_decode_num_accepted_tokens_per_pos (`values`, one count per draft position),
+    survives the worker's metrics reading beside the scalars, and a run's delta is taken position by position, so
+    lab 08 gets vLLM's acceptance per position (`counters_from_delta`)."""
+    from types import SimpleNamespace as NS
+
+    from lablib.engines.vllm_worker import _metrics, _minus
+    from lablib.experiments.speculative_vllm import counters_from_delta
+
+    name = "vllm:spec_decode_num_accepted_tokens_per_pos"
+    reads = iter([[NS(name="vllm:spec_decode_num_drafts", value=10.0), NS(name=name, values=[8, 5, 3])],
+                  [NS(name="vllm:spec_decode_num_drafts", value=30.0), NS(name=name, values=[24, 14, 9, 2]),
+                   NS(name="vllm:time_to_first_token_seconds", count=3, sum=0.2, buckets=[])]])
+    llm = NS(get_metrics=lambda: next(reads))
+    before, after = _metrics(llm), _metrics(llm)
+    assert before == {"vllm:spec_decode_num_drafts": 10.0, name: [8, 5, 3]}
+    delta = {k: _minus(after[k], before[k]) for k in after if k in before}
+    assert delta == {"vllm:spec_decode_num_drafts": 20.0, name: [16, 9, 6, 2]}
+    counters = counters_from_delta({**delta, "vllm:spec_decode_num_draft_tokens": 80.0,
+                                    "vllm:spec_decode_num_accepted_tokens": 33.0})
+    assert counters.accepted_per_pos == (16, 9, 6, 2) and counters.num_drafts == 20
