@@ -32,6 +32,7 @@ from ..hardware.fit import check_fit
 from ..hardware.roofline import lookup_gpu
 from ..mechanisms import parallel as tp
 from ..models.architecture import architectures, parameter_count
+from ..models.synthetic import synthetic_folder
 from ..results.record import Result
 from ..results.reference import load_reference, recorded_facts
 from ..results.store import ResultStore
@@ -69,7 +70,6 @@ TP1_RUNS = (("llama-3.1-8b", "bf16"), ("llama-3.1-70b", "fp8"))  # the baseline:
 SCALING_RUNS = (("llama-3.1-8b", "bf16", (1, 2, 4)), ("llama-3.1-70b", "bf16", (2, 4)),
                 ("llama-3.1-70b", "fp8", (1, 2, 4)))  # what the multi-GPU machines are for
 PROMPT_LEN, OUTPUT_LEN = 128, 256  # the fixed shapes of the measured runs
-SYNTHETIC_ROOT = Path("/tmp/lablib-synthetic")  # where lablib.models.synthetic writes its checkpoints
 QUANTIZATION = {"bf16": None, "fp8": "fp8"}  # scheme -> VLLMConfig.quantization (online FP8 of a bf16 checkpoint)
 
 
@@ -174,12 +174,12 @@ def why_not(model: str, scheme: str, t: int, config: VLLMConfig, facts: dict[str
     if not report.fits:
         return report.advice
     need = parameter_count(architectures()[model]) * 2  # the bf16 synthetic checkpoint
-    folder = SYNTHETIC_ROOT / model
+    folder = synthetic_folder(model)
     if not (folder / "config.json").exists():
         probe = next(p for p in (folder, *folder.parents) if p.exists())
         free = shutil.disk_usage(probe).free
         if free < 1.05 * need:
-            return (f"the bf16 synthetic checkpoint needs {need / 1e9:.0f} GB of disk under {SYNTHETIC_ROOT}, "
+            return (f"the bf16 synthetic checkpoint needs {need / 1e9:.0f} GB of disk under {folder.parent}, "
                     f"{free / 1e9:.0f} GB is free")
     return None
 
@@ -220,7 +220,7 @@ def measure(model: str, scheme: str = "bf16", t: int = 1, batches: tuple[int, ..
     if t > 1:
         os.environ.setdefault("VLLM_ALLREDUCE_USE_SYMM_MEM", "0")
     rows, results = [], []
-    with VLLMEngine(synthetic_spec(model, SYNTHETIC_ROOT), config) as eng:
+    with VLLMEngine(synthetic_spec(model), config) as eng:
         for b in batches:
             r = run(eng, fixed_shapes(b, prompt_len, output_len), BenchConfig(progress=False), lab=lab,
                     step=f"tp{t}-{model}-{scheme}-b{b}", store=store)

@@ -20,13 +20,21 @@ from .architecture import ARCH_FILE, LABEL, architectures
 from .spec import ModelSpec, check_model_dir
 
 
-def synthetic_spec(name: str, root: str | Path = "/tmp/lablib-synthetic") -> ModelSpec:
-    """The ModelSpec of a synthetic checkpoint (made by `make_synthetic` first if absent)."""
+ROOT = Path("/tmp/lablib-synthetic")  # where synthetic checkpoints are made (the GPU machine's disk has room)
+
+
+def synthetic_folder(name: str, root: str | Path | None = None) -> Path:
+    """Where the synthetic checkpoint of architecture `name` is (or will be made): under `root`, by default ROOT."""
+    return Path(root if root is not None else ROOT) / name
+
+
+def synthetic_spec(name: str, root: str | Path | None = None) -> ModelSpec:
+    """The ModelSpec of a synthetic checkpoint under `root` (default ROOT), made by `make_synthetic` first if absent."""
     archs = architectures()
     if name not in archs:
         raise ValueError(f"synthetic model {name!r} is not known: choose one of {sorted(archs)} "
                          f"(shapes in {ARCH_FILE}).")
-    folder = Path(root) / name
+    folder = synthetic_folder(name, root)
     if not (folder / "config.json").exists():
         make_synthetic(name, folder)
     return ModelSpec(f"synthetic:{name}", str(folder), "synthetic", check_model_dir(folder))

@@ -257,7 +257,9 @@ def test_a_run_this_machine_cannot_make_says_why_and_starts_nothing(fake_engine,
     monkeypatch.setattr(exp, "nvml_memory", lambda: (0, 143771 * 2**20, 143771 * 2**20))
     big = exp.why_not("llama-3.1-70b", "bf16", 1, VLLMConfig(max_model_len=4096))
     assert big.startswith("synthetic:llama-3.1-70b: the weights alone (131.42 GiB per GPU") and "tensor_parallel_size" in big
-    monkeypatch.setattr(exp, "SYNTHETIC_ROOT", tmp_path / "synthetic")
+    import lablib.models.synthetic as synthetic
+
+    monkeypatch.setattr(synthetic, "ROOT", tmp_path / "synthetic")
     monkeypatch.setattr(exp.shutil, "disk_usage", lambda p: type("U", (), {"free": 64 * 2**30})())
     disk = exp.why_not("llama-3.1-70b", "fp8", 1, VLLMConfig(max_model_len=4096, quantization="fp8"))
     assert disk == f"the bf16 synthetic checkpoint needs 141 GB of disk under {tmp_path / 'synthetic'}, 69 GB is free"
