@@ -279,7 +279,7 @@ STEPS = {"smoke": step_smoke, "startup": step_startup, "big": step_big, "big-lab
          "tp1": _lab("parallel", "record"),
          "tp-scaling": _lab("parallel", "record_scaling"), "attention": _lab("attention", "record"),
          "quantization": _lab("quantization", "record"),
-         "quantization-quality": _lab("quantization.gpu_quality", "record"), "journey-fp8": step_journey_fp8}
+         "quantization-quality": _lab("quantization.vllm_ppl", "record"), "journey-fp8": step_journey_fp8}
 
 
 def main() -> None:

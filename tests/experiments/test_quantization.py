@@ -475,3 +475,45 @@ def test_gpu_quality_not_recorded_yet_names_its_step(unrecorded):
     shown = qe.gpu_quality(("fp8-dynamic",), cpu_rows=[], force=False)
     assert shown.value is None and "--steps quantization-quality" in shown.label
     assert qe.gpu_quality_lines(shown) == f"[{shown.label}]"
+
+
+def test_recorded_gpu_quality_shows_what_was_asked_or_names_what_stands_in(monkeypatch, capsys):
+    """The recording's rows at the asked schemes; another evaluation length is named as a stand-in (the perplexities
+    are of other texts), and the CPU numbers beside vLLM's are the recording's own."""
+    import lablib.results.reference as reference
+
+    rec = [{"scheme": s, "ppl_vllm": p, "ppl_change_pct": c, "tokens": 8160, "texts": 16, "ppl_cpu": q,
+            "vllm_vs_cpu_pct": 100 * (p / q - 1), "linear_kernels": "k", "provenance": "recorded on NVIDIA H200, d"}
+           for s, p, c, q in (("bf16", 10.0, 0.0, 10.02), ("fp8-dynamic", 10.1, 1.0, 10.08),
+                              ("gptq-w4a16", 11.0, 10.0, 10.9))]
+    shipped = reference.reference_facts
+    monkeypatch.setattr(reference, "reference_facts", lambda: {**shipped(), "quantization_quality": {"rows": rec}})
+    same = qe.gpu_quality(("fp8-dynamic",), cpu_rows=[], eval_texts=16, force=False)
+    assert [r["scheme"] for r in same.value] == ["bf16", "fp8-dynamic"] and same.stand_ins == {}
+    assert qe.bf16_agrees(same.value) and "-0.20% against transformers' float32 10.020" in qe.gpu_quality_lines(same)
+    other = qe.gpu_quality(("fp8-dynamic",), cpu_rows=[], eval_texts=4, force=False)
+    assert other.stand_ins == {"eval_texts": {"asked": 4, "shown": 16}} and "eval_texts" in capsys.readouterr().out
+
+
+def test_the_quality_recording_step_on_the_fake_vllm(start, tmp_path, monkeypatch):  # noqa: F811
+    """Step quantization-quality: checkpoints made, vLLM's rows, the CPU table beside them, all labelled recorded;
+    a CPU table that fails there (transformers with vLLM's compressed-tensors) leaves vLLM's rows and says why."""
+    from lablib.experiments.quantization import quality, vllm_ppl
+
+    monkeypatch.setattr(vllm_ppl, "GPU_WORK", str(tmp_path / "work"))
+    facts = {}
+    vllm_ppl.record(tmp_path, None, facts, schemes=("fp8-dynamic",), eval_texts=2, num_samples=2)
+    got = facts["quantization_quality"]
+    assert [r["scheme"] for r in got["rows"]] == ["bf16", "fp8-dynamic"] and got["cpu_error"] is None
+    assert all(r["provenance"].startswith("recorded on NVIDIA H200, ") and r["ppl_cpu"] > 1 for r in got["rows"])
+    assert [r["scheme"] for r in got["cpu_rows"]] == ["bf16", "fp8-dynamic"] and got["eval_texts"] == 2
+    assert "quantization-quality:" in (tmp_path / "log.txt").read_text()
+
+    def broken(*a, **k):
+        raise ImportError("compressed_tensors 0.17 cannot read this")
+
+    monkeypatch.setattr(quality, "quality_table", broken)
+    vllm_ppl.record(tmp_path, None, facts, schemes=("fp8-dynamic",), eval_texts=2, num_samples=2)
+    again = facts["quantization_quality"]
+    assert again["cpu_error"] == "ImportError: compressed_tensors 0.17 cannot read this"
+    assert [r["ppl_cpu"] for r in again["rows"]] == [None, None] and not qe.bf16_agrees(again["rows"])

@@ -11,7 +11,7 @@ The lab's path, one module per noun, each importing only from the ones above it 
 - `quality`: `quality_table` scores every checkpoint against bf16, `lm_head_rows` measures lm_head kept
   16-bit against quantized.
 - `verdicts`: `claims` answers each seed claim from those numbers.
-- `gpu_quality`: the same checkpoints' perplexity as vLLM runs them (`prompt_logprobs`), beside the CPU's;
+- `vllm_ppl`: the same checkpoints' perplexity as vLLM runs them (`prompt_logprobs`), beside the CPU's;
   on bf16 the two must agree within `TOLERANCE_PCT`; `record` is step `quantization-quality`.
 - `speed_runs`, the GPU half: `prepare_checkpoints` quantizes a synthetic Llama-3.1-8B in the quantization
   environment, then `vllm_speed_runs` measures decode speed and memory per scheme and batch through vLLM,
@@ -24,7 +24,7 @@ notebook, scripts/record_reference.py and the tests use them.
 from __future__ import annotations
 
 from .checkpoints import group_size_rows, quantize_all, quiet_progress, recipe_text
-from .gpu_quality import TOLERANCE_PCT, bf16_agrees, gpu_quality, gpu_quality_lines, vllm_quality_rows
+from .vllm_ppl import TOLERANCE_PCT, bf16_agrees, gpu_quality, gpu_quality_lines, vllm_quality_rows
 from .measures import (
     OWNER,
     Agreement,

@@ -59,7 +59,6 @@ def vllm_quality_rows(schemes: Sequence[str], *, work_dir: str | Path | None = N
     work = work_folder(work_dir)
     plans = [(s, _engine_spec(s, work)) for s in ("bf16", *schemes)]
     texts = evaluation_set(eval_texts).prompt_ids(load_tokenizer(resolve_model("embedded")))
-    cpu = {r["scheme"]: r["ppl"] for r in cpu_rows or ()}
     rows = []
     for scheme, spec in plans:
         config = VLLMConfig(gpu_memory_utilization=gpu_memory_utilization, enable_prefix_caching=False)
@@ -69,13 +68,20 @@ def vllm_quality_rows(schemes: Sequence[str], *, work_dir: str | Path | None = N
             kernels = vllm_log_facts(Path(eng.log_path).read_text(errors="replace"))["linear_kernels"]
         base = rows[0]["ppl_vllm"] if rows else ppl.ppl
         rows.append({"scheme": scheme, "ppl_vllm": ppl.ppl, "ppl_change_pct": 100.0 * (ppl.ppl / base - 1.0),
-                     "ppl_cpu": cpu.get(scheme),
-                     "vllm_vs_cpu_pct": 100.0 * (ppl.ppl / cpu[scheme] - 1.0) if scheme in cpu else None,
                      "tokens": ppl.tokens, "texts": ppl.texts,
                      "linear_kernels": ", ".join(f"{k} ({layer})" for layer, k in kernels.items())
                      or "none logged (bf16: cuBLAS)", "engine_s": time.perf_counter() - t0,
                      "provenance": live_label()})
-    return rows
+    return beside_cpu(rows, cpu_rows)
+
+
+def beside_cpu(rows: Sequence[dict[str, Any]], cpu_rows: Sequence[dict[str, Any]] | None) -> list[dict[str, Any]]:
+    """vLLM's rows with the CPU's perplexity of the same scheme set beside each (`ppl_cpu`) and the gap in percent
+    (`vllm_vs_cpu_pct`); both None where the CPU rows hold no such scheme."""
+    cpu = {r["scheme"]: r["ppl"] for r in cpu_rows or ()}
+    return [{**r, "ppl_cpu": cpu.get(r["scheme"]),
+             "vllm_vs_cpu_pct": 100.0 * (r["ppl_vllm"] / cpu[r["scheme"]] - 1.0) if r["scheme"] in cpu else None}
+            for r in rows]
 
 
 def bf16_agrees(rows: Sequence[dict[str, Any]], tolerance_pct: float = TOLERANCE_PCT) -> bool:
@@ -93,10 +99,12 @@ def gpu_quality(schemes: Sequence[str], *, cpu_rows: Sequence[dict[str, Any]], w
     def recorded() -> list[dict[str, Any]]:
         return asked_rows(recorded_facts(KEY, STEP)["rows"], "scheme", ["bf16", *schemes])
 
+    asked = {"schemes": sorted(["bf16", *schemes]), "eval_texts": len(evaluation_set(eval_texts))}
     return live_or_recorded(lambda: vllm_quality_rows(schemes, work_dir=work_dir, eval_texts=eval_texts,
                                                       cpu_rows=cpu_rows),
-                            recorded, force=force, asked={"schemes": sorted(["bf16", *schemes])},
-                            recorded_with=lambda rows: {"schemes": sorted(r["scheme"] for r in rows)})
+                            recorded, force=force, asked=asked,
+                            recorded_with=lambda rows: {"schemes": sorted(r["scheme"] for r in rows),
+                                                        "eval_texts": rows[0]["texts"]})
 
 
 def gpu_quality_lines(shown: Shown[list[dict[str, Any]]], tolerance_pct: float = TOLERANCE_PCT) -> str:
@@ -128,14 +136,19 @@ def record(out_dir: str | Path, store: Any, facts: dict[str, Any], *,
 
     work = Path(GPU_WORK) / "embedded"
     made = quantize_all(schemes, work_dir=work, num_samples=num_samples)
-    cpu = quality_table(schemes, work_dir=work, eval_texts=eval_texts, prompts=4, max_new_tokens=16,
-                        num_samples=num_samples)
-    rows = vllm_quality_rows(schemes, work_dir=work, eval_texts=eval_texts, cpu_rows=cpu)
+    rows, cpu, cpu_error = vllm_quality_rows(schemes, work_dir=work, eval_texts=eval_texts), [], None
+    try:  # transformers there reads the checkpoints with vLLM's compressed-tensors 0.17, not the CPU lab's 0.19
+        cpu = quality_table(schemes, work_dir=work, eval_texts=eval_texts, prompts=4, max_new_tokens=16,
+                            num_samples=num_samples)
+    except Exception as e:  # vLLM's rows are kept either way; the lab's CPU run sets its own beside them
+        cpu_error = f"{type(e).__name__}: {e}"[:2000]
+    rows = beside_cpu(rows, cpu)
     gpu, date = device_facts().get("gpu"), time.strftime("%Y-%m-%d")
     for r in rows:
         r["provenance"] = f"recorded on {gpu}, {date}"
     facts[KEY] = {"rows": rows, "cpu_rows": [{k: v for k, v in r.items() if k != "first_divergence"} for r in cpu],
                   "made": [{k: m.get(k) for k in ("scheme", "group_size", "quantize_s", "device")} for m in made],
-                  "eval_texts": eval_texts, "tolerance_pct": TOLERANCE_PCT, "gpu": gpu, "date": date}
+                  "cpu_error": cpu_error, "eval_texts": eval_texts, "tolerance_pct": TOLERANCE_PCT, "gpu": gpu,
+                  "date": date}
     with open(Path(out_dir) / "log.txt", "a") as f:
         f.write(f"quantization-quality: {[(r['scheme'], round(r['ppl_vllm'], 3), r['vllm_vs_cpu_pct']) for r in rows]}\n")
