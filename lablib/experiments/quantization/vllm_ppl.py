@@ -137,7 +137,9 @@ def record(out_dir: str | Path, store: Any, facts: dict[str, Any], *,
     work = Path(GPU_WORK) / "embedded"
     made = quantize_all(schemes, work_dir=work, num_samples=num_samples)
     rows, cpu, cpu_error = vllm_quality_rows(schemes, work_dir=work, eval_texts=eval_texts), [], None
-    try:  # transformers there reads the checkpoints with vLLM's compressed-tensors 0.17, not the CPU lab's 0.19
+    try:  # transformers there reads the checkpoints with vLLM's compressed-tensors 0.17, not the CPU lab's 0.19: on
+        # this project's CPU machine 0.17 read what 0.19 wrote, with the same perplexities to the last digit (fp8,
+        # gptq, w8a8; 2026-12-01), but a machine's pins can differ, so vLLM's rows never hang on it
         cpu = quality_table(schemes, work_dir=work, eval_texts=eval_texts, prompts=4, max_new_tokens=16,
                             num_samples=num_samples)
     except Exception as e:  # vLLM's rows are kept either way; the lab's CPU run sets its own beside them
