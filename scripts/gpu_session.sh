@@ -17,7 +17,7 @@ t0=$(date +%s)
 case $phase in
   tests)  LABLIB_GPU_OUT=$run timeout -s INT -k 30 "$budget" python -m pytest -m gpu -v -rs --durations=0 tests/test_gpu_vllm.py "$@" 2>&1 | tee "$run/pytest.log" ;;
   labs)   timeout -s INT -k 30 "$budget" python -m pytest -v -rs "$@" 2>&1 | tee "$run/nbval.log"
-          cp -r labs/results "$run/" 2>/dev/null ;;
+          mkdir -p "$run/results" && cp results/*.jsonl "$run/results/" 2>/dev/null ;;  # the labs' live Results
   record) timeout -s INT -k 30 "$budget" python scripts/record_reference.py --out "$run" --steps "$1" 2>&1 | tee "$run/stdout.log" ;;
   *) echo "unknown phase $phase: tests, labs or record"; exit 2 ;;
 esac
