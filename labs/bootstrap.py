@@ -36,21 +36,30 @@ if _root is not None and str(_root) not in sys.path:
 
 
 def _missing_dependencies(root: pathlib.Path) -> list[str]:
-    """The clone's declared dependencies (pyproject.toml) that this Python has no distribution of."""
+    """The clone's declared dependencies (pyproject.toml) this Python lacks, or has at a version they exclude."""
     import re
 
     try:
         import tomllib
     except ImportError:  # Python 3.10: no TOML reader in the standard library, so install to be sure
         return ["(unread: Python 3.10 has no tomllib)"]
-    names = [re.match(r"[A-Za-z0-9_.-]+", d).group(0)
-             for d in tomllib.loads((root / "pyproject.toml").read_text())["project"]["dependencies"]]
+    try:
+        from packaging.requirements import Requirement
+    except ImportError:  # without packaging, a name present is taken as enough
+        Requirement = None
     missing = []
-    for name in names:
+    for line in tomllib.loads((root / "pyproject.toml").read_text())["project"]["dependencies"]:
+        req = Requirement(line) if Requirement else None
+        if req is not None and req.marker is not None and not req.marker.evaluate():
+            continue  # not for this platform
+        name = req.name if req else re.match(r"[A-Za-z0-9_.-]+", line).group(0)
         try:
-            importlib.metadata.distribution(name)
+            have = importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:
             missing.append(name)
+            continue
+        if req is not None and req.specifier and not req.specifier.contains(have, prereleases=True):
+            missing.append(f"{name} {have} (needs {req.specifier})")
     return missing
 
 

@@ -12,29 +12,39 @@ set -u
 q=/tmp/gpu-queue
 case ${1:-} in
   start)
-    shift; rm -rf "$q"; mkdir -p "$q/out"
+    shift
+    if [ -e "$q/pid" ] && [ ! -e "$q/ended" ] && kill -0 "$(cat "$q/pid")" 2>/dev/null; then
+      echo "a queue is running (pid $(cat "$q/pid")): wait for it, or stop it first"; exit 2; fi
+    rm -rf "$q"; mkdir -p "$q/out"
     printf '%s\n' "$@" > "$q/phases"
-    setsid bash -c '
+    # setsid -f, not `&`: a job started with & by a non-interactive shell ignores SIGINT, and so would every phase
+    # under it (timeout's SIGINT and `stop` would not reach pytest, and engines would not close)
+    setsid -f bash -c '
+      echo $$ > '"$q"'/pid
       n=0
       while read -r line; do
         n=$((n + 1)); [ -e '"$q"'/stopped ] && break
         echo "$(date +%T) start $n: $line"
         mkdir -p '"$q"'/out/$n
-        eval "OUT='"$q"'/out/$n bash scripts/gpu_session.sh $line"
+        eval "OUT='"$q"'/out/$n bash scripts/gpu_session.sh $line" < /dev/null  # not the phases file
         for f in '"$q"'/out/$n/*.tgz; do mv "$f" '"$q"'/out/$(basename "$f" .tgz)-$n.tgz; done
         echo "$(date +%T) done $n: $line"
       done < '"$q"'/phases
-      echo "$(date +%T) queue ended" ; touch '"$q"'/ended' > "$q/log" 2>&1 < /dev/null &
-    echo "queue started (pid $!): $# phases"; sleep 2; cat "$q/log" ;;
+      echo "$(date +%T) queue ended" ; touch '"$q"'/ended' > "$q/log" 2>&1 < /dev/null
+    sleep 2; echo "queue started (pid $(cat "$q/pid" 2>/dev/null)): $# phases"; cat "$q/log" ;;
   wait)
+    [ -d "$q" ] || { echo "no queue here (the machine was given back, or none was started): start one"; exit 2; }
     limit=${2:-570}; t0=$(date +%s)
-    while [ ! -e "$q/ended" ] && [ $(( $(date +%s) - t0 )) -lt "$limit" ]; do sleep 5; done
+    alive() { [ -e "$q/pid" ] && kill -0 "$(cat "$q/pid")" 2>/dev/null; }
+    while [ ! -e "$q/ended" ] && alive && [ $(( $(date +%s) - t0 )) -lt "$limit" ]; do sleep 5; done
+    alive || [ -e "$q/ended" ] || { echo "$(date +%T) the queue's runner is gone (stopped)" >> "$q/log"; touch "$q/ended"; }
     cp "$q"/out/*.tgz "${OUT:-/tmp}/" 2>/dev/null
     cp "$q/log" "${OUT:-/tmp}/queue.log"
     cat "$q/log"; [ -e "$q/ended" ] && echo "QUEUE ENDED" || { echo "queue still running: send wait again";
       tail -c 1500 /tmp/run-*/nbval.log /tmp/run-*/stdout.log /tmp/run-*/pytest.log 2>/dev/null | tail -n 15; } ;;
   stop)
-    touch "$q/stopped"; pkill -INT -f "scripts/gpu_session.sh" ; pkill -INT -f "pytest" ; pkill -INT -f record_reference
-    sleep 20; bash "$0" wait 60 ;;
+    [ -e "$q/pid" ] || { echo "no queue to stop"; exit 2; }
+    touch "$q/stopped"; kill -INT -- "-$(cat "$q/pid")" 2>/dev/null  # the queue's own process group (setsid)
+    bash "$0" wait 80 ;;
   *) echo "usage: gpu_queue.sh start PHASE... | wait SECONDS | stop"; exit 2 ;;
 esac

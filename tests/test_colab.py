@@ -71,6 +71,11 @@ def test_bootstrap_imports_an_uninstalled_clone_whose_dependencies_are_all_there
                            capture_output=True, text=True, timeout=120, check=False)
     assert "installing" in fresh.stdout and "for plotly" in fresh.stdout, fresh.stdout
     assert "PIP ['pip', 'install', '-q', '-e']" in fresh.stdout, fresh.stdout
+    old = code.replace("m.distribution = fake\n", "m.distribution = fake\nv = m.version\n"
+                       "m.version = lambda name: '4.57.0' if name == 'transformers' else v(name)\n")
+    stale = subprocess.run([sys.executable, "-c", old, "REPO/labs/bootstrap.py"], cwd=colab, capture_output=True,
+                           text=True, timeout=120, check=False)  # a runtime with transformers 4: too old
+    assert "for transformers 4.57.0 (needs >=5.17)" in stale.stdout and "PIP" in stale.stdout, stale.stdout
 
 
 def test_bootstrap_without_a_clone_around_uses_the_installed_lablib(tmp_path):

@@ -18,6 +18,7 @@ message) and for engine facts vLLM prints rather than exposes (attention backend
 from __future__ import annotations
 
 import gc
+import itertools
 import os
 import re
 import sys
@@ -71,7 +72,7 @@ def _metrics(llm: Any) -> dict[str, Any]:
                 out[m.name] = out.get(m.name, 0.0) + float(value)
             elif isinstance(values, (list, tuple)) and all(isinstance(v, (int, float)) for v in values):
                 old = out.get(m.name, [])  # summed over engines, position by position
-                out[m.name] = [a + b for a, b in zip(old, values)] + list(values[len(old):]) if old else list(values)
+                out[m.name] = [a + b for a, b in itertools.zip_longest(old, values, fillvalue=0)]
     except Exception as e:  # metrics are a bonus; never fail a run over them
         out["error"] = f"{type(e).__name__}: {e}"
     return out

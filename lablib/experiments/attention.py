@@ -342,7 +342,7 @@ def journey_rung(requests: int = 16, batch: int = 16, max_new_tokens: int = 32, 
     sdpa computes the same attention as eager in another order of sums. In float32 (the CPU's dtype) that leaves
     the greedy tokens identical; in bfloat16 (a GPU's) the two roundings differ in the last bits and greedy
     decoding flips where two tokens are nearly tied, so off float32 the pair runs again in float32 (the
-    embedded model: seconds) and "float32" says whether the tokens are then identical. `threads` pins torch's
+    embedded model, on the CPU: seconds) and "float32" says whether the tokens are then identical. `threads` pins torch's
     threads."""
     owner = "journey_rung"
     validate.integer(owner, "requests", requests, "journey requests, e.g. 16.", 1, 64)
@@ -371,13 +371,14 @@ def journey_rung(requests: int = 16, batch: int = 16, max_new_tokens: int = 32, 
 
 
 def _float32_pair(wl: Any, bench: Any, batch: int, threads: int | None) -> list[Any]:
-    """The rung's eager and sdpa runs again with float32 weights (not stored: they check the tokens, not the speed)."""
+    """The rung's eager and sdpa runs again in float32 on the CPU, where the claim was measured (not stored: they check
+    the tokens, not the speed; the embedded model takes seconds)."""
     from ..config import HFConfig
     from ..engines.hf import HFEngine
     from .journey import Step, run_step
 
     return [run_step(Step(f"hf-static-b{batch}-{impl}-float32", lambda m, impl=impl: HFEngine(m, HFConfig(
-                "static", batch, attn_implementation=impl, dtype="float32"))), "embedded", wl, bench,
+                "static", batch, attn_implementation=impl, dtype="float32", device="cpu"))), "embedded", wl, bench,
                      lab="02_attention", threads=threads) for impl in ("eager", "sdpa")]
 
 
@@ -405,7 +406,7 @@ def agreement_line(rung: dict[str, Any]) -> str:
             + (f" (the others part at token {', '.join(map(str, firsts))})" if firsts else ""))
     if rung["dtype"] == "float32":
         return said + "."
-    said += f"; in float32, {f['identical']} of {f['of']} identical"
+    said += f"; in float32 on the CPU, {f['identical']} of {f['of']} identical"
     if a["identical"] < a["of"] and f["identical"] == f["of"]:
         said += (": sdpa computes the same attention in another order of sums, and in bfloat16 the two roundings "
                  "differ in the last bits, enough to flip greedy decoding where two tokens are nearly tied")

@@ -24,7 +24,7 @@ from .. import validate
 from ..bench.offline import prepare, run
 from ..config import BenchConfig
 from ..mechanisms.prefix import PrefixCacheResult, simulate
-from ..results.compare import outputs_agree  # noqa: F401 - re-exported: the tests read it here
+from ..results.compare import outputs_agree
 from ..results.record import Result
 from ..workloads import Workload, load_workload
 from .prefix_checks import (  # noqa: F401 - re-exported: the notebook and the tests read them here

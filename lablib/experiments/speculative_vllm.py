@@ -231,8 +231,8 @@ def _metric(delta: dict[str, Any], name: str) -> Any:
 def counters_from_delta(delta: dict[str, Any]) -> SpecCounters | None:
     """vLLM's speculative counters from one run's metrics_delta; None when it drafted nothing (or has none).
 
-    `vllm:spec_decode_num_accepted_tokens_per_pos` is a Vector in `LLM.get_metrics()`; the worker keeps only
-    scalar values, so it is read when a list is there and left None otherwise.
+    `vllm:spec_decode_num_accepted_tokens_per_pos` is a Vector in `LLM.get_metrics()`; the worker keeps it as a list
+    (its delta position by position), read when a list is there and left None otherwise.
     """
     drafts, tokens, accepted = (_metric(delta, f"vllm:spec_decode_num_{n}") for n in
                                 ("drafts", "draft_tokens", "accepted_tokens"))

@@ -226,7 +226,10 @@ QUANT_VENV = ROOT / ".venv-quant"  # what `scripts/setup.sh quant` makes beside 
 def _has_llmcompressor(exe: str, pythonpath: str | None) -> bool:
     probe = "import importlib.util, sys; sys.exit(0 if importlib.util.find_spec('llmcompressor') else 3)"
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | ({"PYTHONPATH": pythonpath} if pythonpath else {})
-    return subprocess.run([exe, "-c", probe], capture_output=True, env=env).returncode == 0
+    try:
+        return subprocess.run([exe, "-c", probe], capture_output=True, env=env).returncode == 0
+    except OSError:  # no such interpreter (a typo in $LABLIB_QUANT_PYTHON): refused with the rest, under "Tried"
+        return False
 
 
 def quant_environment(python: str | None = None) -> tuple[str, str]:

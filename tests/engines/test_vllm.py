@@ -584,3 +584,5 @@ def test_the_worker_keeps_the_per_position_vector_and_its_growth_over_a_run():
     counters = counters_from_delta({**delta, "vllm:spec_decode_num_draft_tokens": 80.0,
                                     "vllm:spec_decode_num_accepted_tokens": 33.0})
     assert counters.accepted_per_pos == (16, 9, 6, 2) and counters.num_drafts == 20
+    two = NS(get_metrics=lambda: [NS(name=name, values=[1, 2, 3]), NS(name=name, values=[4])])  # two engines' Vectors
+    assert _metrics(two) == {name: [5, 2, 3]}  # summed position by position, none dropped

@@ -334,7 +334,7 @@ def test_off_float32_the_rung_checks_its_tokens_again_in_float32(monkeypatch):
     assert v["float32"]["identical"] == v["float32"]["of"] == 3  # float32: the same tokens, as on the CPU's rung
     line = attention.agreement_line(v)
     assert f"Greedy tokens in bfloat16: {v['agreement']['identical']} of 3 requests identical" in line
-    assert "in float32, 3 of 3 identical" in line
+    assert "in float32 on the CPU, 3 of 3 identical" in line
     assert ("nearly tied" in line) == (v["agreement"]["identical"] < 3)
     split = {**v, "agreement": {**v["agreement"], "identical": 2, "diverged": [{"first_divergence": 5}]}}
     assert "part at token 5" in attention.agreement_line(split) and "nearly tied" in attention.agreement_line(split)

@@ -209,19 +209,6 @@ def test_on_and_off_on_the_fake_vllm(start):  # noqa: F811
                                                                                        for p in pairs)
 
 
-def test_greedy_outputs_on_and_off_say_where_they_part():
-    from lablib.results import RequestRecord, Result
-
-    def result(ids):
-        reqs = [RequestRecord(f"r{i}", 10, len(o), first_token=0.1, last_token=0.2, output_ids=o)
-                for i, o in enumerate(ids)]
-        return Result("t", "s", "vllm", {}, {"name": "embedded"}, {"name": "w"}, reqs, 1.0)
-
-    got = prefix.outputs_agree(result([[1, 2, 3], [4, 5, 6]]), result([[1, 2, 3], [4, 9, 6]]))
-    assert (got["identical"], got["of"]) == (1, 2) and got["diverged"] == [
-        {"request_id": "r1", "first_divergence": 1, "output_tokens": 3}]
-
-
 def test_the_ttft_claim_reads_the_synthetic_models_pairs():
     def row(model, wl, caching, ttft):
         return {"model": model, "workload": wl, "caching": caching, "shared_tokens": 128, "hit_rate": 0.5,

@@ -184,3 +184,19 @@ def test_no_lab_writes_outside_the_results_folder():
     for nb in sorted((root / "labs").glob("*.ipynb")):
         code = "\n".join("".join(c["source"]) for c in json.loads(nb.read_text())["cells"] if c["cell_type"] == "code")
         assert "ResultStore(" not in code and "'results/" not in code and '"results/' not in code, nb.name
+
+
+def test_outputs_agree_says_how_many_are_identical_and_where_the_others_part():
+    from lablib.results import RequestRecord, Result
+    from lablib.results.compare import outputs_agree
+
+    def result(ids):
+        reqs = [RequestRecord(f"r{i}", 10, len(o), first_token=0.1, last_token=0.2, output_ids=o)
+                for i, o in enumerate(ids)]
+        return Result("t", "s", "vllm", {}, {"name": "embedded"}, {"name": "w"}, reqs, 1.0)
+
+    got = outputs_agree(result([[1, 2, 3], [4, 5, 6]]), result([[1, 2, 3], [4, 9, 6]]))
+    assert (got["identical"], got["of"]) == (1, 2) and got["diverged"] == [
+        {"request_id": "r1", "first_divergence": 1, "output_tokens": 3}]
+    short = outputs_agree(result([[1, 2]]), result([[1, 2, 3]]))  # one stopped early: it parts where it stopped
+    assert short["diverged"] == [{"request_id": "r0", "first_divergence": 2, "output_tokens": 2}]
