@@ -102,6 +102,13 @@ def vllm_log_facts(log: str) -> dict[str, Any]:
             "kv_cache_gib": float(kv[-1]) if kv else None}
 
 
+def kernels_text(kernels: dict[str, str] | None, cublas: bool = True) -> str:
+    """The kernels vLLM logged per quantized layer type, as a table cell: "<Kernel> (<layer>), ..."; where it logged
+    none, say so, and (`cublas`: a bf16-weights engine) that torch's cuBLAS GEMMs ran."""
+    return (", ".join(f"{k} ({layer})" for layer, k in (kernels or {}).items())
+            or ("none logged (bf16: cuBLAS)" if cublas else "none logged"))
+
+
 def fixed_name(prompt_len: int = 128, output_len: int = 128) -> str:
     """The name of fixed_workload's set, as a Result's workload carries it: the lengths a speed run ran."""
     return f"fixed-{prompt_len}x{output_len}"
@@ -227,8 +234,7 @@ def speed_rows(results: Sequence[Result]) -> list[dict[str, Any]]:
                      "of_roofline": decode / roof if decode and roof else None,
                      "tpot_ms": tpot * 1e3 if tpot else None, "weight_gib": weights / 2**30 if weights else None,
                      "kv_tokens": f.get("kv_tokens"), "kv_cache_dtype": f.get("kv_cache_dtype"),
-                     "linear_kernels": ", ".join(f"{k} ({layer})" for layer, k in (f.get("linear_kernels") or {}).items())
-                     or "none logged (bf16: cuBLAS)", "gpu": r.hardware.get("gpu"),
+                     "linear_kernels": kernels_text(f.get("linear_kernels")), "gpu": r.hardware.get("gpu"),
                      "model": r.model.get("name"), "synthetic": bool(r.model.get("synthetic")),
                      "workload": r.workload.get("name"), **{k: r.config.get(k) for k in ENGINE_KNOBS},
                      "provenance": (f"recorded on {r.hardware.get('gpu') or 'CPU'}, {r.recorded_at[:10]}"

@@ -23,7 +23,7 @@ from ... import validate
 from ...models.quantize import SCHEMES, read_facts
 from ...session import Shown, asked_rows, live_label, live_or_recorded
 from .measures import OWNER, evaluation_set, from_logprobs, work_folder
-from .speed_runs import GPU_WORK, vllm_log_facts
+from .speed_runs import GPU_WORK, kernels_text, vllm_log_facts
 
 TOLERANCE_PCT = 1.0  # vLLM's bf16 perplexity against transformers' float32 one, same weights: |gap| at most this
 KEY, STEP = "quantization_quality", "quantization-quality"  # facts key; scripts/record_reference.py's step
@@ -31,7 +31,7 @@ KEY, STEP = "quantization_quality", "quantization-quality"  # facts key; scripts
 
 def _engine_spec(scheme: str, work: Path) -> Any:
     """The embedded target (bf16) or the checkpoint work/<scheme>, refused (naming what makes it) when not made."""
-    from ...models import ModelSpec, check_model_dir
+    from ...models import resolve_model
 
     if scheme == "bf16":
         return "embedded"
@@ -39,7 +39,7 @@ def _engine_spec(scheme: str, work: Path) -> Any:
     if read_facts(folder) is None:
         raise validate.refuse(OWNER, "schemes", scheme, f"a scheme whose checkpoint is in {folder} (not made yet)",
                               "run quantize_all (the lab's step 2) with the same work_dir first, or leave it out.")
-    return ModelSpec(str(folder), str(folder), "path", check_model_dir(folder))
+    return resolve_model(folder)  # a local folder: checked here, before any engine starts
 
 
 def vllm_quality_rows(schemes: Sequence[str], *, work_dir: str | Path | None = None, eval_texts: int | None = None,
@@ -69,8 +69,7 @@ def vllm_quality_rows(schemes: Sequence[str], *, work_dir: str | Path | None = N
         base = rows[0]["ppl_vllm"] if rows else ppl.ppl
         rows.append({"scheme": scheme, "ppl_vllm": ppl.ppl, "ppl_change_pct": 100.0 * (ppl.ppl / base - 1.0),
                      "tokens": ppl.tokens, "texts": ppl.texts,
-                     "linear_kernels": ", ".join(f"{k} ({layer})" for layer, k in kernels.items())
-                     or ("none logged (bf16: cuBLAS)" if scheme == "bf16" else "none logged"),
+                     "linear_kernels": kernels_text(kernels, cublas=scheme == "bf16"),
                      "engine_s": time.perf_counter() - t0,
                      "provenance": live_label()})
     return beside_cpu(rows, cpu_rows)
