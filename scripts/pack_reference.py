@@ -19,6 +19,7 @@ import io
 import json
 import re
 import sys
+from datetime import datetime, timezone
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -129,9 +130,14 @@ def lab_runs(dirs: list[Path], old: dict | None = None) -> dict:
     nbval: dict[str, str] = {}
     runs: dict[tuple[str, str], tuple[str, Result]] = {}
     bench = None
+    old_date = re.search(r"\d{4}-\d\d-\d\d$", out.get("what", ""))  # the date the earlier runs were all made
+    out["nbval"] = {nb: v if " on 20" in v or not old_date else f"{v} on {old_date.group()}"
+                    for nb, v in out.get("nbval", {}).items()}
     for d in dirs:
         if (d / "nbval.log").exists():
-            nbval.update(nbval_summary((d / "nbval.log").read_text(errors="replace")))
+            log = d / "nbval.log"
+            day = datetime.fromtimestamp(log.stat().st_mtime, timezone.utc).strftime("%Y-%m-%d")  # when it ended
+            nbval.update({nb: f"{v} on {day}" for nb, v in nbval_summary(log.read_text(errors="replace")).items()})
         for f in sorted((d / "results").glob("*.jsonl")):
             for r in ResultStore(f).load():
                 if r.provenance == "live":
@@ -149,7 +155,7 @@ def lab_runs(dirs: list[Path], old: dict | None = None) -> dict:
     if runs:
         first = min((r for _, r in runs.values()), key=lambda r: r.recorded_at)
         out["what"] = (f"the labs executed under nbval on the {first.hardware.get('gpu') or 'GPU'} with live vLLM "
-                       f"(embedded model), {first.recorded_at[:10]}")
+                       f"(each line says when; the rows are those runs' Results)")
     by_step = {r.step: r for _, r in runs.values()}
     if "vllm-embedded-journey" in by_step and "hf-static-b64-embedded-journey" in by_step:
         out["embedded_journey_ratio_vllm_over_hf_static_b64"] = (
@@ -288,7 +294,9 @@ def write_readme(by_step: dict, facts: dict) -> None:
     lab_rows = "\n".join(
         f"| {r.get('lab', '')} | `{r['step']}` | {r['requests']} | {r['output_tok_s']:,.0f} | {(r['ttft_p50_s'] or 0) * 1e3:,.1f} | "
         f"{(r['ttft_p99_s'] or 0) * 1e3:,.1f} | {(r['tpot_p50_s'] or 0) * 1e3:,.2f} |" for r in lab.get("rows", []))
-    lab_nbval = "\n".join(f"- `{k}`: {v}" for k, v in lab.get("nbval", {}).items())
+    lab_nbval = "\n".join(f"- `{k}`: {v}" + ("" if (ROOT / "labs" / f"{k}.ipynb").exists() else
+                                             " (a name from the labs' earlier numbering)")
+                          for k, v in lab.get("nbval", {}).items())
     lab_cmp = "\n".join(
         f"| {k} | {v['lab']:,.3f} | {v['vllm_bench']:,.3f} | {v['ratio']:.3f} |"
         for k, v in (lab.get("serve_compare") or {}).get("figures", {}).items() if v.get("ratio") is not None)
@@ -402,7 +410,7 @@ same way as vLLM's. {client_text}
 
 {check_text}
 
-## The labs themselves on the H200 (nbval, live vLLM, embedded model)
+## The labs themselves on the H200 (nbval, live vLLM; the embedded model unless a step names a synthetic shape)
 
 {lab.get('what', '')}:
 {lab_nbval}

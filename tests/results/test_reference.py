@@ -86,6 +86,9 @@ def test_readme_is_rendered_from_facts_and_results(pack, facts, monkeypatch, tmp
     monkeypatch.setattr(pack, "OUT", tmp_path)
     pack.write_readme(by_step, facts)
     assert (tmp_path / "README.md").read_text() == (REFERENCE_DIR / "README.md").read_text(), REPACK
+    text = (tmp_path / "README.md").read_text()  # a notebook renumbered since its run is named as such; others not
+    assert "- `02_kv_cache`: 13 of 13 cells passed on 2026-11-29 (a name from the labs' earlier numbering)" in text
+    assert "- `07_prefix_caching`: 21 of 21 cells passed on 2026-12-01\n" in text
 
 
 def test_readme_states_the_headline_numbers(facts):
@@ -166,12 +169,13 @@ def test_cross_check_section_per_model(pack, facts):
 
 def test_lab_runs_on_the_gpu_summarised(pack, facts):
     lab = facts["lab_runs"]
-    assert lab["nbval"]["02_kv_cache"] == "13 of 13 cells passed"
+    assert lab["nbval"]["02_kv_cache"] == "13 of 13 cells passed on 2026-11-29"  # each line says when it ran
+    assert lab["nbval"]["07_prefix_caching"] == "21 of 21 cells passed on 2026-12-01"
     rows = {r["step"]: r for r in lab["rows"]}
     ratio = rows["vllm-embedded-journey"]["output_tok_s"] / rows["hf-static-b64-embedded-journey"]["output_tok_s"]
     assert lab["embedded_journey_ratio_vllm_over_hf_static_b64"] == pytest.approx(ratio, rel=1e-5)
     assert lab["serve_capacity_rps"] == pytest.approx(lab["serve_compare"]["figures"]["requests_s"]["lab"], rel=1e-5)
-    assert lab["nbval"]["03_continuous_batching"] == "25 of 25 cells passed"
+    assert lab["nbval"]["03_continuous_batching"] == "25 of 25 cells passed on 2026-11-29"
     compare = lab["serve_compare"]  # lab 03's live cross-check: the lab's client (aiohttp) kept up with the server
     assert compare["client"]["kept_up"] is True and compare["clumped"]["lab"] < 0.05
     assert compare["client"]["server_http_ms"] > compare["client"]["server_e2e_ms"]  # the API server's share on top
@@ -184,14 +188,17 @@ def test_lab_runs_packed_from_a_gpu_labs_folder(pack, facts, runs, tmp_path):
     import dataclasses
 
     (tmp_path / "results").mkdir(parents=True)
+    import os
+
     (tmp_path / "nbval.log").write_text("labs/03_z::ipynb::Cell 0 PASSED\nlabs/03_z::ipynb::Cell 1 PASSED\n")
+    os.utime(tmp_path / "nbval.log", (1764633600, 1764633600))  # the log ended on 2025-12-02 (UTC): the date shown
     live = [dataclasses.replace(runs[s], provenance="live", step=s.replace("8b", "embedded"), lab="03_z")
             for s in ("vllm-8b-journey", "hf-static-b64-8b-journey")]
     recorded = dataclasses.replace(runs["vllm-8b-single"], lab="03_z")  # only live runs are the labs' own
     (tmp_path / "results" / "03_z.jsonl").write_text("".join(r.to_json() + "\n" for r in [*live, recorded]))
     old = facts["lab_runs"]
     lab = pack.lab_runs([tmp_path], old)
-    assert lab["nbval"] == {**old["nbval"], "03_z": "2 of 2 cells passed"}  # a new notebook joins the others
+    assert lab["nbval"] == {**old["nbval"], "03_z": "2 of 2 cells passed on 2025-12-02"}  # joins the others
     new_rows = [r for r in lab["rows"] if r["notebook"] == "03_z"]
     assert [r["step"] for r in new_rows] == ["vllm-embedded-journey", "hf-static-b64-embedded-journey"]
     assert lab["rows"][:len(old["rows"])] == old["rows"]  # the other notebooks' rows are kept
