@@ -293,14 +293,19 @@ def main() -> None:
     facts: dict = {}
     for name in args.steps.split(","):
         t0 = time.time()
+        failed = interrupted = False
         try:
             STEPS[name](args.out, store, facts)
         except Exception:
             log(args.out, f"step {name} FAILED:\n{traceback.format_exc()}")
-            if args.stop_on_error:
-                break
+            failed = True
+        except KeyboardInterrupt:  # gpu_session.sh's time limit (SIGINT): keep what the step had measured so far
+            log(args.out, f"step {name} INTERRUPTED (time limit): its facts so far are kept\n{traceback.format_exc()}")
+            interrupted = True
         facts.setdefault("step_seconds", {})[name] = round(time.time() - t0, 1)
         (args.out / f"facts-{args.steps.replace(',', '_')}.json").write_text(json.dumps(facts, indent=1, default=str))
+        if interrupted or (failed and args.stop_on_error):
+            break
     log(args.out, f"done: {facts.get('step_seconds')}")
 
 

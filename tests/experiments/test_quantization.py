@@ -517,3 +517,39 @@ def test_the_quality_recording_step_on_the_fake_vllm(start, tmp_path, monkeypatc
     again = facts["quantization_quality"]
     assert again["cpu_error"] == "ImportError: compressed_tensors 0.17 cannot read this"
     assert [r["ppl_cpu"] for r in again["rows"]] == [None, None] and not qe.bf16_agrees(again["rows"])
+
+
+def test_a_quality_recording_cut_short_keeps_the_checkpoints_it_scored(start, tmp_path, monkeypatch,  # noqa: F811
+                                                                       load_script):
+    """gpu_session.sh stops a step at its time limit with SIGINT: scripts/record_reference.py writes the facts the
+    step had so far (bf16's row, marked incomplete, the CPU table not run) and runs no later step."""
+    import json
+    import sys
+
+    import lablib.engines.vllm as engine
+    from lablib.experiments.quantization import vllm_ppl
+
+    monkeypatch.setattr(vllm_ppl, "GPU_WORK", str(tmp_path / "work"))
+    real, calls = engine.VLLMEngine.prompt_logprobs, []
+
+    def second_one_interrupted(self, texts):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt  # the time limit, during the second engine
+        return real(self, texts)
+
+    monkeypatch.setattr(engine.VLLMEngine, "prompt_logprobs", second_one_interrupted)
+    script = load_script("record_reference")
+    later = []
+    monkeypatch.setitem(script.STEPS, "quantization-quality",
+                        lambda o, s, f: vllm_ppl.record(o, s, f, schemes=("fp8-dynamic",), eval_texts=2, num_samples=2))
+    monkeypatch.setitem(script.STEPS, "smoke", lambda *a: later.append(a))
+    monkeypatch.setattr(sys, "argv", ["record_reference.py", "--out", str(tmp_path / "run"),
+                                      "--steps", "quantization-quality,smoke"])
+    script.main()
+    facts = json.loads((tmp_path / "run" / "facts-quantization-quality_smoke.json").read_text())
+    got = facts["quantization_quality"]
+    assert [r["scheme"] for r in got["rows"]] == ["bf16"] and got["complete"] is False and got["cpu_rows"] == []
+    assert got["rows"][0]["ppl_vllm"] > 1 and got["rows"][0]["provenance"].startswith("recorded on ")
+    assert got["cpu_error"] == "not run: the step was cut short" and later == []
+    assert "step quantization-quality INTERRUPTED" in (tmp_path / "run" / "log.txt").read_text()

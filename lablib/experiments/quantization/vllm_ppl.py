@@ -15,7 +15,7 @@ asserted: what the lab asserts about a scheme's quality is its change against bf
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -43,13 +43,14 @@ def _engine_spec(scheme: str, work: Path) -> Any:
 
 
 def vllm_quality_rows(schemes: Sequence[str], *, work_dir: str | Path | None = None, eval_texts: int | None = None,
-                      cpu_rows: Sequence[dict[str, Any]] | None = None,
-                      gpu_memory_utilization: float = 0.3) -> list[dict[str, Any]]:
+                      cpu_rows: Sequence[dict[str, Any]] | None = None, gpu_memory_utilization: float = 0.3,
+                      on_row: Callable[[list[dict[str, Any]]], None] | None = None) -> list[dict[str, Any]]:
     """bf16, then every scheme's checkpoint in work_dir, scored by vLLM on the first `eval_texts` evaluation windows.
 
     Per row: vLLM's perplexity, its change against vLLM's bf16, the CPU's perplexity from `cpu_rows` (a
     `quality_table` of the same texts) and the gap between the two, the kernels vLLM logged, the tokens scored.
-    Every refusal (an unknown scheme, a checkpoint not made) comes before any engine starts."""
+    Every refusal (an unknown scheme, a checkpoint not made) comes before any engine starts. `on_row` is handed
+    the rows so far after each engine, so a run cut short keeps the checkpoints it scored."""
     from ...config import VLLMConfig
     from ...engines.vllm import VLLMEngine
     from ...models import load_tokenizer, resolve_model
@@ -72,6 +73,8 @@ def vllm_quality_rows(schemes: Sequence[str], *, work_dir: str | Path | None = N
                      "linear_kernels": kernels_text(kernels, cublas=scheme == "bf16"),
                      "engine_s": time.perf_counter() - t0,
                      "provenance": live_label()})
+        if on_row is not None:
+            on_row(beside_cpu(rows, cpu_rows))
     return beside_cpu(rows, cpu_rows)
 
 
@@ -136,7 +139,19 @@ def record(out_dir: str | Path, store: Any, facts: dict[str, Any], *,
 
     work = Path(GPU_WORK) / "embedded"
     made = quantize_all(schemes, work_dir=work, num_samples=num_samples)
-    rows, cpu, cpu_error = vllm_quality_rows(schemes, work_dir=work, eval_texts=eval_texts), [], None
+    gpu, date = device_facts().get("gpu"), time.strftime("%Y-%m-%d")
+    made_facts = [{k: m.get(k) for k in ("scheme", "group_size", "quantize_s", "device")} for m in made]
+
+    def keep(rows: list[dict[str, Any]], cpu: list[dict[str, Any]], cpu_error: str | None, complete: bool) -> None:
+        """facts[KEY] as it stands: the script writes facts out after the step, or when it is interrupted."""
+        facts[KEY] = {"rows": [{**r, "provenance": f"recorded on {gpu}, {date}"} for r in rows],
+                      "cpu_rows": [{k: v for k, v in r.items() if k != "first_divergence"} for r in cpu],
+                      "made": made_facts, "cpu_error": cpu_error, "eval_texts": eval_texts,
+                      "tolerance_pct": TOLERANCE_PCT, "gpu": gpu, "date": date, "complete": complete}
+
+    rows = vllm_quality_rows(schemes, work_dir=work, eval_texts=eval_texts,
+                             on_row=lambda so_far: keep(so_far, [], "not run: the step was cut short", False))
+    cpu, cpu_error = [], None
     try:  # transformers there reads the checkpoints with vLLM's compressed-tensors 0.17, not the CPU lab's 0.19: on
         # this project's CPU machine 0.17 read what 0.19 wrote, with the same perplexities to the last digit (fp8,
         # gptq, w8a8; 2026-12-01), but a machine's pins can differ, so vLLM's rows never hang on it
@@ -145,12 +160,7 @@ def record(out_dir: str | Path, store: Any, facts: dict[str, Any], *,
     except Exception as e:  # vLLM's rows are kept either way; the lab's CPU run sets its own beside them
         cpu_error = f"{type(e).__name__}: {e}"[:2000]
     rows = beside_cpu(rows, cpu)
-    gpu, date = device_facts().get("gpu"), time.strftime("%Y-%m-%d")
-    for r in rows:
-        r["provenance"] = f"recorded on {gpu}, {date}"
-    facts[KEY] = {"rows": rows, "cpu_rows": [{k: v for k, v in r.items() if k != "first_divergence"} for r in cpu],
-                  "made": [{k: m.get(k) for k in ("scheme", "group_size", "quantize_s", "device")} for m in made],
-                  "cpu_error": cpu_error, "eval_texts": eval_texts, "tolerance_pct": TOLERANCE_PCT, "gpu": gpu,
-                  "date": date}
+    keep(rows, cpu, cpu_error, True)
+    rows = facts[KEY]["rows"]
     with open(Path(out_dir) / "log.txt", "a") as f:
         f.write(f"quantization-quality: {[(r['scheme'], round(r['ppl_vllm'], 3), r['vllm_vs_cpu_pct']) for r in rows]}\n")
