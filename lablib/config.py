@@ -123,6 +123,8 @@ class VLLMConfig:
     disable_custom_all_reduce: bool = False  # True: NCCL's all-reduce instead of vLLM's custom kernel (lab 09 compares)
     seed: int = 0
     attention_backend: str | None = None  # None: vLLM picks (FLASH_ATTN, i.e. FA3, on an H200); lab 02 sweeps it
+    num_gpu_blocks_override: int | None = None  # a KV pool of exactly this many 16-token blocks (one is vLLM's null
+    # block), whatever gpu_memory_utilization leaves: lab 07's scarce-memory run; needs max_model_len to fit in it
 
     def __post_init__(self) -> None:
         validate.fraction("VLLMConfig", "gpu_memory_utilization", self.gpu_memory_utilization,
@@ -143,6 +145,17 @@ class VLLMConfig:
             raise validate.refuse("VLLMConfig", "max_num_batched_tokens", self.max_num_batched_tokens,
                                   f">= max_num_seqs={self.max_num_seqs} (every running sequence needs a token per step)",
                                   "raise max_num_batched_tokens or lower max_num_seqs.")
+        validate.optional_integer("VLLMConfig", "num_gpu_blocks_override", self.num_gpu_blocks_override,
+                                  "a number of KV blocks (16 tokens each), or None for what the memory leaves.")
+        if self.num_gpu_blocks_override is not None:
+            need = None if self.max_model_len is None else -(-self.max_model_len // 16)
+            if need is None or self.num_gpu_blocks_override < need:
+                raise validate.refuse(
+                    "VLLMConfig", "num_gpu_blocks_override", self.num_gpu_blocks_override,
+                    "enough 16-token blocks for one request of max_model_len tokens"
+                    + ("" if need is None else f" (max_model_len={self.max_model_len}: at least {need})"),
+                    "set max_model_len to the longest prompt + output the run sends, and at least that many "
+                    "tokens / 16 blocks: vLLM refuses to start a pool that cannot hold one such request.")
         validate.choice("VLLMConfig", "dtype", self.dtype, DTYPES)
         validate.choice("VLLMConfig", "kv_cache_dtype", self.kv_cache_dtype, KV_CACHE_DTYPES)
         validate.choice("VLLMConfig", "quantization", self.quantization, QUANTIZATIONS)

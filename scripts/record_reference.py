@@ -274,7 +274,7 @@ STEPS = {"smoke": step_smoke, "startup": step_startup, "big": step_big, "big-lab
          "serve-wide": lambda o, s, f: step_serve(o, s, f, WIDE), "serve-check": step_serve_check,
          "serve-check-embedded": lambda o, s, f: step_serve_check(o, s, f, "embedded"), "prefix": step_prefix,
          "prefix-batch": lambda o, s, f: step_prefix(o, s, f, 32), "prefix-on-off": _lab("prefix", "record"),
-         "prefix-serve": _lab("prefix_serving", "record"),
+         "prefix-serve": _lab("prefix_serving", "record"), "prefix-scarce": _lab("prefix_scarce", "record"),
          "speculative": _lab("speculative", "record"), "speculative-8b": _lab("speculative_synthetic", "record"),
          "tp1": _lab("parallel", "record"),
          "tp-scaling": _lab("parallel", "record_scaling"), "attention": _lab("attention", "record"),

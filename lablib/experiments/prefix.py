@@ -13,8 +13,9 @@ says why they differ.
 The lab's other parts live beside this module, and their public names are importable from here too
 (the notebook calls `experiments.prefix` for all of them): `prefix_workloads`, the sets and the seeds'
 variants the lab runs; `prefix_simulated`, the simulator on their token ids, on any machine;
-`prefix_checks`, the readers of the on/off runs and the Checks cell; `prefix_serving`, the hit rate on
-vLLM's server under Poisson load (`serve`).
+`prefix_checks`, the readers of the on/off runs and the Checks cell; `prefix_scarce`, the simulator's evictions
+against vLLM's own pool (`scarce_vllm`); `prefix_serving`, the hit rate on vLLM's server under Poisson load
+(`serve`).
 """
 from __future__ import annotations
 
@@ -39,6 +40,7 @@ from .prefix_checks import (  # noqa: F401 - re-exported: the notebook and the t
     serve_cuts_ttft,
     serve_hits_predicted,
 )
+from .prefix_scarce import scarce_lines, scarce_vllm  # noqa: F401 - re-exported, as above
 from .prefix_serving import serve, serve_lines  # noqa: F401 - re-exported, as above
 from .prefix_simulated import (  # noqa: F401 - re-exported, as above
     BLOCK,

@@ -535,3 +535,60 @@ def test_the_h200_recordings_of_lab_07_hold_what_the_lab_says_of_them():
     assert prefix_checks.serve_hits_predicted(serve.value) and prefix_checks.serve_cuts_ttft(serve.value)
     onoff = prefix.on_off(force=False)
     assert prefix_checks.caching_cuts_ttft(onoff.value["runs"])
+
+
+def test_scarce_memory_on_the_fake_vllm_is_compared_request_by_request(start, tmp_path):  # noqa: F811
+    """vLLM with a pool of the simulator's capacity (+ its null block), one request at a time. The fake engine never
+    evicts: where the simulator evicts nothing that comes back (grouped) the two agree request by request; where it
+    evicts every prefix before its return (round-robin in 48 blocks) the fake still hits, and the row says which
+    requests differ."""
+    from lablib.experiments import prefix_scarce
+    from lablib.results import ResultStore
+
+    store = ResultStore(tmp_path / "r.jsonl")
+    rows = prefix_scarce.scarce_vllm_rows((48,), ("grouped", "round-robin"), store=store)
+    grouped, rr = rows
+    assert prefix_scarce.pool_as_asked(rows) and grouped["kv_blocks"] == 49
+    assert grouped["per_request_exact"] and "equal, request by request" in grouped["verdict"]
+    assert grouped["predicted_hits"] == grouped["vllm_cached"] > 0 and grouped["requests"] == 32
+    assert rr["predicted_hits"] == 0 and rr["predicted_evictions"] > 0 and rr["vllm_cached"] > 0
+    assert not rr["per_request_exact"] and f"{len(rr['differ'])} of 32 requests differ" in rr["verdict"]
+    assert [r.step for r in store.load()] == ["prefix-scarce-grouped-48", "prefix-scarce-round-robin-48"]
+    assert all(r.requests[0].prompt_tokens == p["prompt_tokens"] for r, p in zip(store.load(), (
+        grouped["per_request"][0], rr["per_request"][0])))
+
+
+def test_scarce_memory_refuses_a_pool_too_small_before_any_engine(monkeypatch, unrecorded):
+    import lablib.engines.vllm as engine
+    from lablib.experiments import prefix_scarce
+
+    monkeypatch.setattr(engine, "VLLMEngine", lambda *a, **k: pytest.fail("an engine was made before the refusal"))
+    with pytest.raises(ValueError, match=r"scarce_vllm_rows\.capacities"):
+        prefix_scarce.scarce_vllm_rows((16,))  # 512 tokens need 32 blocks
+    with pytest.raises(ValueError, match=r"scarce_vllm_rows\.orders"):
+        prefix_scarce.scarce_vllm_rows((48,), ("sorted",))
+    with pytest.raises(ValueError, match=r"num_gpu_blocks_override.*at least 32"):
+        VLLMConfig(num_gpu_blocks_override=20, max_model_len=512)
+    with pytest.raises(ValueError, match=r"num_gpu_blocks_override.*set max_model_len"):
+        VLLMConfig(num_gpu_blocks_override=64)
+    assert VLLMConfig(num_gpu_blocks_override=49, max_model_len=512).llm_kwargs()["num_gpu_blocks_override"] == 49
+    unrecorded(prefix_scarce.KEY)
+    shown = prefix_scarce.scarce_vllm(force=False)
+    assert shown.value is None and "--steps prefix-scarce`" in shown.label
+    assert prefix_scarce.scarce_lines(shown) == f"[{shown.label}]"
+
+
+def test_the_scarce_recording_step_keeps_rows_and_recorded_results(start, tmp_path, monkeypatch):  # noqa: F811
+    from lablib.experiments import prefix_scarce
+    from lablib.results import ResultStore
+
+    real = prefix_scarce.scarce_vllm_rows
+    monkeypatch.setattr(prefix_scarce, "scarce_vllm_rows", lambda **k: real((48,), ("grouped",), **k))
+    store, facts = ResultStore(tmp_path / "r.jsonl"), {}
+    prefix_scarce.record(tmp_path, store, facts)
+    got = facts[prefix_scarce.KEY]
+    assert [(r["order"], r["num_blocks"]) for r in got] == [("grouped", 48)]
+    assert got[0]["provenance"].startswith("recorded on NVIDIA H200, ")
+    saved = store.load()
+    assert [r.step for r in saved] == ["prefix-scarce-grouped-48"] and saved[0].provenance == "recorded"
+    assert saved[0].lab == "reference"

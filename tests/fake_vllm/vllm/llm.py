@@ -23,7 +23,7 @@ ENGINE_ARGS = {"gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens
                "enable_prefix_caching", "enforce_eager", "dtype", "quantization", "kv_cache_dtype",
                "speculative_config", "tensor_parallel_size", "seed", "block_size", "trust_remote_code",
                "attention_backend", "pipeline_parallel_size", "distributed_executor_backend",
-               "disable_custom_all_reduce", "async_scheduling"}  # all in vLLM 0.26's vllm/engine/arg_utils.py EngineArgs
+               "disable_custom_all_reduce", "async_scheduling", "num_gpu_blocks_override"}  # all in vLLM 0.26's vllm/engine/arg_utils.py EngineArgs
 
 # vLLM's EngineCore: prints what vLLM logs at start (to the inherited stderr), says ready, then waits.
 # Like vLLM's it exits when its parent dies, unless FAKE_VLLM_ORPHAN_WATCH=0; it never outlives 120 s.
@@ -190,7 +190,8 @@ class LLM:
         self._core.stdout.readline()
         weakref.finalize(self, _end_engine_core, self._core)  # vLLM ends its EngineCore when the LLM is collected
         config = SimpleNamespace(
-            cache_config=SimpleNamespace(num_gpu_blocks=int(os.environ.get("FAKE_VLLM_GPU_BLOCKS") or 1234),
+            cache_config=SimpleNamespace(num_gpu_blocks=kwargs.get("num_gpu_blocks_override")
+                                         or int(os.environ.get("FAKE_VLLM_GPU_BLOCKS") or 1234),
                                          block_size=kwargs.get("block_size", 16),
                                          cache_dtype=kwargs.get("kv_cache_dtype", "auto")),
             scheduler_config=SimpleNamespace(max_num_seqs=kwargs.get("max_num_seqs", 256),
