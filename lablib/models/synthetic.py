@@ -40,24 +40,52 @@ def synthetic_spec(name: str, root: str | Path | None = None) -> ModelSpec:
     return ModelSpec(f"synthetic:{name}", str(folder), "synthetic", check_model_dir(folder))
 
 
-def make_synthetic(name: str, folder: str | Path, seed: int = 0, dtype: str = "bfloat16") -> Path:
-    """Write a random-init checkpoint of architecture `name` (on the GPU when there is one: ~25 s for 8B)."""
+def make_synthetic(name: str, folder: str | Path, seed: int = 0, dtype: str = "bfloat16", *,
+                   device: str | None = None, in_child: bool | None = None) -> Path:
+    """Write a random-init checkpoint of architecture `name` (on the GPU when there is one: ~25 s for 8B).
+
+    On a GPU the weights are drawn in a child process (`in_child`, by default whenever `device` is CUDA): the CUDA
+    context that drawing them makes, and the allocator's cache, end with it, so the notebook never holds the GPU and
+    vLLM's worker starts on a GPU as empty as before. The checkpoint is written beside `folder` and moved into place
+    whole, so a run cut short leaves no half of one that a later call would take for made."""
+    import shutil
+
+    import torch
+
+    cfg = {k: v for k, v in architectures()[name].items() if not k.startswith("_")}
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    folder = Path(folder)
+    partial = folder.with_name(folder.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    args = (name, cfg, str(partial), seed, dtype, device)
+    if device == "cuda" if in_child is None else in_child:
+        import multiprocessing as mp
+
+        child = mp.get_context("spawn").Process(target=_write, args=args)
+        child.start()
+        child.join()
+        if child.exitcode != 0:
+            raise RuntimeError(f"making the synthetic checkpoint {name!r} failed in its process (exit code "
+                               f"{child.exitcode}; its traceback is above). Fix: check the free disk under "
+                               f"{folder.parent} and the GPU's free memory (nvidia-smi), then run the cell again.")
+    else:
+        _write(*args)
+    shutil.rmtree(folder, ignore_errors=True)
+    partial.rename(folder)
+    return folder
+
+
+def _write(name: str, cfg: dict, folder: str, seed: int, dtype: str, device: str) -> None:
+    """The checkpoint itself: config `cfg`, weights drawn on `device` from `seed`, saved with synthetic.json."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    cfg = {k: v for k, v in architectures()[name].items() if not k.startswith("_")}
     config = AutoConfig.for_model(**cfg)
     torch.manual_seed(seed)
-    device = "cuda" if torch.cuda.is_available() else "cpu"
     t0 = time.perf_counter()
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
-    folder = Path(folder)
     model.save_pretrained(folder)
-    (folder / "synthetic.json").write_text(json.dumps(
+    (Path(folder) / "synthetic.json").write_text(json.dumps(
         {"architecture": name, "seed": seed, "dtype": dtype, "label": LABEL,
          "parameters": sum(p.numel() for p in model.parameters()), "made_s": round(time.perf_counter() - t0, 1)}))
-    del model
-    if device == "cuda":
-        torch.cuda.empty_cache()
-    return folder

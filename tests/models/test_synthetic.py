@@ -114,6 +114,42 @@ def test_make_synthetic_writes_a_loadable_checkpoint(tiny_arch, tmp_path):
     assert not torch.equal(model.state_dict()[w], other.state_dict()[w])
 
 
+def test_on_a_gpu_the_weights_are_drawn_in_a_child_process(tiny_arch, tmp_path, monkeypatch):
+    """The child's checkpoint is the one the notebook's own process would write (same seed, same weights), a GPU
+    machine takes that path (the notebook then holds no CUDA context), and a child that fails leaves no folder."""
+    import multiprocessing as mp
+
+    import lablib.models.synthetic as synthetic
+
+    here = make_synthetic("tiny-qwen3", tmp_path / "here", seed=3)
+    child = make_synthetic("tiny-qwen3", tmp_path / "child", seed=3, in_child=True)
+    w = "model.layers.0.mlp.up_proj.weight"
+    assert torch.equal(AutoModelForCausalLM.from_pretrained(here).state_dict()[w],
+                       AutoModelForCausalLM.from_pretrained(child).state_dict()[w])
+    assert not (tmp_path / "child.partial").exists()
+    started = []
+
+    class Failing:  # what the spawn context would start on a GPU machine
+        exitcode = 1
+
+        def __init__(self, target, args):
+            started.append((target, args))
+
+        def start(self):
+            pass
+
+        def join(self):
+            pass
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(mp, "get_context", lambda kind: type("Ctx", (), {"Process": Failing}) if kind == "spawn"
+                        else pytest.fail(kind))
+    with pytest.raises(RuntimeError, match="failed in its process"):
+        make_synthetic("tiny-qwen3", tmp_path / "gpu", seed=3)
+    assert started[0][0] is synthetic._write and started[0][1][-1] == "cuda"  # drawn on the GPU, in the child
+    assert not (tmp_path / "gpu").exists()
+
+
 def test_synthetic_spec_makes_once_then_reuses(tiny_arch, tmp_path):
     spec = synthetic_spec("tiny-qwen3", root=tmp_path)
     assert spec.name == "synthetic:tiny-qwen3" and spec.source == "synthetic" and spec.is_local

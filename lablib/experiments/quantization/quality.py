@@ -38,7 +38,8 @@ def quality_table(schemes: Sequence[str] = tuple(SCHEMES), *, work_dir: str | Pa
                   eval_texts: int | None = None, prompts: int = 4, max_new_tokens: int = 32,
                   max_increase_pct: float = 1.0, num_samples: int = 64, threads: int = 1,
                   python: str | None = None, fresh: bool = False) -> list[dict[str, Any]]:
-    """Quantize the embedded target with every scheme (live, on this CPU) and score each against bf16.
+    """Quantize the embedded target with every scheme (live: llm-compressor on this machine's GPU where there is
+    one, else its CPU) and score each against bf16 (on the CPU, in float32).
 
     One row per scheme after a bf16 row: weight bytes on disk, seconds to quantize (llm-compressor's
     oneshot; `quantize_wall_s` adds the worker's start and the save), perplexity on the evaluation set
