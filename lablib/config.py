@@ -148,14 +148,16 @@ class VLLMConfig:
         validate.optional_integer("VLLMConfig", "num_gpu_blocks_override", self.num_gpu_blocks_override,
                                   "a number of KV blocks (16 tokens each), or None for what the memory leaves.")
         if self.num_gpu_blocks_override is not None:
-            need = None if self.max_model_len is None else -(-self.max_model_len // 16)
+            # vLLM's start check counts every block, but its null block (block 0) is never handed out: a pool of
+            # exactly max_model_len / 16 blocks starts, then never schedules a request of max_model_len tokens
+            need = None if self.max_model_len is None else -(-self.max_model_len // 16) + 1
             if need is None or self.num_gpu_blocks_override < need:
                 raise validate.refuse(
                     "VLLMConfig", "num_gpu_blocks_override", self.num_gpu_blocks_override,
-                    "enough 16-token blocks for one request of max_model_len tokens"
+                    "enough 16-token blocks for one request of max_model_len tokens, plus vLLM's null block"
                     + ("" if need is None else f" (max_model_len={self.max_model_len}: at least {need})"),
                     "set max_model_len to the longest prompt + output the run sends, and at least that many "
-                    "tokens / 16 blocks: vLLM refuses to start a pool that cannot hold one such request.")
+                    "tokens / 16 blocks + 1: a pool that cannot hold one such request never schedules it.")
         validate.choice("VLLMConfig", "dtype", self.dtype, DTYPES)
         validate.choice("VLLMConfig", "kv_cache_dtype", self.kv_cache_dtype, KV_CACHE_DTYPES)
         validate.choice("VLLMConfig", "quantization", self.quantization, QUANTIZATIONS)

@@ -6,7 +6,8 @@
 #   bash scripts/gpu_session.sh labs   SECONDS NB...      notebooks under nbval, live (e.g. labs/03_kv_cache.ipynb)
 #   bash scripts/gpu_session.sh record SECONDS STEPS      scripts/record_reference.py --steps STEPS
 #
-# Each phase stops itself (SIGINT, so engines and servers close) after SECONDS, then packs its logs,
+# Each phase stops itself (SIGINT, so engines and servers close; SIGKILL 90 s later: a vLLM engine may take
+# a minute to close, and a recording writes what it measured only once its engine has) after SECONDS, then packs its logs,
 # results and the workers' logs into ONE file, $OUT/<phase>.tgz ($OUT brings back at most 8 files).
 set -u
 phase=$1; budget=$2; shift 2
@@ -15,10 +16,10 @@ export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=
 run=/tmp/run-$phase; mkdir -p "$run"
 t0=$(date +%s)
 case $phase in
-  tests)  LABLIB_GPU_OUT=$run timeout -s INT -k 30 "$budget" python -m pytest -m gpu -v -rs --durations=0 tests/test_gpu_vllm.py "$@" 2>&1 | tee "$run/pytest.log" ;;
-  labs)   timeout -s INT -k 30 "$budget" python -m pytest -v -rs "$@" 2>&1 | tee "$run/nbval.log"
+  tests)  LABLIB_GPU_OUT=$run timeout -s INT -k 90 "$budget" python -m pytest -m gpu -v -rs --durations=0 tests/test_gpu_vllm.py "$@" 2>&1 | tee "$run/pytest.log" ;;
+  labs)   timeout -s INT -k 90 "$budget" python -m pytest -v -rs "$@" 2>&1 | tee "$run/nbval.log"
           mkdir -p "$run/results" && cp results/*.jsonl "$run/results/" 2>/dev/null ;;  # the labs' live Results
-  record) timeout -s INT -k 30 "$budget" python scripts/record_reference.py --out "$run" --steps "$1" 2>&1 | tee "$run/stdout.log" ;;
+  record) timeout -s INT -k 90 "$budget" python scripts/record_reference.py --out "$run" --steps "$1" 2>&1 | tee "$run/stdout.log" ;;
   *) echo "unknown phase $phase: tests, labs or record"; exit 2 ;;
 esac
 echo "phase $phase: $(( $(date +%s) - t0 )) s" | tee -a "$run/phase.txt"

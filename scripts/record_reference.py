@@ -24,7 +24,7 @@ Steps:
            vLLM's cached tokens against the simulator's (prefix-batch: 32 requests at once instead of one;
            prefix-on-off: TTFT with caching on and off, and greedy outputs compared; prefix-serve: the hit rate
            from the server's /metrics under Poisson load, caching on and off, next to TTFT; prefix-scarce: pools
-           of 48 and 96 blocks, every arrival order, vLLM's cached tokens against the simulator's evictions)
+           of 48 and 80 blocks, every arrival order, vLLM's cached tokens against the simulator's evictions)
   speculative  lab 08: vLLM draft model, n-gram and the project's EAGLE head against a pinned baseline, batches
            1-64 (one engine per setting, the batches as waves), counters vs the formula (speculative-8b: the
            synthetic 8B target and 1B draft with vLLM's synthetic sampler at the loop's acceptance: speed at size)

@@ -4,8 +4,9 @@ Step 5 simulates a pool too small for eight distinct 128-token system prompts. H
 size: `num_gpu_blocks_override` = the simulator's capacity + 1, because vLLM's `BlockPool` takes block 0 as its
 null block and never hands it out. One request at a time, one output token each (so a request holds its prompt's
 blocks and no more), each arrival order from a reset cache after a warm-up. vLLM's KV cache manager frees a
-finished request's blocks last block first onto the tail of its free queue and hands out, evicting what a block
-still caches, from the head: the simulator's LRU. So the prediction is exact: every request's
+finished request's blocks last block first, the cached ones onto the tail of its free queue and a partial last
+block (no hash) onto its head, and hands out, evicting what a block still caches, from the head: the simulator's
+LRU (`mechanisms.prefix.PrefixCache.free`). So the prediction is exact: every request's
 `num_cached_tokens` equals the simulator's at the same capacity. The offline counters are not compared: one request
 at a time vLLM 0.26 drops the stats of steps without outputs (step 6 shows it), so per request is the measure.
 """
@@ -19,7 +20,7 @@ from ..workloads import Request, Workload, load_workload
 from .prefix_simulated import BLOCK
 from .prefix_workloads import LAB, ORDERS, _tokenizer, distinct_prefix_prompts
 
-CAPACITIES = (48, 96)  # blocks: at 48 round-robin keeps nothing and popular half; at 96 round-robin keeps every prefix
+CAPACITIES = (48, 80)  # blocks: at 48 round-robin keeps nothing that comes back; at 80 it loses some of it
 MAX_MODEL_LEN = 512  # longer than any request here (at most ~190 tokens) and the warm-up; 32 blocks at least
 KEY, STEP = "prefix_scarce", "prefix-scarce"  # the facts key `record` writes, and its step's name
 RUN = BenchConfig(warmup_requests=0, progress=False)  # the workload's own single output token
@@ -74,7 +75,7 @@ def scarce_vllm_rows(capacities: tuple[int, ...] = CAPACITIES, orders: tuple[str
         validate.choice("scarce_vllm_rows", "orders", order, ORDERS)
     need = -(-MAX_MODEL_LEN // BLOCK)
     validate.integers("scarce_vllm_rows", "capacities", capacities,
-                      f"pools of at least {need} blocks ({MAX_MODEL_LEN} tokens, one request's room), e.g. (48, 96).",
+                      f"pools of at least {need} blocks ({MAX_MODEL_LEN} tokens, one request's room), e.g. (48, 80).",
                       need)
     rows = []
     for cap in capacities:

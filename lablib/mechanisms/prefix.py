@@ -23,8 +23,10 @@ Blocks carry reference counts. A block whose count drops to 0 keeps its K/V and 
 hash and joins the tail of a free queue; a new block comes from the queue's head,
 and if it still held a hash that hash is evicted (LRU: the least recently freed
 block goes first). A request's blocks are freed in reverse, so its tail, the part
-least likely to be shared, is evicted before its prefix. A block in use is never
-evicted. The counters are vLLM's, in tokens: `vllm:prefix_cache_queries` adds each
+least likely to be shared, is evicted before its prefix; a freed block with no hash
+(a partial last block: nothing in it can be reused) goes to the head instead, to be
+handed out before any cached block is evicted (vLLM's `BlockPool.free_blocks`). A
+block in use is never evicted. The counters are vLLM's, in tokens: `vllm:prefix_cache_queries` adds each
 request's prompt length, `vllm:prefix_cache_hits` its cached tokens.
 
 `PrefixCache` is the pool; `simulate` runs a workload of token ids through it, with a
@@ -165,12 +167,18 @@ class PrefixCache:
         return new
 
     def free(self, request_id: int) -> int:
-        """Release a request's blocks, last block first; those no one else holds join the free queue's tail."""
-        table = self._held(request_id)
+        """Release a request's blocks, last block first. Those no one else holds go back on the free queue as
+        vLLM's `BlockPool.free_blocks` puts them: a cached one (it has a hash) at the tail, to be evicted last; one
+        with nothing to reuse (a partial last block) at the head, to be handed out first."""
+        table, unhashed = self._held(request_id), []
         for b in reversed(table):
             self.ref_counts[b] -= 1
             if self.ref_counts[b] == 0:
-                self._free[b] = None
+                if self.hash_of[b] is None:
+                    unhashed.append(b)
+                else:
+                    self._free[b] = None
+        self._free = {**dict.fromkeys(unhashed), **self._free}
         del self._tables[request_id], self._ids[request_id], self._tokens[request_id]
         return len(table)
 

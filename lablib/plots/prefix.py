@@ -5,7 +5,7 @@ The simulator's views (`lablib.mechanisms.prefix`, fed the embedded tokenizer's 
 - `block_states`: every physical block at every scheduler step, coloured free, cached (free but its
   hash kept, so a later request can hit it), in use, or shared by two requests or more; under it the
   hashes evicted each step. A small pool shows LRU at work: a popular prefix stays cached, a rare
-  one is evicted before it comes back.
+  one loses blocks before it comes back.
 - `hit_rate_vs_prefix`: hit rate against the shared-prefix length, beside the most a cache of whole
   blocks could give, and the tokens each later request finds cached against its shared prompt
   (whole blocks only: a 200-token prefix yields 192).

@@ -69,12 +69,15 @@ def test_multi_turn_chat_hits_grow_turn_by_turn():
 def test_eviction_takes_the_least_recently_freed_block_first():
     a, b, c = list(range(9)), list(range(10, 19)), list(range(20, 29))  # 2 full blocks of 4 + 1 token each
     result = simulate([a, b, c, b, a], block_size=4, num_blocks=6)
-    assert result.cached_tokens == (0, 0, 0, 8, 0)  # C evicted A's blocks (freed before B's), so B hits, A misses
-    assert result.evictions == 4  # C evicts A0, A1; the second A evicts C0, C1
+    # each request's partial third block, freed with no hash, goes to the head of the queue (vLLM's free_blocks) and
+    # is handed out before any cached block is evicted: C evicts only A1 (A0 was freed after it), so B hits both its
+    # blocks and A its first; the second A then evicts C1
+    assert result.cached_tokens == (0, 0, 0, 8, 4)
+    assert result.evictions == 2
     after_c = result.snapshots[2]
-    assert after_c.free_queue == (5, 4, 3, 0, 1, 2)
-    assert after_c.blocks("cached") == (1, 2, 3, 4) and after_c.blocks("free") == (0, 5)
-    assert after_c.blocks("in_use") == () and after_c.evictions == 2
+    assert after_c.free_queue == (1, 0, 3, 2, 5, 4)  # C's partial block 1 first, then A0, B1, B0, C1, C0
+    assert after_c.blocks("cached") == (0, 2, 3, 4, 5) and after_c.blocks("free") == (1,)
+    assert after_c.blocks("in_use") == () and after_c.evictions == 1
 
 
 def test_a_request_frees_its_tail_first_so_its_prefix_survives_longest():
@@ -111,8 +114,8 @@ def test_admission_waits_until_a_requests_whole_lifetime_fits():
     result = simulate([(a, 6), (b, 6)], block_size=4, num_blocks=4, concurrency=2)
     assert [s.admitted for s in result.snapshots if s.admitted] == [(0,), (1,)]
     assert result.snapshots[5].finished == (0,) and result.snapshots[6].admitted == (1,)  # no preemption needed
-    assert len(result.snapshots) == 12 and result.evictions == 0  # b took a's unhashed tail blocks 3, 2, 1
-    assert result.snapshots[-1].hashed == (True, False, False, True)  # a's prompt block and b's survive
+    assert len(result.snapshots) == 12 and result.evictions == 0  # b took a's unhashed blocks 2, 1 (at the head)
+    assert result.snapshots[-1].hashed == (True, False, True, False)  # a's prompt block and b's survive
 
 
 def test_append_with_ids_hashes_the_blocks_a_count_leaves_unhashed():
