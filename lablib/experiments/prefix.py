@@ -184,12 +184,14 @@ def counters(max_num_seqs: int = 1, *, store: Any = None, force: bool | None = N
                             recorded_with=lambda rows: {"max_num_seqs": rows[0]["max_num_seqs"]})
 
 
-def _run_from_empty_cache(engine: Any, workload: Workload, caching: bool, lab: str, step: str) -> Result:
-    """One run of the workload's own output lengths; with caching on, from a reset cache after a warm-up."""
+def _run_from_empty_cache(engine: Any, workload: Workload, caching: bool, lab: str, step: str,
+                          store: Any = None) -> Result:
+    """One run of the workload's own output lengths (its Result appended to `store`, when given); with caching on,
+    from a reset cache after a warm-up."""
     run(engine, load_workload("journey", limit=1), BenchConfig(warmup_requests=0, max_new_tokens=2, progress=False))
     if caching and not engine.reset_prefix_cache():
         raise RuntimeError("vLLM refused to reset its prefix cache (blocks still in use): restart the engine.")
-    return run(engine, workload, BenchConfig(warmup_requests=0, progress=False), lab=lab, step=step)
+    return run(engine, workload, BenchConfig(warmup_requests=0, progress=False), lab=lab, step=step, store=store)
 
 
 def on_off_row(result: Result, workload: Workload, caching: bool, shared: int) -> dict[str, Any]:

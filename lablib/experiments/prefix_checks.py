@@ -130,8 +130,8 @@ def checks(idea: Any, chain: Any, lengths: Any, advice: Any, demo: Any, scarce: 
 
     Takes what the lab's cells computed: the repeat table, the hash chain, the prefix-length rows, the advice
     runs, the eviction demo, the scarce-memory rows, the sequential counters, the on/off runs, the transformers
-    reuse study, the server's load tests, the counters 32 at once and vLLM's scarce-memory runs. Prints what ran and what did not (and returns
-    nothing, so the cell shows it once)."""
+    reuse study, the server's load tests, the counters 32 at once and vLLM's scarce-memory runs. Prints what ran
+    and what did not (and returns nothing, so the cell shows it once)."""
     from ..session import Checks
 
     c = Checks("07_prefix_caching")
@@ -213,7 +213,8 @@ def checks(idea: Any, chain: Any, lengths: Any, advice: Any, demo: Any, scarce: 
         c.live(scarce_vllm, "vLLM's pool holds exactly the blocks asked for (the capacity and its null block)",
                pool_as_asked, lambda rows: [(r["num_blocks"], r["kv_blocks"]) for r in rows])
         c.live(scarce_vllm, "with too few blocks for every prefix (evictions), vLLM's num_cached_tokens equals the "
-               "simulator's, request by request, in every order", lambda rows: all(r["per_request_exact"] for r in rows),
+               "simulator's, request by request, in every order",
+               lambda rows: all(r["per_request_exact"] for r in rows),
                lambda rows: [r["verdict"] for r in rows if not r["per_request_exact"]])
     if serve is not None:  # prefix_serving.serve: the server under Poisson load
         c.live(serve, "under Poisson load the server's prefix-cache counters equal the simulator's, at every rate",

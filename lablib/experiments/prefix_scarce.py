@@ -14,16 +14,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..bench.offline import run
-from ..config import BenchConfig
-from ..workloads import Request, Workload, load_workload
+from ..workloads import Request, Workload
 from .prefix_simulated import BLOCK
 from .prefix_workloads import LAB, ORDERS, _tokenizer, distinct_prefix_prompts
 
 CAPACITIES = (48, 80)  # blocks: at 48 round-robin keeps nothing that comes back; at 80 it loses some of it
 MAX_MODEL_LEN = 512  # longer than any request here (at most ~190 tokens) and the warm-up; 32 blocks at least
 KEY, STEP = "prefix_scarce", "prefix-scarce"  # the facts key `record` writes, and its step's name
-RUN = BenchConfig(warmup_requests=0, progress=False)  # the workload's own single output token
 
 
 def scarce_workload(order: str, tokenizer: Any = None) -> Workload:
@@ -69,7 +66,7 @@ def scarce_vllm_rows(capacities: tuple[int, ...] = CAPACITIES, orders: tuple[str
     from ..config import VLLMConfig
     from ..engines.vllm import VLLMEngine
     from ..session import live_label
-    from .prefix import predict
+    from .prefix import _run_from_empty_cache, predict
 
     for order in orders:
         validate.choice("scarce_vllm_rows", "orders", order, ORDERS)
@@ -84,16 +81,10 @@ def scarce_vllm_rows(capacities: tuple[int, ...] = CAPACITIES, orders: tuple[str
         with VLLMEngine("embedded", config) as eng:
             for order in orders:
                 wl = scarce_workload(order, eng.tokenizer)
-                run(eng, load_workload("journey", limit=1), BenchConfig(warmup_requests=0, max_new_tokens=2,
-                                                                          progress=False))
-                if not eng.reset_prefix_cache():
-                    raise RuntimeError("vLLM refused to reset its prefix cache (blocks still in use): restart the "
-                                       "engine.")
-                result = run(eng, wl, RUN, lab=lab, step=f"prefix-scarce-{order}-{cap}", store=store)
+                result = _run_from_empty_cache(eng, wl, True, lab, f"prefix-scarce-{order}-{cap}", store)
                 if results is not None:
                     results.append(result)
-                predicted = predict(wl, eng, block_size=int(eng.facts.get("block_size") or BLOCK), num_blocks=cap,
-                                    bench=RUN)
+                predicted = predict(wl, eng, block_size=int(eng.facts.get("block_size") or BLOCK), num_blocks=cap)
                 rows.append({**scarce_row(result, predicted, order, cap, eng.facts.get("kv_blocks")),
                              "provenance": live_label()})
     return rows
