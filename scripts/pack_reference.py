@@ -8,7 +8,8 @@ Each RUN_DIR is a folder the GPU command wrote ($OUT): reference.jsonl (Results)
 (engine start-up, VRAM, greedy agreement, the gpu_memory_utilization sweep) and
 bench_throughput.json (`vllm bench throughput` on the same shapes). Each LAB_DIR is what
 `scripts/gpu_session.sh labs` brought back (nbval.log and the notebooks' results/): the labs'
-own live runs, which replace the previous ones as a whole. Results are kept whole
+own live runs, which replace the previous ones as a whole, and the studies a lab ran live
+(results/facts-KEY.json, `ResultStore.keep_facts`), each taken as facts[KEY]: that study's recording. Results are kept whole
 except the generated token ids (not needed by any figure), times rounded to microseconds,
 and gzipped; the README with the headline figures is generated from these files.
 """
@@ -173,10 +174,27 @@ def lab_runs(dirs: list[Path], old: dict | None = None) -> dict:
     return out
 
 
+def lab_facts(dirs: list[Path]) -> tuple[dict, dict]:
+    """The studies the labs ran live (results/facts-KEY.json, written by `ResultStore.keep_facts`): facts[KEY] each,
+    the later folder's replacing the earlier's, and the day each was recorded (its own "date", else the file's)."""
+    kept: dict = {}
+    dates: dict = {}
+    for d in dirs:
+        for f in sorted((d / "results").glob("facts-*.json")):
+            key = f.stem.removeprefix("facts-")
+            kept[key] = json.loads(f.read_text())
+            dates[key] = kept[key].get("date") or datetime.fromtimestamp(f.stat().st_mtime,
+                                                                          timezone.utc).strftime("%Y-%m-%d")
+    return kept, dates
+
+
 def main(dirs: list[Path], labs: list[Path] | None = None) -> None:
     results, facts = existing()
     if labs:
         facts["lab_runs"] = lab_runs(labs, facts.get("lab_runs"))
+        kept, dates = lab_facts(labs)
+        facts.update(kept)
+        facts["recorded_dates"] = {**facts.get("recorded_dates", {}), **dates}
     n_old = len(results)
     for d in dirs:
         day = None  # the run's last day: the day its facts keys were recorded (a key recorded again takes it)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 from .record import Result
 
@@ -59,6 +60,28 @@ class ResultStore:
             os.fsync(fd)
         finally:
             os.close(fd)
+
+    def facts_path(self, key: str) -> Path:
+        """Where `keep_facts(key, ...)` writes: `facts-<key>.json` beside this store's file."""
+        if not key or "/" in key or key.startswith("."):
+            raise ValueError(f"ResultStore.facts_path.key={key!r}: allowed a recording step's name, e.g. "
+                             "'speculative'; Fix: pass the step's STEP constant.")
+        return self.path.parent / f"facts-{key}.json"
+
+    def keep_facts(self, key: str, value: dict[str, Any]) -> Path:
+        """Write a live study's figures (what its recording step writes as facts[key]) beside the Results.
+
+        A lab run live on the GPU by scripts/gpu_session.sh then doubles as that recording: the session brings
+        results/ back and scripts/pack_reference.py --labs overlays facts-<key>.json onto data/reference/facts.json,
+        so the lab's cell and its recording are one measurement, not two (GPU time is the scarce thing). Written
+        whole to a temporary file and renamed, so an interrupted write leaves the last complete one.
+        """
+        path = self.facts_path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".json.partial")
+        tmp.write_text(json.dumps(value, indent=1, default=str))
+        os.replace(tmp, path)
+        return path
 
     def load(self) -> list[Result]:
         """Every readable Result in the file (a `.gz` file is read through gzip)."""

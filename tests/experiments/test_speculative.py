@@ -465,6 +465,23 @@ def test_the_recording_step_writes_its_facts_and_recorded_results(pinned_on_the_
     assert json.loads((tmp_path / "speculative.json").read_text())["rows"][2]["k"] == 2
 
 
+def test_the_lab_run_live_is_its_own_recording(pinned_on_the_fake, tmp_path, load_script):
+    """gpu_study live with a store writes what `record` writes (facts-speculative.json), and pack_reference --labs
+    takes that file as facts["speculative"]: lab 08 on the GPU is not run twice."""
+    store = ResultStore(tmp_path / "results" / "08_speculative_decoding.jsonl")
+    shown = spec.gpu_study(batches=(1,), ks=(2,), methods=("ngram",), n_prompts=2, max_new_tokens=4, store=store,
+                           force=True)
+    kept = json.loads(store.facts_path("speculative").read_text())
+    assert shown.live and [r["name"] for r in kept["rows"]] == [r["name"] for r in shown.value["rows"]] == [
+        "baseline, pinned (V1, no async)", "baseline, vLLM defaults", "n-gram k=2 (lookup 2-5)"]
+    assert "results" not in kept and kept["gpu"] == store.load()[0].hardware.get("gpu") and len(kept["date"]) == 10
+    assert kept["settings"]["batches"] == [1] and kept["loop"][0]["k"] == 2
+    facts, dates = load_script("pack_reference").lab_facts([tmp_path])
+    assert facts == {"speculative": kept} and dates == {"speculative": kept["date"]}
+    with pytest.raises(ValueError, match=r"facts_path\.key='\.\./x'"):
+        store.keep_facts("../x", {})
+
+
 def test_the_gpu_step_without_a_recording_says_which_step_records_it(monkeypatch):
     shown = spec.gpu_study(force=False)
     assert shown.value is None and "--steps speculative" in shown.label
