@@ -99,6 +99,9 @@ QUANTIZATIONS = (None, "fp8", "awq", "gptq", "compressed-tensors", "bitsandbytes
 # vLLM's executors for more than one GPU: None lets vLLM pick (its multiprocess executor on one machine), "mp" forces
 # it, "ray" runs the workers on a Ray cluster (one machine or many: `ray start` on each node first)
 EXECUTOR_BACKENDS = (None, "mp", "ray")
+# vLLM's load formats the labs use: None/"auto" the checkpoint's files; "dummy" random weights drawn by vLLM at load
+# (no weights on disk: a synthetic shape too large for the disk; vLLM 0.26 quantizes them online layer by layer)
+LOAD_FORMATS = (None, "auto", "dummy")
 
 
 @dataclass(frozen=True)
@@ -125,6 +128,7 @@ class VLLMConfig:
     attention_backend: str | None = None  # None: vLLM picks (FLASH_ATTN, i.e. FA3, on an H200); lab 02 sweeps it
     num_gpu_blocks_override: int | None = None  # a KV pool of exactly this many 16-token blocks (one is vLLM's null
     # block), whatever gpu_memory_utilization leaves: lab 07's scarce-memory run; needs max_model_len to fit in it
+    load_format: str | None = None  # LOAD_FORMATS; "dummy": vLLM draws random weights (a synthetic shape, no files)
 
     def __post_init__(self) -> None:
         validate.fraction("VLLMConfig", "gpu_memory_utilization", self.gpu_memory_utilization,
@@ -159,6 +163,7 @@ class VLLMConfig:
                     "set max_model_len to the longest prompt + output the run sends, and at least that many "
                     "tokens / 16 blocks + 1: a pool that cannot hold one such request never schedules it.")
         validate.choice("VLLMConfig", "dtype", self.dtype, DTYPES)
+        validate.choice("VLLMConfig", "load_format", self.load_format, LOAD_FORMATS)
         validate.choice("VLLMConfig", "kv_cache_dtype", self.kv_cache_dtype, KV_CACHE_DTYPES)
         validate.choice("VLLMConfig", "quantization", self.quantization, QUANTIZATIONS)
         validate.integer("VLLMConfig", "seed", self.seed, "any integer >= 0, e.g. 0.", 0)

@@ -103,4 +103,4 @@ def test_llm_kwargs_leave_vllm_defaults_where_none():
     kw = VLLMConfig(max_model_len=2048, quantization="fp8", speculative_config=spec).llm_kwargs()
     assert kw["max_model_len"] == 2048 and kw["quantization"] == "fp8" and kw["speculative_config"] == spec
     assert set(kw) | {"max_num_batched_tokens", "attention_backend", "distributed_executor_backend",
-                      "num_gpu_blocks_override"} == set(VLLMConfig().to_dict())
+                      "num_gpu_blocks_override", "load_format"} == set(VLLMConfig().to_dict())

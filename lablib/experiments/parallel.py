@@ -4,8 +4,9 @@
 at once (b = 1, 8, 64), and sets decode tok/s and the per-token latency (median TPOT) beside the
 model's prediction for t=1 on the GPU it ran on. Before any engine starts, a run that cannot happen
 here (a t the shape cannot split into, more GPUs than a worker here can use, which is NVML's count
-cut to CUDA_VISIBLE_DEVICES, a configuration that cannot fit, a synthetic checkpoint larger than
-the free disk) becomes a row that says "not measured" and why, never a number; `refusals` lists
+cut to CUDA_VISIBLE_DEVICES, a configuration that cannot fit) becomes a row that says "not measured"
+and why, never a number (a synthetic checkpoint larger than the free disk runs on vLLM's dummy weights
+instead: `no_room_on_disk`); `refusals` lists
 the bad inputs refused outright. `record` is the step a GPU session runs to record it
 (facts["tp1"]); `record_scaling` the multi-GPU runs (facts["tp_scaling"]), which only a machine
 with several GPUs can make.
@@ -151,7 +152,7 @@ def not_measured(model: str, scheme: str, t: int, batch: int, why: str) -> dict[
     """The row of a run that did not happen: its reason, no number."""
     return {"model": model, "scheme": scheme, "t": t, "batch": batch, "status": f"not measured: {why}",
             "tpot_ms": None, "decode_tok_s": None, "output_tok_s": None, "ttft_ms": None, "peak_memory_GiB": None,
-            "predicted_ms": None, "measured_over_predicted": None}
+            "predicted_ms": None, "measured_over_predicted": None, "weights": None}
 
 
 def _too_few(t: int, facts: dict[str, Any] | None = None) -> str | None:
@@ -164,7 +165,8 @@ def _too_few(t: int, facts: dict[str, Any] | None = None) -> str | None:
 
 
 def why_not(model: str, scheme: str, t: int, config: VLLMConfig, facts: dict[str, Any] | None = None) -> str | None:
-    """Why this run cannot happen on this machine (GPUs a worker can use, memory, disk), or None when it can."""
+    """Why this run cannot happen on this machine (GPUs a worker can use, memory), or None when it can (a checkpoint
+    the disk cannot hold is no reason: `measure` runs vLLM's dummy weights then, see `no_room_on_disk`)."""
     short = _too_few(t, facts)
     if short:
         return short
@@ -173,6 +175,12 @@ def why_not(model: str, scheme: str, t: int, config: VLLMConfig, facts: dict[str
     report = check_fit(shape_spec(model), config, total)
     if not report.fits:
         return report.advice
+    return None
+
+
+def no_room_on_disk(model: str) -> str | None:
+    """Why the bf16 synthetic checkpoint of `model` cannot be written here (absent, larger than the free disk), or
+    None when it is there or fits. `measure` then runs vLLM's dummy weights instead (`synthetic_spec(weights=False)`)."""
     need = parameter_count(architectures()[model]) * 2  # the bf16 synthetic checkpoint
     folder = synthetic_folder(model)
     if not (folder / "config.json").exists():
@@ -219,12 +227,16 @@ def measure(model: str, scheme: str = "bf16", t: int = 1, batches: tuple[int, ..
 
     if t > 1:
         os.environ.setdefault("VLLM_ALLREDUCE_USE_SYMM_MEM", "0")
+    disk = no_room_on_disk(model)
+    if disk:  # vLLM draws the weights itself: same shape, same speed, nothing on disk
+        config = dataclasses.replace(config, load_format="dummy")
     rows, results = [], []
-    with VLLMEngine(synthetic_spec(model), config) as eng:
+    with VLLMEngine(synthetic_spec(model, weights=not disk), config) as eng:
         for b in batches:
             r = run(eng, fixed_shapes(b, prompt_len, output_len), BenchConfig(progress=False), lab=lab,
                     step=f"tp{t}-{model}-{scheme}-b{b}", store=store)
-            rows.append(_row(r, model, scheme, t, b))
+            rows.append({**_row(r, model, scheme, t, b), "weights": f"vLLM dummy weights ({disk})" if disk else
+                         "synthetic checkpoint"})
             results.append(r)
     return rows, results
 
@@ -348,10 +360,13 @@ def record(out_dir: Path, store: ResultStore, facts: dict[str, Any]) -> None:
     """Step tp1 (one H200): TP=1 for each of TP1_RUNS at batch 1, 8, 64 -> facts["tp1"], Results into store."""
     rows, results = [], []
     for m, s in TP1_RUNS:
-        got, res = measure(m, s, 1, (1, 8, 64), lab=LAB)
+        try:
+            got, res = measure(m, s, 1, (1, 8, 64), lab=LAB)
+        except Exception as e:  # one run failing keeps the other's (the row says why)
+            got, res = [not_measured(m, s, 1, b, f"failed: {type(e).__name__}: {e}"[:400]) for b in (1, 8, 64)], []
         rows += got
         results += res
-    _record("tp1", rows, results, store, facts)
+        _record("tp1", rows, res, store, facts)  # kept as each run ends: a time limit later loses nothing made
 
 
 def record_scaling(out_dir: Path, store: ResultStore, facts: dict[str, Any]) -> None:

@@ -28,12 +28,33 @@ def synthetic_folder(name: str, root: str | Path | None = None) -> Path:
     return Path(root if root is not None else ROOT) / name
 
 
-def synthetic_spec(name: str, root: str | Path | None = None) -> ModelSpec:
-    """The ModelSpec of a synthetic checkpoint under `root` (default ROOT), made by `make_synthetic` first if absent."""
+DUMMY_LABEL = ("vLLM's dummy weights (load_format='dummy': drawn by vLLM at load, none on disk); "
+               "speed and memory are real, the text is not")
+
+
+def synthetic_spec(name: str, root: str | Path | None = None, weights: bool = True) -> ModelSpec:
+    """The ModelSpec of a synthetic checkpoint under `root` (default ROOT), made by `make_synthetic` first if absent.
+
+    `weights=False`: a folder with the architecture's config.json only (`<name>-config`), for vLLM's dummy loader
+    (`VLLMConfig(load_format="dummy")`), which draws the random weights itself at load: the way to run a shape whose
+    bf16 checkpoint the disk cannot hold (Llama-3.1-70B's is 141 GB; a lent H200 machine has 64 GiB of disk).
+    The speed and memory are those of the same shape with a checkpoint; only where the random numbers come from
+    differs."""
     archs = architectures()
     if name not in archs:
         raise ValueError(f"synthetic model {name!r} is not known: choose one of {sorted(archs)} "
                          f"(shapes in {ARCH_FILE}).")
+    if not weights:
+        folder = synthetic_folder(f"{name}-config", root)
+        cfg = {k: v for k, v in archs[name].items() if not k.startswith("_")}
+        folder.mkdir(parents=True, exist_ok=True)
+        from transformers import AutoConfig
+
+        AutoConfig.for_model(**cfg).save_pretrained(folder)  # the config vLLM reads, as save_pretrained writes it
+        (folder / "synthetic.json").write_text(json.dumps({"architecture": name, "weights": "vllm-dummy",
+                                                           "label": DUMMY_LABEL}))
+        return ModelSpec(f"synthetic:{name}", str(folder), "synthetic",
+                         json.loads((folder / "config.json").read_text()))
     folder = synthetic_folder(name, root)
     if not (folder / "config.json").exists():
         make_synthetic(name, folder)

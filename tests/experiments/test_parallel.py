@@ -4,6 +4,7 @@ worker can use (NVML's count cut to CUDA_VISIBLE_DEVICES), and the measured TP r
 (deterministic token times), their "not measured" rows and their recording."""
 from __future__ import annotations
 
+import json
 import os
 import sys
 from typing import ClassVar
@@ -204,7 +205,7 @@ def fake_engine(monkeypatch):
 
     FakeEngine.made = []
     monkeypatch.setattr(vllm, "VLLMEngine", FakeEngine)
-    monkeypatch.setattr(synthetic, "synthetic_spec", lambda name, root=None: exp.shape_spec(name))
+    monkeypatch.setattr(synthetic, "synthetic_spec", lambda name, root=None, weights=True: exp.shape_spec(name))
     monkeypatch.setattr(exp, "why_not", lambda *a, **k: None)
     monkeypatch.setattr(offline, "device_facts", lambda import_torch=False: {"gpu": "NVIDIA H200"})
     monkeypatch.setattr(exp, "device_facts", lambda: {"gpu": "NVIDIA H200", "gpu_count": 2})
@@ -261,12 +262,44 @@ def test_a_run_this_machine_cannot_make_says_why_and_starts_nothing(fake_engine,
 
     monkeypatch.setattr(synthetic, "ROOT", tmp_path / "synthetic")
     monkeypatch.setattr(exp.shutil, "disk_usage", lambda p: type("U", (), {"free": 64 * 2**30})())
-    disk = exp.why_not("llama-3.1-70b", "fp8", 1, VLLMConfig(max_model_len=4096, quantization="fp8"))
+    # a checkpoint the disk cannot hold is no reason not to run: vLLM's dummy weights then (see the next test)
+    assert exp.why_not("llama-3.1-70b", "fp8", 1, VLLMConfig(max_model_len=4096, quantization="fp8")) is None
+    disk = exp.no_room_on_disk("llama-3.1-70b")
     assert disk == f"the bf16 synthetic checkpoint needs 141 GB of disk under {tmp_path / 'synthetic'}, 69 GB is free"
-    assert exp.why_not("llama-3.1-8b", "bf16", 1, VLLMConfig(max_model_len=4096)) is None  # 16 GB: it fits the disk
+    assert exp.no_room_on_disk("llama-3.1-8b") is None  # 16 GB: it fits the disk
     (tmp_path / "synthetic" / "llama-3.1-70b").mkdir(parents=True)
     (tmp_path / "synthetic" / "llama-3.1-70b" / "config.json").write_text("{}")
-    assert exp.why_not("llama-3.1-70b", "fp8", 1, VLLMConfig(max_model_len=4096, quantization="fp8")) is None
+    assert exp.no_room_on_disk("llama-3.1-70b") is None  # made already
+
+
+def test_a_shape_the_disk_cannot_hold_runs_on_vllms_dummy_weights(fake_engine, monkeypatch, tmp_path):
+    import lablib.models.synthetic as synthetic
+
+    specs = []
+    monkeypatch.setattr(synthetic, "synthetic_spec", lambda name, root=None, weights=True: specs.append(weights)
+                        or exp.shape_spec(name))
+    monkeypatch.setattr(exp, "no_room_on_disk", lambda m: "141 GB, 60 GB free" if "70b" in m else None)
+    rows, _ = exp.measure("llama-3.1-70b", "fp8", 1, (1,))
+    assert fake_engine.made[-1].config.load_format == "dummy" and specs == [False]
+    assert rows[0]["status"] == "measured" and rows[0]["weights"] == "vLLM dummy weights (141 GB, 60 GB free)"
+    rows, _ = exp.measure("llama-3.1-8b", "bf16", 1, (1,))
+    assert fake_engine.made[-1].config.load_format is None and specs == [False, True]
+    assert rows[0]["weights"] == "synthetic checkpoint"
+    with pytest.raises(ValueError, match=r"VLLMConfig\.load_format='safetensors'"):
+        VLLMConfig(load_format="safetensors")
+
+
+def test_the_config_only_folder_is_the_architecture_vllm_reads(tmp_path):
+    from lablib.models.architecture import architectures
+    from lablib.models.synthetic import DUMMY_LABEL, synthetic_spec
+
+    spec = synthetic_spec("llama-3.1-70b", root=tmp_path, weights=False)
+    arch = architectures()["llama-3.1-70b"]
+    assert spec.source == "synthetic" and spec.path == str(tmp_path / "llama-3.1-70b-config")
+    assert {k: spec.config[k] for k in ("hidden_size", "num_hidden_layers", "num_key_value_heads", "vocab_size")} == {
+        k: arch[k] for k in ("hidden_size", "num_hidden_layers", "num_key_value_heads", "vocab_size")}
+    assert not list((tmp_path / "llama-3.1-70b-config").glob("*.safetensors"))  # no weights: vLLM draws them
+    assert json.loads((tmp_path / "llama-3.1-70b-config" / "synthetic.json").read_text())["label"] == DUMMY_LABEL
 
 
 def test_record_writes_facts_and_recorded_results_and_the_lab_reads_them_back(fake_engine, monkeypatch, tmp_path,
@@ -292,6 +325,24 @@ def test_record_writes_facts_and_recorded_results_and_the_lab_reads_them_back(fa
         "(model, scheme)": {"asked": [["llama-3.1-8b", "fp8"]], "shown": [[m, s] for m, s in sorted(exp.TP1_RUNS)]},
         "batches": {"asked": [1, 256], "shown": [1, 8, 64]}} and len(other.value) == 6
     assert "(model, scheme): asked [['llama-3.1-8b', 'fp8']]" in capsys.readouterr().out
+
+
+def test_record_keeps_each_run_as_it_ends_and_a_failing_one_says_why(fake_engine, monkeypatch, tmp_path):
+    real, seen = exp.measure, []
+
+    def measure(m, s, t, batches, **kw):
+        seen.append([r["model"] for r in facts.get("tp1", {}).get("rows", [])])  # kept before this run started
+        if "70b" in m:
+            raise RuntimeError("CUDA out of memory")
+        return real(m, s, t, batches, **kw)
+
+    store, facts = ResultStore(tmp_path / "ref.jsonl"), {}
+    monkeypatch.setattr(exp, "measure", measure)
+    exp.record(tmp_path, store, facts)
+    assert seen == [[], ["llama-3.1-8b"] * 3]  # the 8B's rows were kept before the 70B started
+    rows = facts["tp1"]["rows"]
+    assert [r["status"] for r in rows[3:]] == ["not measured: failed: RuntimeError: CUDA out of memory"] * 3
+    assert rows[3]["tpot_ms"] is None and len(store.load()) == 3  # the 8B's three Results, stored once each
 
 
 def test_scaling_runs_only_what_the_machine_holds(fake_engine):
