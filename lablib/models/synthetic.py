@@ -51,6 +51,9 @@ def synthetic_spec(name: str, root: str | Path | None = None, weights: bool = Tr
         from transformers import AutoConfig
 
         AutoConfig.for_model(**cfg).save_pretrained(folder)  # the config vLLM reads, as save_pretrained writes it
+        written = json.loads((folder / "config.json").read_text())
+        written["dtype"] = "bfloat16"  # what a checkpoint's says: vLLM's dtype="auto" and the fit check read it
+        (folder / "config.json").write_text(json.dumps(written, indent=2))
         (folder / "synthetic.json").write_text(json.dumps({"architecture": name, "weights": "vllm-dummy",
                                                            "label": DUMMY_LABEL}))
         return ModelSpec(f"synthetic:{name}", str(folder), "synthetic",

@@ -299,6 +299,10 @@ def test_the_config_only_folder_is_the_architecture_vllm_reads(tmp_path):
     assert {k: spec.config[k] for k in ("hidden_size", "num_hidden_layers", "num_key_value_heads", "vocab_size")} == {
         k: arch[k] for k in ("hidden_size", "num_hidden_layers", "num_key_value_heads", "vocab_size")}
     assert not list((tmp_path / "llama-3.1-70b-config").glob("*.safetensors"))  # no weights: vLLM draws them
+    assert spec.architecture()["dtype"] == "bfloat16"  # as a checkpoint's: the fit counts FP8 as half of it
+    fp8 = check_fit(spec, VLLMConfig(max_model_len=4096, quantization="fp8"), 143771 * 2**20)
+    assert fp8.fits and check_fit(exp.shape_spec("llama-3.1-70b"), VLLMConfig(max_model_len=4096, quantization="fp8"),
+                                  143771 * 2**20).to_dict()["weight_bytes"] == fp8.to_dict()["weight_bytes"]
     assert json.loads((tmp_path / "llama-3.1-70b-config" / "synthetic.json").read_text())["label"] == DUMMY_LABEL
 
 

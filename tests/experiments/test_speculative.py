@@ -483,6 +483,12 @@ def test_the_lab_run_live_is_its_own_recording(pinned_on_the_fake, tmp_path, loa
 
 
 def test_the_gpu_step_without_a_recording_says_which_step_records_it(monkeypatch):
+    from lablib.results.reference import NotRecorded
+
+    def none(key, step):
+        raise NotRecorded(key, step)
+
+    monkeypatch.setattr(spec_vllm, "recorded_facts", none)  # a clone whose data/reference predates the step
     shown = spec.gpu_study(force=False)
     assert shown.value is None and "--steps speculative" in shown.label
     assert list(spec.gpu_table(shown)["provenance"]) == [shown.label]
