@@ -174,27 +174,42 @@ def lab_runs(dirs: list[Path], old: dict | None = None) -> dict:
     return out
 
 
-def lab_facts(dirs: list[Path]) -> tuple[dict, dict]:
+def lab_facts(dirs: list[Path]) -> tuple[dict, dict, list[dict]]:
     """The studies the labs ran live (results/facts-KEY.json, written by `ResultStore.keep_facts`): facts[KEY] each,
-    the later folder's replacing the earlier's, and the day each was recorded (its own "date", else the file's)."""
+    the later folder's replacing the earlier's; the day each was recorded (its own "date", else the file's); and
+    the live Results of the steps its rows name, as recorded Results (what the recording step would have stored:
+    the journey's recorded rungs read them by step)."""
+    from lablib.results import ResultStore
+
     kept: dict = {}
     dates: dict = {}
+    results: list[dict] = []
     for d in dirs:
         for f in sorted((d / "results").glob("facts-*.json")):
             key = f.stem.removeprefix("facts-")
             kept[key] = json.loads(f.read_text())
             dates[key] = kept[key].get("date") or datetime.fromtimestamp(f.stat().st_mtime,
                                                                           timezone.utc).strftime("%Y-%m-%d")
-    return kept, dates
+            steps = {r.get("step") for r in kept[key].get("rows", []) if isinstance(r, dict)} - {None}
+            for store in sorted((d / "results").glob("*.jsonl")):
+                for r in ResultStore(store).load():
+                    if r.provenance == "live" and r.step in steps:
+                        row = {**r.to_dict(), "provenance": "recorded"}
+                        for q in row["requests"]:
+                            q["output_ids"] = None
+                        results.append(_round(row))
+    return kept, dates, results
 
 
 def main(dirs: list[Path], labs: list[Path] | None = None) -> None:
     results, facts = existing()
     if labs:
         facts["lab_runs"] = lab_runs(labs, facts.get("lab_runs"))
-        kept, dates = lab_facts(labs)
+        kept, dates, lab_results = lab_facts(labs)
         facts.update(kept)
         facts["recorded_dates"] = {**facts.get("recorded_dates", {}), **dates}
+    if labs:
+        results += lab_results  # after the old ones: a step recorded again replaces its earlier recording
     n_old = len(results)
     for d in dirs:
         day = None  # the run's last day: the day its facts keys were recorded (a key recorded again takes it)

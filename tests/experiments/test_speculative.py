@@ -476,8 +476,11 @@ def test_the_lab_run_live_is_its_own_recording(pinned_on_the_fake, tmp_path, loa
         "baseline, pinned (V1, no async)", "baseline, vLLM defaults", "n-gram k=2 (lookup 2-5)"]
     assert "results" not in kept and kept["gpu"] == store.load()[0].hardware.get("gpu") and len(kept["date"]) == 10
     assert kept["settings"]["batches"] == [1] and kept["loop"][0]["k"] == 2
-    facts, dates = load_script("pack_reference").lab_facts([tmp_path])
+    facts, dates, results = load_script("pack_reference").lab_facts([tmp_path])
     assert facts == {"speculative": kept} and dates == {"speculative": kept["date"]}
+    assert sorted(r["step"] for r in results) == sorted(r["step"] for r in kept["rows"])  # the journey reads them
+    assert {r["provenance"] for r in results} == {"recorded"} and all(q["output_ids"] is None for r in results
+                                                                      for q in r["requests"])
     with pytest.raises(ValueError, match=r"facts_path\.key='\.\./x'"):
         store.keep_facts("../x", {})
 
