@@ -171,7 +171,7 @@ def summary_lines(study: dict[str, Any], model: dict[str, Any]) -> str:
 VLLM_NAMES = ("LAB", "STEP", "METHODS", "VLLM_METHODS", "NOT_IN_THIS_LAB", "REFUSED_WITH_SPECULATION",
               "PinnedVLLMConfig", "RUNNER_ENV", "runner_env", "speculative_config", "Setting", "settings",
               "counters_from_delta", "vllm_spec_runs", "loop_acceptance", "cross_check", "gpu_study", "gpu_table",
-              "record", "speedup_falls_with_batch")
+              "record", "speedup_falls_with_batch", "engine_lines")
 
 
 # speculative_synthetic's, likewise

@@ -532,3 +532,36 @@ def speedup_falls_with_batch(value: dict[str, Any]) -> bool:
     runs = [sorted(rs, key=lambda r: r["batch"]) for rs in by_name.values()]
     return bool(runs) and all(rs[-1]["speedup"] < rs[0]["speedup"] for rs in runs if len(rs) > 1)
 
+
+
+def engine_lines(shown: Shown) -> str:
+    """What the runs say, every number from them: what vLLM's engine switch alone does to plain decoding (its
+    defaults, V2 runner with async scheduling, against the pinned V1 runner without it), and where each method's
+    best speedup is. Which way the switch goes is read from the runs, never assumed."""
+    if shown.value is None:
+        return f"[{shown.label}]"
+    rows = shown.value["rows"]
+    by_batch: dict[int, dict[str, dict[str, Any]]] = {}
+    for r in rows:
+        by_batch.setdefault(r["batch"], {})[r["name"]] = r
+    parts = []
+    for b, here in sorted(by_batch.items()):
+        pinned = next((r for r in here.values() if r["method"] == "baseline" and r["pinned"]), None)
+        free = next((r for r in here.values() if r["method"] == "baseline" and not r["pinned"]), None)
+        if pinned and free:
+            ratio = free["output_tok_s"] / pinned["output_tok_s"]
+            parts.append(f"batch {b}: {free['output_tok_s']:,.0f} vs {pinned['output_tok_s']:,.0f} tok/s "
+                         f"({'+' if ratio >= 1 else ''}{(ratio - 1) * 100:.0f}%)")
+    text = ("vLLM's defaults (V2 runner, async scheduling) against the pinned baseline (V1, no async), plain "
+            "decoding: " + ("; ".join(parts) if parts else "no defaults baseline in these runs") + ". ")
+    spec = [r for r in rows if r["method"] != "baseline"]
+    best: dict[str, dict[str, Any]] = {}
+    for r in spec:
+        if r["name"] not in best or r["speedup"] > best[r["name"]]["speedup"]:
+            best[r["name"]] = r
+    paid = [r for r in best.values() if r["speedup"] > 1]
+    text += "Best speedup over the pinned baseline per setting: " + ", ".join(
+        f"{n} {r['speedup']:.2f}x (batch {r['batch']})" for n, r in best.items()) + ". "
+    text += (f"{len(paid)} of {len(best)} settings beat plain decoding at some batch" if paid else
+             "No setting beats plain decoding at any batch here")
+    return text + f". [{shown.label}]"

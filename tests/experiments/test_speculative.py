@@ -556,3 +556,21 @@ def test_the_harness_refuses_a_bad_k_before_any_model_loads():
 def test_a_batch_larger_than_the_prompts_is_refused():
     with pytest.raises(ValueError, match=r"vllm_spec_runs\.batches=\[1, 64\]: allowed batch sizes <= n_prompts=16"):
         spec.vllm_spec_runs(("ngram",), (2,), (1, 64), n_prompts=16)
+
+
+def test_the_engine_line_reads_the_switch_and_the_speedups_from_the_runs():
+    from lablib.session import Shown
+
+    def row(name, method, pinned, batch, tok_s, speedup):
+        return {"name": name, "method": method, "pinned": pinned, "batch": batch, "output_tok_s": tok_s,
+                "speedup": speedup}
+
+    rows = [row("base", "baseline", True, 1, 400.0, 1.0), row("defaults", "baseline", False, 1, 300.0, 0.75),
+            row("ngram k=4", "ngram", True, 1, 600.0, 1.5), row("base", "baseline", True, 64, 8000.0, 1.0),
+            row("ngram k=4", "ngram", True, 64, 4000.0, 0.5)]
+    text = spec.engine_lines(Shown({"rows": rows}, False, "recorded on X"))
+    assert "batch 1: 300 vs 400 tok/s (-25%)" in text and "batch 64" not in text.split(". ")[0]  # no defaults at 64
+    assert "ngram k=4 1.50x (batch 1)" in text and "1 of 1 settings beat plain decoding at some batch" in text
+    slower = spec.engine_lines(Shown({"rows": [{**r, "speedup": min(r["speedup"], 0.9)} for r in rows]}, False, "r"))
+    assert "No setting beats plain decoding at any batch here" in slower and "ngram k=4 0.90x (batch 1)" in slower
+    assert spec.engine_lines(Shown(None, False, "not recorded yet")) == "[not recorded yet]"
