@@ -416,6 +416,45 @@ def test_speed_runs_and_record_on_the_fake_vllm(start, tmp_path, monkeypatch):  
     assert "quantization: 1 runs" in (tmp_path / "log.txt").read_text()
 
 
+KW = {"model": "embedded", "prompt_len": 16, "output_len": 4, "gpu_memory_utilization": 0.3, "max_model_len": 256}
+
+
+@pytest.fixture
+def recording_gpu(start, monkeypatch):  # noqa: F811
+    """The fake vLLM on the fake H200, seen by device_facts too (as the recording steps run)."""
+    import pynvml
+
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetCount", lambda: 1)
+    monkeypatch.setattr(pynvml, "nvmlShutdown", lambda: None)
+    return start
+
+
+def test_the_speed_roofline_leaves_out_an_untied_input_embedding(recording_gpu):
+    """A decode step reads only its batch's rows of the input embedding table: with untied embeddings (the 8B's
+    128256 x 4096 bf16 table, 1,050,673,152 bytes) the roofline's weight bytes leave it out; tied, the LM head reads
+    the whole table every step and nothing is left out; a record that does not say leaves out nothing either.
+    weight_gib stays what vLLM holds."""
+    from lablib.mechanisms.gpus import GPU_PEAKS
+
+    r = qe.vllm_speed_runs(("bf16",), (2,), **KW)[0]
+    kv, peak = r.engine_facts["kv_bytes_per_token"], GPU_PEAKS["H200"].peak_bw
+    assert peak == 4.8e12 and kv > 0 and [(q.prompt_tokens, q.output_tokens) for q in r.requests] == [(16, 4)] * 2
+    step_kv = kv * 2 * 18  # two sequences at a mean context of 16 + 4 / 2 tokens
+
+    def with_model(**model):
+        arch = {k: v for k, v in r.model.items() if k != "tie_word_embeddings"}
+        return dataclasses.replace(r, engine_facts={**r.engine_facts, "model_load_gib": 15.0},
+                                   model={**arch, "vocab": 128256, "hidden": 4096, **model})
+
+    untied, tied, unsaid = qe.speed_rows([with_model(tie_word_embeddings=False), with_model(tie_word_embeddings=True),
+                                          with_model()])
+    assert untied["roofline_tok_s"] == pytest.approx(2 * peak / (16_106_127_360 - 1_050_673_152 + step_kv), rel=1e-12)
+    assert tied["roofline_tok_s"] == pytest.approx(2 * peak / (16_106_127_360 + step_kv), rel=1e-12)
+    assert unsaid["roofline_tok_s"] == tied["roofline_tok_s"]
+    assert untied["weight_gib"] == tied["weight_gib"] == 15.0
+    assert untied["of_roofline"] == pytest.approx(untied["decode_tok_s"] / untied["roofline_tok_s"])
+
+
 def test_live_speed_runs_what_is_prepared_on_the_fake_vllm(start, tmp_path):  # noqa: F811
     assert qe.available_speed_schemes("embedded", tmp_path) == ["bf16", "fp8", "bf16-kv-fp8"]
     (tmp_path / "embedded" / "gptq-w4a16").mkdir(parents=True)

@@ -214,9 +214,13 @@ def speed_rows(results: Sequence[Result]) -> list[dict[str, Any]]:
 
     The roofline reads every weight once per step plus each sequence's KV cache at its mean context
     (prompt + half the output): batch x peak bandwidth / (weight bytes + KV bytes per token x batch x context),
-    with the bytes vLLM reported loading for this scheme (its log), else the checkpoint's size.
+    with the bytes vLLM reported loading for this scheme (its log), else the checkpoint's size. Those bytes hold
+    the input embedding table, of which a step reads only the batch's rows: where the embeddings are not tied
+    (the synthetic Llama-3.1-8B: 128256 x 4096 x 2 bytes = 1.05 GB, bf16 in every scheme, the quantizers and
+    vLLM's online FP8 touch only the Linears) the roofline leaves it out; tied, the LM head reads the whole table
+    every step and nothing is left out (`roofline.decode_weight_bytes`). `weight_gib` stays what vLLM holds.
     """
-    from ...hardware.roofline import decode_ceiling_tok_s, lookup_gpu
+    from ...hardware.roofline import decode_ceiling_tok_s, decode_weight_bytes, lookup_gpu
 
     rows = []
     for r in results:
@@ -227,7 +231,8 @@ def speed_rows(results: Sequence[Result]) -> list[dict[str, Any]]:
         context = sum(q.prompt_tokens + q.output_tokens / 2 for q in r.requests) / max(1, len(r.requests))
         peak = lookup_gpu(r.hardware.get("gpu"))
         kv = f.get("kv_bytes_per_token") or 0
-        roof = decode_ceiling_tok_s(peak.peak_bw, weights, kv, batch, context) if peak and weights else None
+        read = decode_weight_bytes(weights, r.model) if weights else None
+        roof = decode_ceiling_tok_s(peak.peak_bw, read, kv, batch, context) if peak and read else None
         decode = batch / tpot if tpot else None
         rows.append({"scheme": r.config.get("scheme") or r.step, "batch": batch, "decode_tok_s": decode,
                      "output_tok_s": s["output_tok_s"], "roofline_tok_s": roof,
