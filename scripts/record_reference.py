@@ -31,9 +31,12 @@ Steps:
   tp1      lab 09: TP=1 on one H200 (synthetic 8B bf16, 70B FP8 where disk allows) next to the cost model
   tp-scaling  lab 09: TP=1/2/4 (needs a machine with 2-4 GPUs)
   attention  lab 02: the attention microbenchmark, HF eager/sdpa/flex prefill on the synthetic 8B, vLLM's backends
-  quantization  lab 06: speed and memory per scheme on the synthetic 8B (after prepare_checkpoints() in the
-           llm-compressor environment: see lablib.experiments.quantization.record); quantization-quality: the
-           embedded target's checkpoints made there (LABLIB_QUANT_SITE), perplexity through vLLM beside the CPU's
+  quantization  lab 06: speed and memory per scheme on the synthetic 8B, every scheme that can run (its checkpoints
+           first: quantization-prepare, prepare_checkpoints() through the quantizer's environment, LABLIB_QUANT_SITE);
+           the same split over two commands: quantization-a (bf16, bf16-kv-fp8, fp8: vLLM switches, no checkpoint)
+           and quantization-b (gptq-w4a16, w8a8-int8, awq-w4a16; facts key quantization-2); the lab shows both
+           (lablib.experiments.quantization.record); quantization-quality: the embedded target's checkpoints made
+           there, perplexity through vLLM beside the CPU's
   journey-fp8  the journey's quantized rung: vLLM with FP8 weights on the synthetic 8B, as `big` runs bf16
 """
 from __future__ import annotations
@@ -261,13 +264,19 @@ def step_journey_fp8(out: Path, store: ResultStore, facts: dict) -> None:
         log(out, f"{FP8_RECORDED}: {r.summary['output_tok_s']:.0f} out tok/s, MBU {r.roofline.get('mbu')}")
 
 
-def _lab(module: str, name: str):
-    """A later lab's own recording function, `lablib.experiments.<module>.<name>(out, store, facts)`."""
+def _lab(module: str, name: str, **kw):
+    """A later lab's own recording function, `lablib.experiments.<module>.<name>(out, store, facts, **kw)`."""
     def step(out: Path, store: ResultStore, facts: dict) -> None:
         import importlib
 
-        getattr(importlib.import_module(f"lablib.experiments.{module}"), name)(out, store, facts)
+        getattr(importlib.import_module(f"lablib.experiments.{module}"), name)(out, store, facts, **kw)
     return step
+
+
+# lab 06's six speed engines over two commands: bf16 and bf16-kv-fp8 together (kv_sentence compares the two), AWQ
+# last (never loaded in vLLM yet)
+QUANT_A = ("bf16", "bf16-kv-fp8", "fp8")
+QUANT_B = ("gptq-w4a16", "w8a8-int8", "awq-w4a16")
 
 
 STEPS = {"smoke": step_smoke, "startup": step_startup, "big": step_big, "big-lab": lambda o, s, f: step_big(o, s, f, bench_cli=False), "hf-big": step_hf_big, "sweep": step_sweep,
@@ -280,6 +289,9 @@ STEPS = {"smoke": step_smoke, "startup": step_startup, "big": step_big, "big-lab
          "tp1": _lab("parallel", "record"),
          "tp-scaling": _lab("parallel", "record_scaling"), "attention": _lab("attention", "record"),
          "quantization": _lab("quantization", "record"),
+         "quantization-prepare": _lab("quantization", "record_checkpoints"),
+         "quantization-a": _lab("quantization", "record", schemes=QUANT_A),
+         "quantization-b": _lab("quantization", "record", schemes=QUANT_B, key="quantization-2"),
          "quantization-quality": _lab("quantization.vllm_ppl", "record"), "journey-fp8": step_journey_fp8}
 
 

@@ -14,7 +14,8 @@ the engine's own config (its seed included), the bench's seed as `bench_seed`, a
 `ignore_eos` as the engine reports it.
 
 The roofline numbers follow the usual model-bandwidth-utilisation definition: during
-decode, every step reads all weights once plus the KV cache of each running sequence, so
+decode, every step reads all weights once (but an untied input embedding, of which it reads
+only the batch's rows: `roofline.decode_weight_bytes`) plus the KV cache of each running sequence, so
 bytes per step / time per step (TPOT) is the bandwidth the run achieved; divided by the
 GPU's peak from the table it is MBU. The mean number of sequences decoding together is
 derived from the records (total decode time of all requests / wall time), so the same
@@ -37,7 +38,8 @@ from ..hardware.device import device_facts, library_versions
 from ..hardware.memory import MemoryMonitor
 from ..results.record import RequestRecord, Result
 from ..results.store import ResultStore
-from ..hardware.roofline import Roofline
+from ..hardware.roofline import Roofline, decode_weight_bytes
+from ..models.architecture import DTYPE_BYTES
 from ..workloads import Workload
 
 
@@ -67,12 +69,19 @@ def prepare(workload: Workload, engine: Engine, bench: BenchConfig = BenchConfig
     return out
 
 
-def roofline_for(records: list[RequestRecord], wall_s: float, facts: dict[str, Any], gpu: str | None) -> dict:
-    """Achieved decode bandwidth and MBU from per-request records (see the module docstring)."""
+def roofline_for(records: list[RequestRecord], wall_s: float, facts: dict[str, Any], gpu: str | None,
+                 arch: dict[str, Any] | None = None) -> dict:
+    """Achieved decode bandwidth and MBU from per-request records (see the module docstring).
+
+    facts["weight_bytes"] is all the engine holds (vLLM: the checkpoint's size; HF: its parameters' bytes); with
+    `arch` (`ModelSpec.architecture()`) an untied input embedding is left out of what a step reads, at the engine's
+    dtype (facts["dtype"]) or else the checkpoint's."""
     tpots = sorted(r.tpot for r in records if r.tpot)
     weight_bytes, kv = facts.get("weight_bytes"), facts.get("kv_bytes_per_token")
     if not tpots or not weight_bytes or kv is None:
         return {"mbu": "unknown", "why": "no decode timing or no model size"}
+    if arch:
+        weight_bytes = decode_weight_bytes(weight_bytes, arch, DTYPE_BYTES.get(facts.get("dtype") or arch.get("dtype"), 2))
     tpot = tpots[len(tpots) // 2]
     batch = max(1, round(sum(r.decode_s or 0.0 for r in records) / max(wall_s, 1e-9)))
     context = sum(r.prompt_tokens + r.output_tokens / 2 for r in records) / len(records)
@@ -125,7 +134,7 @@ def run(engine: Engine, workload: Workload, bench: BenchConfig = BenchConfig(), 
         model=engine.spec.describe() | {k: engine.facts.get(k) for k in ("parameters", "weight_bytes", "dtype")},
         workload={"name": workload.name, "version": workload.version, "requests": len(requests)},
         requests=records, wall_s=wall, memory=mon.timeline(),
-        roofline=roofline_for(records, wall, engine.facts, hardware.get("gpu")),
+        roofline=roofline_for(records, wall, engine.facts, hardware.get("gpu"), engine.spec.architecture()),
         engine_facts=dict(engine.facts), hardware=hardware, versions=library_versions(), notes=notes)
     if store is not None:
         store.append(result)

@@ -52,8 +52,12 @@ def weight_bytes(spec: ModelSpec, config: VLLMConfig) -> int:
         size = sum(f.stat().st_size for f in files)
     else:
         size = parameter_count(spec.config) * 2
-    if config.quantization == "fp8" and spec.architecture()["dtype"] in ("bfloat16", "float16"):
-        size //= 2  # fp8 weights for the linear layers (embeddings stay 16-bit: a slight under-estimate)
+    arch = spec.architecture()
+    if config.quantization == "fp8" and arch["dtype"] in ("bfloat16", "float16"):
+        # fp8 for the Linears only: the embedding and LM head tables stay 16-bit (vLLM's Fp8Config quantizes
+        # LinearBase layers; the norms and the file's header, under a MB, are halved with the Linears)
+        tables = (arch["vocab"] or 0) * (arch["hidden"] or 0) * 2 * (1 if arch["tie_word_embeddings"] else 2)
+        size -= (size - tables) // 2
     return size
 
 

@@ -14,9 +14,12 @@ memory-bound, so the ceiling is bandwidth / bytes per step:
 
     ceiling_tok_s = batch * peak_bw / (weight_bytes + kv_bytes_per_token * batch * context_len)
 
-An 8B model in bf16 (16.06e9 bytes) on an H200 tops out near 4.8e12 / 16.06e9 ~ 299
-tok/s at batch 1, whatever the kernels. Batching is nearly free until the KV cache
-grows to rival the weights, which is why servers batch.
+"Every weight" leaves one table out: the input embedding, of which a step looks up only
+the batch's B rows (`decode_weight_bytes`). Where the embeddings are tied the LM head
+multiplies by that same table every step, so there nothing is left out. An 8B model in
+bf16 (16.06e9 bytes, 1.05e9 of them its untied 128256 x 4096 embedding) on an H200 tops
+out near 4.8e12 / 15.01e9 ~ 320 tok/s at batch 1, whatever the kernels. Batching is nearly
+free until the KV cache grows to rival the weights, which is why servers batch.
 
 Prefill processes a whole prompt of T tokens in one pass: each weight is read once and
 used T times, intensity ~ T FLOP/byte, past the ridge for prompts of a few hundred
@@ -86,6 +89,18 @@ def decode_bytes_per_step(weight_bytes: float, kv_bytes_per_token: float, contex
     _check_nonneg(weight_bytes=weight_bytes, kv_bytes_per_token=kv_bytes_per_token,
                   context_tokens_total=context_tokens_total)
     return int(weight_bytes + kv_bytes_per_token * context_tokens_total)
+
+
+def decode_weight_bytes(weight_bytes: float, arch: dict, element_bytes: float = 2) -> float:
+    """The weight bytes one decode step reads out of `weight_bytes` (all the model holds): all but the input
+    embedding table (vocab x hidden x element_bytes) when the embeddings are not tied, since a step looks up only
+    its batch's rows of it (Llama-3.1-8B: 128256 x 4096 x 2 = 1.05e9 bytes a step does not read); tied, the LM
+    head multiplies by the whole table every step, so nothing is left out. `arch`: `ModelSpec.architecture()` or
+    a Result's `model` (vocab, hidden, tie_word_embeddings); where it does not say, or where `weight_bytes` cannot
+    hold such a table (a stand-in checkpoint smaller than its config's shape), nothing is left out."""
+    tied, vocab, hidden = arch.get("tie_word_embeddings"), arch.get("vocab"), arch.get("hidden")
+    table = vocab * hidden * element_bytes if vocab and hidden and tied is False else 0
+    return weight_bytes - table if table < weight_bytes else weight_bytes
 
 
 def decode_ceiling_tok_s(peak_bw: float, weight_bytes: float, kv_bytes_per_token: float,

@@ -69,4 +69,6 @@ def shape(cfg: dict[str, Any]) -> dict[str, Any]:
     return {"layers": cfg.get("num_hidden_layers"), "hidden": cfg.get("hidden_size"), "heads": heads,
             "kv_heads": cfg.get("num_key_value_heads", heads), "head_dim": head_dim,
             "vocab": cfg.get("vocab_size"), "context": cfg.get("max_position_embeddings"),
-            "dtype": cfg.get("dtype") or cfg.get("torch_dtype")}
+            "dtype": cfg.get("dtype") or cfg.get("torch_dtype"),
+            # absent from a config: untied (transformers' Llama, Qwen and Mistral default); no config: unknown
+            "tie_word_embeddings": bool(cfg.get("tie_word_embeddings")) if cfg else None}

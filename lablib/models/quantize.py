@@ -35,7 +35,10 @@ standard library: config.json and the safetensors headers give every Linear's wi
 starts `python -m lablib.models.quantize_worker` in a process of its own (`quant_environment` says which
 interpreter: this one where llm-compressor imports, else the quantization environment) with a job file, and
 waits. The worker writes into a sibling folder that is renamed into
-place only when everything is written, so a failed run leaves no half-written output behind.
+place only when everything is written, so a failed run leaves no half-written output behind. The worker runs in
+a session of its own, whose whole process group `quantize` ends on any exception (a timeout, Ctrl-C); for the
+duration of the call a SIGTERM (a job scheduler's, `timeout`'s) becomes a KeyboardInterrupt in the caller, so the
+same cleanup runs: no worker keeps its RAM and GPU memory, no `.partial-*` folder stays.
 
 The output folder holds what vLLM and transformers load with no flags (`config.json` with its
 `quantization_config`, `model.safetensors`, the tokenizer files), llm-compressor's own readable recipe
@@ -47,6 +50,7 @@ group size, calibration set and samples, seconds, weight bytes, versions, machin
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import math
@@ -57,7 +61,9 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -321,6 +327,32 @@ def quantize(model_dir: str | Path, out_dir: str | Path, scheme: str, *, group_s
     exe, pythonpath = quant_environment(python)
     out = Path(job["out_dir"])
     out.parent.mkdir(parents=True, exist_ok=True)
+    with _sigterm_interrupts():
+        return _run_worker(job, exe, pythonpath, threads, timeout_s)
+
+
+@contextlib.contextmanager
+def _sigterm_interrupts() -> Iterator[None]:
+    """SIGTERM raises KeyboardInterrupt while the block runs (in the main thread: the only one Python lets set a
+    handler; elsewhere nothing changes), so the worker's cleanup runs; the previous handler is put back after."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt(f"signal {signum} (SIGTERM) while the quantization worker ran")
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
+
+
+def _run_worker(job: dict[str, Any], exe: str, pythonpath: str, threads: int | None,
+                timeout_s: float) -> dict[str, Any]:
+    """Run the worker on `job` in a work folder beside the output, then move its checkpoint into place."""
+    out = Path(job["out_dir"])
     work = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
     job.update(out_dir=str(work / "model"), threads=threads, result=str(work / "result.json"))
     (work / "job.json").write_text(json.dumps(job))

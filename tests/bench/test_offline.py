@@ -245,3 +245,33 @@ def test_an_interrupted_wave_run_keeps_the_counters_of_the_waves_that_finished()
         _in_waves(eng, reqs, 2, seen.append, 0.0)
     assert len(seen) == 4 and all(r.token_times is None for r in seen)
     assert eng.facts["last_run"]["metrics_delta"] == {"n": 4} and eng.facts["last_run"]["calls"] == 2
+
+
+def test_the_decode_roofline_leaves_out_an_untied_input_embedding():
+    """A decode step looks up only its batch's rows of the input embedding table: with untied embeddings (the 8B's
+    128256 x 4096 table) its bytes, at the engine's dtype, are not part of what a step reads; tied, the LM head reads
+    the whole table every step, so nothing is left out; without a shape (or arch) nothing is either."""
+    from lablib.bench.offline import roofline_for
+    from lablib.models.architecture import architectures, shape
+
+    rec = RequestRecord("r0", 128, 129, arrival=0.0, start=0.0, first_token=0.02, last_token=0.02 + 128 * 0.01)
+    facts = {"weight_bytes": 16_060_522_496, "kv_bytes_per_token": 131_072}  # the 8B in bf16: its checkpoint's bytes
+    kv = 131_072 * (128 + 129 / 2)  # one sequence at a mean context of 192.5 tokens
+    untied = shape(architectures()["llama-3.1-8b"])
+    assert (untied["vocab"], untied["hidden"], untied["tie_word_embeddings"]) == (128256, 4096, False)
+    bf16 = roofline_for([rec], 1.3, facts, "NVIDIA H200", untied)
+    assert bf16["batch"] == 1 and bf16["bytes_per_step"] == int(16_060_522_496 - 1_050_673_152 + kv) == 15_035_080_704
+    assert bf16["ceiling_tok_s"] == pytest.approx(4.8e12 / 15_035_080_704, rel=1e-12)
+    assert bf16["mbu"] == pytest.approx(100 * 15_035_080_704 / 4.8e12, rel=1e-9)  # decode at 1 / 0.01 s tok/s
+    fp32 = roofline_for([rec], 1.3, {**facts, "dtype": "float32"}, "NVIDIA H200", untied)  # HF on the CPU: 4 bytes
+    assert fp32["bytes_per_step"] == int(16_060_522_496 - 2 * 1_050_673_152 + kv)
+    tied = roofline_for([rec], 1.3, facts, "NVIDIA H200", {**untied, "tie_word_embeddings": True})
+    assert tied["bytes_per_step"] == int(16_060_522_496 + kv) == roofline_for([rec], 1.3, facts, "NVIDIA H200")[
+        "bytes_per_step"] == roofline_for([rec], 1.3, facts, "NVIDIA H200", shape({}))["bytes_per_step"]
+
+
+def test_a_run_on_the_tied_embedded_model_reads_every_weight(run_result, engine):
+    r, _, _ = run_result
+    f, roof = engine.facts, r.roofline
+    assert r.model["tie_word_embeddings"] is True and f["weight_bytes"] > 0
+    assert roof["bytes_per_step"] == int(f["weight_bytes"] + f["kv_bytes_per_token"] * roof["batch"] * roof["context_len"])

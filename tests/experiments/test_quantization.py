@@ -15,6 +15,7 @@ import dataclasses
 import json
 import math
 import re
+import sys
 from types import SimpleNamespace
 
 import pytest
@@ -414,6 +415,191 @@ def test_speed_runs_and_record_on_the_fake_vllm(start, tmp_path, monkeypatch):  
     assert [r.provenance for r in store.load()] == ["recorded"] and facts["quantization"]["batches"] == [2]
     assert facts["quantization"]["schemes"]["bf16"]["kv_tokens"] == 1234 * 16
     assert "quantization: 1 runs" in (tmp_path / "log.txt").read_text()
+
+
+KW = {"model": "embedded", "prompt_len": 16, "output_len": 4, "gpu_memory_utilization": 0.3, "max_model_len": 256}
+
+
+@pytest.fixture
+def recording_gpu(start, monkeypatch):  # noqa: F811
+    """The fake vLLM on the fake H200, seen by device_facts too (as the recording steps run)."""
+    import pynvml
+
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetCount", lambda: 1)
+    monkeypatch.setattr(pynvml, "nvmlShutdown", lambda: None)
+    return start
+
+
+def test_the_speed_roofline_leaves_out_an_untied_input_embedding(recording_gpu):
+    """A decode step reads only its batch's rows of the input embedding table: with untied embeddings (the 8B's
+    128256 x 4096 bf16 table, 1,050,673,152 bytes) the roofline's weight bytes leave it out; tied, the LM head reads
+    the whole table every step and nothing is left out; a record that does not say leaves out nothing either.
+    weight_gib stays what vLLM holds."""
+    from lablib.mechanisms.gpus import GPU_PEAKS
+
+    r = qe.vllm_speed_runs(("bf16",), (2,), **KW)[0]
+    kv, peak = r.engine_facts["kv_bytes_per_token"], GPU_PEAKS["H200"].peak_bw
+    assert peak == 4.8e12 and kv > 0 and [(q.prompt_tokens, q.output_tokens) for q in r.requests] == [(16, 4)] * 2
+    step_kv = kv * 2 * 18  # two sequences at a mean context of 16 + 4 / 2 tokens
+
+    def with_model(**model):
+        arch = {k: v for k, v in r.model.items() if k != "tie_word_embeddings"}
+        return dataclasses.replace(r, engine_facts={**r.engine_facts, "model_load_gib": 15.0},
+                                   model={**arch, "vocab": 128256, "hidden": 4096, **model})
+
+    untied, tied, unsaid = qe.speed_rows([with_model(tie_word_embeddings=False), with_model(tie_word_embeddings=True),
+                                          with_model()])
+    assert untied["roofline_tok_s"] == pytest.approx(2 * peak / (16_106_127_360 - 1_050_673_152 + step_kv), rel=1e-12)
+    assert tied["roofline_tok_s"] == pytest.approx(2 * peak / (16_106_127_360 + step_kv), rel=1e-12)
+    assert unsaid["roofline_tok_s"] == tied["roofline_tok_s"]
+    assert untied["weight_gib"] == tied["weight_gib"] == 15.0
+    assert untied["of_roofline"] == pytest.approx(untied["decode_tok_s"] / untied["roofline_tok_s"])
+
+
+def test_record_runs_what_can_run_and_names_what_it_left_out(recording_gpu, tmp_path):
+    """Step quantization with no checkpoint made: the three vLLM switches are recorded, each checkpoint scheme is
+    named with why it was left out (where its checkpoint should be, and the step that makes it)."""
+    from lablib.results import ResultStore
+
+    store, facts, work = ResultStore(tmp_path / "r.jsonl"), {}, tmp_path / "work"
+    qe.record(tmp_path, store, facts, batches=(2,), work_dir=work, **KW)
+    got = facts["quantization"]
+    assert [r.step for r in store.load()] == ["quant-bf16-b2", "quant-fp8-b2", "quant-bf16-kv-fp8-b2"]
+    assert list(got["schemes"]) == ["bf16", "fp8", "bf16-kv-fp8"] and got["asked"] == list(qe.SPEED_SCHEMES)
+    assert sorted(got["skipped"]) == ["awq-w4a16", "gptq-w4a16", "w8a8-int8"]
+    assert all(str(work / "embedded" / s) in why and "quantization-prepare" in why for s, why in got["skipped"].items())
+    assert got["failed"] == {} and got["checkpoints"] == {} and got["complete"] is True
+
+
+def test_a_failing_engine_is_named_and_the_other_schemes_still_record(recording_gpu, tmp_path, monkeypatch):
+    import lablib.engines.vllm as engine
+    from lablib.results import ResultStore
+
+    real = engine.VLLMEngine.start
+
+    def fp8_dies(self):
+        if self.config.quantization == "fp8":
+            raise RuntimeError("the engine core died")
+        return real(self)
+
+    monkeypatch.setattr(engine.VLLMEngine, "start", fp8_dies)
+    store, facts = ResultStore(tmp_path / "r.jsonl"), {}
+    qe.record(tmp_path, store, facts, schemes=("bf16", "fp8", "bf16-kv-fp8"), batches=(2,), **KW)
+    got = facts["quantization"]
+    assert got["failed"] == {"fp8": "RuntimeError: the engine core died"} and got["complete"] is True
+    assert list(got["schemes"]) == ["bf16", "bf16-kv-fp8"] and "x1.00" in got["kv"]
+    assert [(r.step, r.provenance) for r in store.load()] == [("quant-bf16-b2", "recorded"),
+                                                              ("quant-bf16-kv-fp8-b2", "recorded")]
+    assert "failed ['fp8']" in (tmp_path / "log.txt").read_text()
+
+
+def test_a_speed_recording_cut_short_keeps_what_it_ran(recording_gpu, tmp_path, monkeypatch, load_script):
+    """gpu_session.sh stops a step at its time limit with SIGINT, here during the second engine's start: bf16's runs
+    are stored and facts["quantization"] holds them, marked incomplete; no later step runs."""
+    import lablib.engines.vllm as engine
+    from lablib.results import ResultStore
+
+    real, calls = engine.VLLMEngine.start, []
+
+    def second_one_interrupted(self):
+        if self._proc is None:
+            calls.append(1)
+            if len(calls) == 2:
+                raise KeyboardInterrupt  # the time limit
+        return real(self)
+
+    monkeypatch.setattr(engine.VLLMEngine, "start", second_one_interrupted)
+    script, later = load_script("record_reference"), []
+    monkeypatch.setitem(script.STEPS, "quantization",
+                        lambda o, s, f: qe.record(o, s, f, schemes=("bf16", "fp8"), batches=(2, 3), **KW))
+    monkeypatch.setitem(script.STEPS, "smoke", lambda *a: later.append(a))
+    monkeypatch.setattr(sys, "argv", ["record_reference.py", "--out", str(tmp_path / "run"),
+                                      "--steps", "quantization,smoke"])
+    script.main()
+    got = json.loads((tmp_path / "run" / "facts-quantization_smoke.json").read_text())["quantization"]
+    assert got["complete"] is False and list(got["schemes"]) == ["bf16"] and got["failed"] == {}
+    assert [r.step for r in ResultStore(tmp_path / "run" / "reference.jsonl").load()] == ["quant-bf16-b2",
+                                                                                         "quant-bf16-b3"]
+    assert later == [] and "step quantization INTERRUPTED" in (tmp_path / "run" / "log.txt").read_text()
+
+
+def test_the_two_command_split_records_all_six_and_the_lab_shows_them_together(recording_gpu, tmp_path, monkeypatch,
+                                                                               load_script):
+    """Steps quantization-a and quantization-b (facts key quantization-2) between them ask every speed scheme, bf16
+    beside bf16-kv-fp8 (kv_sentence compares them), AWQ last; the lab's recorded path reads both steps' Results.
+    Here AWQ's checkpoint is not made: named as failed in quantization-2, the other two recorded."""
+    import shutil
+
+    import lablib.experiments.quantization as package
+    import lablib.results.reference as reference
+    from lablib.models import embedded_path
+    from lablib.results import ResultStore
+
+    work = tmp_path / "work"
+    for s in ("gptq-w4a16", "w8a8-int8"):  # stand-ins for prepare_checkpoints' folders (the fake vLLM loads any)
+        shutil.copytree(embedded_path("target"), work / "embedded" / s)
+        (work / "embedded" / s / "quantization.json").write_text(json.dumps({"scheme": s, "seconds": 1.5}))
+    script = load_script("record_reference")
+    assert sorted(script.QUANT_A + script.QUANT_B) == sorted(qe.SPEED_SCHEMES) and script.QUANT_B[-1] == "awq-w4a16"
+    assert {"bf16", "bf16-kv-fp8"} <= set(script.QUANT_A)
+    real = package.record
+    monkeypatch.setattr(package, "record", lambda o, s, f, **k: real(o, s, f, batches=(2,), work_dir=work, **KW, **k))
+    monkeypatch.setattr(sys, "argv", ["record_reference.py", "--out", str(tmp_path / "run"),
+                                      "--steps", "quantization-a,quantization-b"])
+    script.main()
+    facts = json.loads((tmp_path / "run" / "facts-quantization-a_quantization-b.json").read_text())
+    a, b = facts["quantization"], facts["quantization-2"]
+    assert list(a["schemes"]) == ["bf16", "bf16-kv-fp8", "fp8"] and a["failed"] == {} and a["complete"] is True
+    assert list(b["schemes"]) == ["gptq-w4a16", "w8a8-int8"] and list(b["failed"]) == ["awq-w4a16"]
+    assert "prepare_checkpoints" in b["failed"]["awq-w4a16"] and b["checkpoints"]["gptq-w4a16"]["seconds"] == 1.5
+    runs = ResultStore(tmp_path / "run" / "reference.jsonl").load()
+    monkeypatch.setattr(reference, "load_reference",
+                        lambda *steps, prefix=None: [r for r in runs if r.step.startswith(prefix)])
+    shown = qe.speed(force=False, batches=(2,), **KW)
+    assert [r["scheme"] for r in shown.value] == ["bf16", "bf16-kv-fp8", "fp8", "gptq-w4a16", "w8a8-int8"]
+    assert "x1.00" in qe.kv_sentence(shown.value)
+
+
+def test_the_checkpoint_step_keeps_what_it_made_when_cut_short_and_a_rerun_reuses_it(tmp_path, monkeypatch,
+                                                                                     load_script):
+    """Step quantization-prepare (prepare_checkpoints, here on the embedded target in the synthetic 8B's place, the
+    real quantizer with fp8-dynamic): stopped by the time limit while the second scheme was being made, facts keep
+    the first one's row, marked incomplete; run again, that checkpoint is reused, not made again."""
+    pytest.importorskip("llmcompressor", reason="install lablib[quant]")
+    import sys
+
+    import lablib.experiments.quantization as package
+    from lablib.experiments.quantization import checkpoints, speed_runs
+    from lablib.models import embedded_path
+
+    monkeypatch.setattr(speed_runs, "_gpu_source", lambda model, work: embedded_path("target"))
+    real_quantize, made = checkpoints.quantize, []
+
+    def quantize(model_dir, folder, scheme, **k):
+        made.append(scheme)
+        if scheme == "gptq-w4a16":
+            raise KeyboardInterrupt  # the time limit
+        return real_quantize(model_dir, folder, scheme, **k)
+
+    monkeypatch.setattr(checkpoints, "quantize", quantize)
+    real, work, schemes = package.record_checkpoints, tmp_path / "work", [("fp8-dynamic", "gptq-w4a16")]
+    monkeypatch.setattr(package, "record_checkpoints", lambda o, s, f, **k: real(
+        o, s, f, schemes=schemes[0], model="embedded", work_dir=work, num_samples=2, threads=1, **k))
+    script = load_script("record_reference")
+    for run in ("first", "again"):
+        monkeypatch.setattr(sys, "argv", ["record_reference.py", "--out", str(tmp_path / run), "--steps",
+                                          "quantization-prepare"])
+        script.main()
+        schemes[0] = ("fp8-dynamic",)
+    first, again = (json.loads((tmp_path / run / "facts-quantization-prepare.json").read_text())
+                    ["quantization_checkpoints"] for run in ("first", "again"))
+    assert made == ["fp8-dynamic", "gptq-w4a16"]  # the rerun made nothing
+    assert list(first["schemes"]) == ["fp8-dynamic"] and first["complete"] is False
+    assert first["schemes"]["fp8-dynamic"]["reused"] is False and first["schemes"]["fp8-dynamic"]["weight_bytes"] > 0
+    assert first["schemes"]["fp8-dynamic"]["out_dir"] == str(work / "embedded" / "fp8-dynamic")
+    assert again["complete"] is True and again["failed"] == {} and again["schemes"]["fp8-dynamic"]["reused"] is True
+    assert again["schemes"]["fp8-dynamic"]["seconds"] == first["schemes"]["fp8-dynamic"]["seconds"]
+    assert not (work / "embedded" / "gptq-w4a16").exists() and not list((work / "embedded").glob(".*partial-*"))
 
 
 def test_live_speed_runs_what_is_prepared_on_the_fake_vllm(start, tmp_path):  # noqa: F811

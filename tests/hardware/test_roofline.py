@@ -84,6 +84,20 @@ def test_8b_bf16_on_h200_batch1_ignoring_kv_is_about_299_tok_s():
     assert decode_ceiling_tok_s(bw, 16.06e9, 0, batch=1, context_len=0) == pytest.approx(298.9, abs=0.5)
 
 
+def test_an_8b_decode_step_does_not_read_its_untied_input_embedding():
+    from lablib.hardware.roofline import decode_weight_bytes
+    from lablib.models.architecture import architectures, shape
+
+    arch = shape(architectures()["llama-3.1-8b"])  # untied: 128256 x 4096 bf16 = 1,050,673,152 bytes
+    read = decode_weight_bytes(16_060_522_496, arch)
+    assert read == 16_060_522_496 - 1_050_673_152 == 15_009_849_344
+    assert decode_ceiling_tok_s(4.8e12, read, 0, batch=1, context_len=0) == pytest.approx(319.8, abs=0.05)
+    tied = shape(architectures()["llama-3.2-1b"])  # tied: its LM head reads the whole table every step
+    assert tied["tie_word_embeddings"] is True and decode_weight_bytes(2_471_000_000, tied) == 2_471_000_000
+    assert decode_weight_bytes(1e9, shape({})) == 1e9  # no shape known: nothing left out
+    assert decode_weight_bytes(4096, arch) == 4096  # a stand-in file smaller than the table: nothing left out
+
+
 def test_bytes_per_step_and_batching_with_kv():
     assert decode_bytes_per_step(1000, 10, 50) == 1500
     # batch 4 at context 100 with 10 B/token: 1000 + 4*100*10 = 5000 bytes per step, 4 tokens

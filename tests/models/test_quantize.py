@@ -4,10 +4,13 @@ quantization of the embedded target (4 calibration windows, ~15-25 s on this CPU
 transformers and scores a finite perplexity.
 """
 import json
+import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -187,6 +190,81 @@ def test_the_quantizer_loads_nothing_heavy_and_the_worker_no_other_lablib_module
     assert p.returncode == 0, p.stderr[-1500:]
     source = Path(q.__file__).with_name("quantize_worker.py").read_text()
     assert not re.search(r"^\s*(from|import) (\.|lablib)", source, re.M)
+
+
+def fake_worker(tmp_path: Path, script: str) -> Path:
+    """A stand-in for the worker's interpreter: a shell script run as `EXE -m lablib.models.quantize_worker JOB`."""
+    exe = tmp_path / "fake-python"
+    exe.write_text("#!/bin/sh\n" + script)
+    exe.chmod(0o755)
+    return exe
+
+
+def living_members(pgid: int) -> list[int]:
+    """The processes of group `pgid` that are not zombies (a killed orphan may wait a while to be reaped)."""
+    pids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            state, _, pgrp = stat.read_text().rsplit(")", 1)[1].split()[:3]
+        except (OSError, IndexError, ValueError):
+            continue  # a process that ended while this looked
+        if int(pgrp) == pgid and state not in ("Z", "X"):
+            pids.append(int(stat.parent.name))
+    return pids
+
+
+def test_a_sigterm_to_the_caller_ends_the_worker_group_and_removes_the_work_folder(tmp_path):
+    """The worker (here a shell and a child of its own, both sleeping) runs in a session of its own, so a SIGTERM to
+    the caller (a scheduler's, `timeout`'s) would leave it running with the .partial-* folder: quantize turns the
+    signal into a KeyboardInterrupt, whose cleanup kills the worker's whole group and removes the folder."""
+    if not Path("/proc/self/stat").is_file():
+        pytest.skip("reads process groups from /proc (Linux)")
+    pidfile = tmp_path / "worker.pid"
+    exe = fake_worker(tmp_path, f"sleep 300 &\necho $$ > {pidfile}.tmp && mv {pidfile}.tmp {pidfile}\nwait\n")
+    code = ("import sys\nfrom lablib.models import quantize as q\n"
+            "q.quant_environment = lambda python=None: (sys.argv[1], '')\n"
+            "q.quantize(q.ROOT / 'data' / 'models' / 'target', sys.argv[2], 'fp8-dynamic')\n")
+    caller = subprocess.Popen([sys.executable, "-c", code, str(exe), str(tmp_path / "out")], cwd=q.ROOT,
+                              env={**os.environ, "PYTHONPATH": str(q.ROOT)}, stderr=subprocess.PIPE, text=True)
+    pgid = None
+    try:
+        deadline = time.monotonic() + 60
+        while not pidfile.exists():
+            assert caller.poll() is None and time.monotonic() < deadline, "the fake worker did not start"
+            time.sleep(0.05)
+        pgid = int(pidfile.read_text())
+        assert len(living_members(pgid)) == 2 and list(tmp_path.glob(".out.partial-*"))  # running, its folder there
+        caller.send_signal(signal.SIGTERM)
+        err = caller.communicate(timeout=30)[1]
+        assert caller.returncode != 0 and "KeyboardInterrupt" in err, err[-2000:]
+        deadline = time.monotonic() + 10
+        while living_members(pgid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert living_members(pgid) == []
+        assert not list(tmp_path.glob(".out.partial-*")) and not (tmp_path / "out").exists()
+    finally:
+        if caller.poll() is None:
+            caller.kill()
+            caller.wait()
+        if pgid is not None and living_members(pgid):
+            os.killpg(pgid, signal.SIGKILL)  # the fake worker this test started, if the fix failed
+
+
+def test_quantize_puts_the_callers_sigterm_handler_back(tmp_path, monkeypatch):
+    exe = fake_worker(tmp_path, "exit 3\n")
+    monkeypatch.setattr(q, "quant_environment", lambda python=None: (str(exe), ""))
+
+    def mine(signum, frame):
+        pass
+
+    previous = signal.signal(signal.SIGTERM, mine)
+    try:
+        with pytest.raises(RuntimeError, match="exit status 3"):
+            q.quantize(TARGET, tmp_path / "out", "fp8-dynamic")
+        assert signal.getsignal(signal.SIGTERM) is mine
+        assert not list(tmp_path.glob(".out.partial-*"))
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def test_a_real_gptq_w4a16_quantization_loads_back_and_scores_a_finite_perplexity(tmp_path):

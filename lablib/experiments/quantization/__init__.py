@@ -15,8 +15,9 @@ The lab's path, one module per noun, each importing only from the ones above it 
   on bf16 the two must agree within `TOLERANCE_PCT`; `record` is step `quantization-quality`.
 - `speed_runs`, the GPU half: `prepare_checkpoints` quantizes a synthetic Llama-3.1-8B in the quantization
   environment, then `vllm_speed_runs` measures decode speed and memory per scheme and batch through vLLM,
-  each against its own bandwidth roofline; `record` is scripts/record_reference.py's step `quantization`;
-  `speed` is the notebook's one call, live on a GPU, recorded elsewhere.
+  each against its own bandwidth roofline; `speed` is the notebook's one call, live on a GPU, recorded elsewhere.
+- `recording`: scripts/record_reference.py's steps for it, `record_checkpoints` (step `quantization-prepare`)
+  and `record` (step `quantization`, or `quantization-a` and `-b`), each keeping what it made when cut short.
 
 Every public name is importable from here (`from lablib.experiments import quantization as qe`), as the
 notebook, scripts/record_reference.py and the tests use them.
@@ -66,12 +67,12 @@ from .speed_runs import (
     fixed_workload,
     kv_sentence,
     prepare_checkpoints,
-    record,
     speed,
     speed_rows,
     vllm_log_facts,
     vllm_speed_runs,
 )
+from .recording import record, record_checkpoints
 from .verdicts import claims, headline, under_one_percent
 
 __all__ = [
@@ -81,7 +82,8 @@ __all__ = [
     "available_speed_schemes", "check_disjoint", "claims", "evaluation_set", "fixed_workload", "from_logprobs",
     "gate_rows", "greedy_tokens", "group_size_rows", "headline", "kv_sentence", "linear_bytes", "linear_shapes",
     "lm_head_rows", "lm_head_sentence", "load_model", "perplexity", "predicted_bytes", "prepare_checkpoints",
-    "provenance", "quality_gate", "quality_table", "quantize_all", "quiet_progress", "recipe_text", "record", "speed",
+    "provenance", "quality_gate", "quality_table", "quantize_all", "quiet_progress", "recipe_text", "record",
+    "record_checkpoints", "speed",
     "speed_rows", "storage", "storage_rows", "under_one_percent", "vllm_log_facts", "vllm_speed_runs",
     "weight_bytes", "weights_alone",
 ]

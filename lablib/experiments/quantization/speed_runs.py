@@ -2,12 +2,11 @@
 
 `prepare_checkpoints` quantizes the synthetic 8B in the quantization environment (llm-compressor cannot share
 vLLM's), then `vllm_speed_runs` measures decode speed and memory per scheme and batch through vLLM, each
-against its own bandwidth roofline (`speed_rows`); `record` is scripts/record_reference.py's step
-`quantization`, and `speed` is the notebook's one call: live on a GPU, recorded elsewhere.
+against its own bandwidth roofline (`speed_rows`), and `speed` is the notebook's one call: live on a GPU,
+recorded elsewhere (by the steps in `recording`).
 """
 from __future__ import annotations
 
-import dataclasses
 import re
 import shutil
 from collections.abc import Callable, Sequence
@@ -16,7 +15,6 @@ from typing import Any
 
 from ... import validate
 from ...config import BenchConfig, VLLMConfig
-from ...models import LABEL as SYNTHETIC_LABEL
 from ...models import embedded_path
 from ...models.quantize import SCHEMES, read_facts
 from ...results.record import Result
@@ -72,9 +70,12 @@ def prepare_checkpoints(schemes: Sequence[str] = SPEED_SCHEMES, *, model: str = 
         # 2. vLLM's environment (/tmp/site): speed and memory per scheme and batch, recorded
         PYTHONPATH=/tmp/site python scripts/record_reference.py --out $OUT --steps quantization
 
-    Checkpoints go to work_dir/<model>/<scheme> and are reused when they hold the same quantization. The
-    calibration windows only pace the quantizer here: synthetic weights have no quality to keep, so 16 do.
-    Schemes that are vLLM switches (bf16, online fp8, fp8 KV cache) need no checkpoint and are skipped.
+    Step 1 is also a recording step, `quantization-prepare` (`record_checkpoints`: from vLLM's environment, the
+    quantizer's worker in /tmp/site-q through $LABLIB_QUANT_SITE, as scripts/gpu_session.sh sets it), so it can be
+    queued like step 2. Checkpoints go to work_dir/<model>/<scheme> and are reused when they hold the same
+    quantization. The calibration windows only pace the quantizer here: synthetic weights have no quality to
+    keep, so 16 do. Schemes that are vLLM switches (bf16, online fp8, fp8 KV cache) need no checkpoint and are
+    skipped.
     """
     for s in schemes:
         validate.choice(OWNER, "schemes", s, list(SCHEMES) + list(VLLM_SWITCHES))
@@ -160,9 +161,10 @@ def _speed_engine(scheme: str, model: str, work_dir: Path, gpu_memory_utilizatio
     folder = work_dir / model / scheme
     if read_facts(folder) is None:
         raise validate.refuse(OWNER, "schemes", scheme, f"a scheme whose checkpoint is in {folder} (not made yet)",
-                              "make it first in the quantization environment: PYTHONPATH=/tmp/site-q python -c "
-                              "\"from lablib.experiments.quantization import prepare_checkpoints as p; p()\" "
-                              "(see prepare_checkpoints), or leave the scheme out.")
+                              "make it first (scripts/record_reference.py --steps quantization-prepare, or in "
+                              "the quantization environment: PYTHONPATH=/tmp/site-q python -c "
+                              "\"from lablib.experiments.quantization import prepare_checkpoints as p; p()\"; "
+                              "see prepare_checkpoints), or leave the scheme out.")
     source = "synthetic" if model != "embedded" else "path"
     name = f"synthetic:{model}+{scheme}" if model != "embedded" else str(folder)
     return ModelSpec(name, str(folder), source, check_model_dir(folder)), config
@@ -214,9 +216,13 @@ def speed_rows(results: Sequence[Result]) -> list[dict[str, Any]]:
 
     The roofline reads every weight once per step plus each sequence's KV cache at its mean context
     (prompt + half the output): batch x peak bandwidth / (weight bytes + KV bytes per token x batch x context),
-    with the bytes vLLM reported loading for this scheme (its log), else the checkpoint's size.
+    with the bytes vLLM reported loading for this scheme (its log), else the checkpoint's size. Those bytes hold
+    the input embedding table, of which a step reads only the batch's rows: where the embeddings are not tied
+    (the synthetic Llama-3.1-8B: 128256 x 4096 x 2 bytes = 1.05 GB, bf16 in every scheme, the quantizers and
+    vLLM's online FP8 touch only the Linears) the roofline leaves it out; tied, the LM head reads the whole table
+    every step and nothing is left out (`roofline.decode_weight_bytes`). `weight_gib` stays what vLLM holds.
     """
-    from ...hardware.roofline import decode_ceiling_tok_s, lookup_gpu
+    from ...hardware.roofline import decode_ceiling_tok_s, decode_weight_bytes, lookup_gpu
 
     rows = []
     for r in results:
@@ -227,7 +233,8 @@ def speed_rows(results: Sequence[Result]) -> list[dict[str, Any]]:
         context = sum(q.prompt_tokens + q.output_tokens / 2 for q in r.requests) / max(1, len(r.requests))
         peak = lookup_gpu(r.hardware.get("gpu"))
         kv = f.get("kv_bytes_per_token") or 0
-        roof = decode_ceiling_tok_s(peak.peak_bw, weights, kv, batch, context) if peak and weights else None
+        read = decode_weight_bytes(weights, r.model) if weights else None
+        roof = decode_ceiling_tok_s(peak.peak_bw, read, kv, batch, context) if peak and read else None
         decode = batch / tpot if tpot else None
         rows.append({"scheme": r.config.get("scheme") or r.step, "batch": batch, "decode_tok_s": decode,
                      "output_tok_s": s["output_tok_s"], "roofline_tok_s": roof,
@@ -307,30 +314,3 @@ def ran_with(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return {"model": model, "batches": sorted({r["batch"] for r in rows}),
             "schemes": sorted({r["scheme"] for r in rows}), "workload": first.get("workload"),
             **{k: first.get(k) for k in ENGINE_KNOBS}}
-
-
-def record(out_dir: str | Path, store: ResultStore, facts: dict[str, Any], *, schemes: Sequence[str] = SPEED_SCHEMES,
-           batches: Sequence[int] = BATCHES, key: str = "quantization", **kw: Any) -> None:
-    """scripts/record_reference.py's step `quantization` (STEPS["quantization"] = this): the speed runs, recorded.
-
-    Run prepare_checkpoints first, in the quantization environment (its docstring has the two commands). Every
-    Result goes into `store` with provenance "recorded" (the notebook's recorded path reads them back by step,
-    `quant-<scheme>-b<B>`); facts[key] keeps the per-scheme summary (kernels, weight GiB, KV tokens) and the
-    checkpoints' own facts (GPU quantize seconds). Six engines of the 8B are about 10 minutes: to split them over
-    two commands, pass schemes= a part and key="quantization-2" in the second (facts are overlaid key by key).
-    """
-    results = vllm_speed_runs(schemes, batches, **kw)
-    for r in results:
-        store.append(dataclasses.replace(r, provenance="recorded"))
-    rows = speed_rows(results)
-    work = Path(kw.get("work_dir", GPU_WORK)) / kw.get("model", SPEED_MODEL)
-    facts[key] = {
-        "model": kw.get("model", SPEED_MODEL), "label": SYNTHETIC_LABEL, "batches": list(batches),
-        "schemes": {s: {k: next(r[k] for r in rows if r["scheme"] == s)
-                        for k in ("weight_gib", "kv_tokens", "kv_cache_dtype", "linear_kernels")} for s in schemes},
-        "kv": kv_sentence(rows),
-        "checkpoints": {s: {k: (read_facts(work / s) or {}).get(k) for k in ("seconds", "wall_s", "weight_bytes",
-                                                                            "device", "group_size")}
-                        for s in schemes if s not in VLLM_SWITCHES}}
-    with open(Path(out_dir) / "log.txt", "a") as f:
-        f.write(f"quantization: {len(results)} runs; {facts[key]['kv']}\n")
