@@ -190,22 +190,38 @@ def lab_facts(dirs: list[Path]) -> tuple[dict, dict, list[dict]]:
             kept[key] = json.loads(f.read_text())
             dates[key] = kept[key].get("date") or datetime.fromtimestamp(f.stat().st_mtime,
                                                                           timezone.utc).strftime("%Y-%m-%d")
-            steps = {r.get("step") for r in kept[key].get("rows", []) if isinstance(r, dict)} - {None}
+            rows = kept[key].get("rows", []) if isinstance(kept[key], dict) else []
+            # the Results these rows were made from: their step and, where the row says it, the moment it was recorded
+            # (results/ outlives a run on a warm machine: another run of the same step may sit in the same file)
+            wanted = {(r["step"], r.get("recorded_at")) for r in rows if isinstance(r, dict) and r.get("step")}
+            by_step: dict[str, dict] = {}  # one Result per step: the last one in file order that matches
             for store in sorted((d / "results").glob("*.jsonl")):
                 for r in ResultStore(store).load():
-                    if r.provenance == "live" and r.step in steps:
+                    if r.provenance == "live" and ((r.step, r.recorded_at) in wanted or (r.step, None) in wanted):
                         row = {**r.to_dict(), "provenance": "recorded"}
                         for q in row["requests"]:
                             q["output_ids"] = None
-                        results.append(_round(row))
+                        by_step[r.step] = _round(row)
+            results += by_step.values()
     return kept, dates, results
+
+
+def newer_than_packed(kept: dict, dates: dict, results: list[dict], packed: dict) -> tuple[dict, dict, list[dict]]:
+    """`lab_facts`'s studies without those older than the recording of the same key already packed (`packed`:
+    key -> day): an old lab folder packed again never rolls a recording back."""
+    older = {k for k in kept if dates[k] < packed.get(k, "")}
+    if older:
+        print(f"pack_reference: {sorted(older)} kept by a lab older than the recordings packed already: not taken")
+    steps = {r.get("step") for k in older for r in kept[k].get("rows", []) if isinstance(r, dict)}
+    return ({k: v for k, v in kept.items() if k not in older}, {k: d for k, d in dates.items() if k not in older},
+            [r for r in results if r["step"] not in steps])
 
 
 def main(dirs: list[Path], labs: list[Path] | None = None) -> None:
     results, facts = existing()
     if labs:
         facts["lab_runs"] = lab_runs(labs, facts.get("lab_runs"))
-        kept, dates, lab_results = lab_facts(labs)
+        kept, dates, lab_results = newer_than_packed(*lab_facts(labs), facts.get("recorded_dates", {}))
         facts.update(kept)
         facts["recorded_dates"] = {**facts.get("recorded_dates", {}), **dates}
     if labs:

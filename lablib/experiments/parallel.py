@@ -232,9 +232,15 @@ def measure(model: str, scheme: str = "bf16", t: int = 1, batches: tuple[int, ..
         config = dataclasses.replace(config, load_format="dummy")
     rows, results = [], []
     with VLLMEngine(synthetic_spec(model, weights=not disk), config) as eng:
-        for b in batches:
-            r = run(eng, fixed_shapes(b, prompt_len, output_len), BenchConfig(progress=False), lab=lab,
-                    step=f"tp{t}-{model}-{scheme}-b{b}", store=store)
+        for i, b in enumerate(batches):
+            try:
+                r = run(eng, fixed_shapes(b, prompt_len, output_len), BenchConfig(progress=False), lab=lab,
+                        step=f"tp{t}-{model}-{scheme}-b{b}", store=store)
+            except Exception as e:  # the batches before it stay measured; this one and the rest say why not
+                why = f"failed: {type(e).__name__}: {e}"[:400]
+                rows += [not_measured(model, scheme, t, later, why if later == b else f"not run after batch {b} "
+                                      "failed") for later in batches[i:]]
+                break
             rows.append({**_row(r, model, scheme, t, b), "weights": f"vLLM dummy weights ({disk})" if disk else
                          "synthetic checkpoint"})
             results.append(r)

@@ -2,7 +2,8 @@
 
 vLLM 0.26 moves draft_model and ngram to its V1 model runner with async scheduling off (EAGLE stays on V2
 with async), so every run here pins both (`PinnedVLLMConfig`, `runner_env`), and a second baseline at vLLM's
-defaults shows what the switch alone costs. The EAGLE rows are pinned too, so they measure vLLM's V1 proposer;
+defaults shows what the switch alone does (on the embedded model on the H200 the defaults were the slower engine).
+The EAGLE rows are pinned too, so they measure vLLM's V1 proposer;
 its V2 path (vLLM's defaults for EAGLE) is what tests/models/test_eagle.py's GPU test loads. `vllm_spec_runs` runs each setting (`settings`) at each batch size;
 vLLM's counter deltas are read with the formula's definitions (`counters_from_delta`) and checked against the
 CPU loop's alpha for the same drafter on the same prompts (`loop_acceptance`, `cross_check`): the embedded draft
@@ -269,6 +270,7 @@ def _row(s: Setting, batch: int, result: Any, facts: dict[str, Any], logged: dic
                            "pinned": s.pinned, "prompt_lookup": None if s.method != "ngram" else
                            [s.spec["prompt_lookup_min"], s.spec["prompt_lookup_max"]], **logged,
                            "output_tok_s": result.summary["output_tok_s"], "wall_s": result.wall_s,
+                           "recorded_at": result.recorded_at,  # which Result of this step the row is (pack_reference)
                            "back_to_baseline": facts.get("vram_back_to_baseline"),
                            "num_drafts": None, "num_draft_tokens": None, "num_accepted_tokens": None,
                            "accepted_per_pos": None, "mean_acceptance_length": None, "acceptance_rate": None,
@@ -313,7 +315,7 @@ def vllm_spec_runs(methods: Sequence[str] = METHODS, ks: Sequence[int] = (2, 4),
     tokens per step and finish apart, so at batches between 1 and n_prompts the speculative rows read somewhat
     low (at b=1 and b=n_prompts, one request per wave or one wave, nothing is lost).
     The settings: the pinned baseline (V1 runner, async scheduling off: what vLLM falls back to
-    for draft_model and ngram), vLLM's default baseline (V2 runner, async on: what the switch alone costs),
+    for draft_model and ngram), vLLM's default baseline (V2 runner, async on: what the switch alone does),
     and each method x k, pinned. Every run decodes the first n_prompts journey prompts greedily to exactly
     max_new_tokens (EOS ignored). A row per run: tok/s, the speedup over the pinned baseline at that batch,
     vLLM's counter deltas (`counters_from_delta`) read as the formula reads them (alpha, E(alpha, k)), the
@@ -341,9 +343,10 @@ def vllm_spec_runs(methods: Sequence[str] = METHODS, ks: Sequence[int] = (2, 4),
                         tags={"speculative": True})
     by_batch: dict[int, list[tuple[Setting, Any, dict[str, Any]]]] = {b: [] for b in batches}
     for s in runs:  # one engine per setting serves every batch size: waves of b requests (BenchConfig.max_concurrency)
-        engine = VLLMEngine(model, s.config(max(batches), gpu_memory_utilization))
+        engine = None
         done = []
-        try:
+        try:  # the engine is built inside: its preflight (free VRAM) can refuse one setting and not the rest
+            engine = VLLMEngine(model, s.config(max(batches), gpu_memory_utilization))
             with runner_env(engine.config.model_runner_v2):
                 engine.start()
             for b in batches:
@@ -356,7 +359,8 @@ def vllm_spec_runs(methods: Sequence[str] = METHODS, ks: Sequence[int] = (2, 4),
             failures.append({"name": s.name, "method": s.method, "k": s.k, "error": f"{type(e).__name__}: {e}",
                              "batches_done": [b for b, _ in done], "log": getattr(engine, "log_path", None)})
         finally:
-            engine.close()
+            if engine is not None:
+                engine.close()
         logged = _log_facts(getattr(engine, "log_path", None), s)
         for b, result in done:  # after close: the row says whether VRAM came back
             by_batch[b].append((s, result, _row(s, b, result, engine.facts, logged)))
@@ -443,20 +447,35 @@ def _recorded() -> dict[str, Any]:
     return facts
 
 
+# The grid the recording holds (`record`'s, and gpu_study's defaults): 2 baselines + 3 methods x 2 k, 4 batches
+RECORD_GRID = {"batches": (1, 4, 16, 64), "ks": (2, 4), "methods": METHODS, "prompt_lookup": (2, 5), "n_prompts": 64,
+               "max_new_tokens": 64}
+
+
+def _grid_asked(grid: dict[str, Any]) -> dict[str, Any]:
+    """A grid in gpu_study's `asked` form (sorted lists), so a cell's knobs compare with it."""
+    return {"batches": sorted(grid["batches"]), "ks": sorted(grid["ks"]), "methods": sorted(grid["methods"]),
+            "prompt_lookup": list(grid["prompt_lookup"]), "n_prompts": grid["n_prompts"],
+            "max_new_tokens": grid["max_new_tokens"]}
+
+
 def gpu_study(batches: Sequence[int] = (1, 4, 16, 64), ks: Sequence[int] = (2, 4), methods: Sequence[str] = METHODS, *,
               prompt_lookup: tuple[int, int] = (2, 5), n_prompts: int = 64, max_new_tokens: int = 64,
               store: Any = None, force: bool | None = None) -> Shown[dict[str, Any] | None]:
     """Lab 08's vLLM step: live on a GPU with vLLM (`vllm_spec_runs` + the loop on the same prompts + `cross_check`),
     otherwise the recording of `record` (all batches 1, 4, 16, 64 and k 2, 4), or "not recorded yet".
 
-    With the defaults (those of `record`) and a `store`, a live run also writes what `record` would
-    (`ResultStore.keep_facts`): lab 08 run live on the GPU is its own recording, eight engine starts made once."""
+    With record's grid (RECORD_GRID, the defaults), a `store` and no failed setting, a live run also writes what
+    `record` would (`ResultStore.keep_facts`): lab 08 run live on the GPU is its own recording, eight engine starts
+    made once. Any other grid stays this user's run."""
     settings(methods, ks, prompt_lookup)  # refuse bad knobs on every machine, before the mode decides
     asked = {"batches": sorted(batches), "ks": sorted(ks), "methods": sorted(methods),
              "prompt_lookup": list(prompt_lookup), "n_prompts": n_prompts, "max_new_tokens": max_new_tokens}
     def live() -> dict[str, Any]:
         got = _measure(batches, ks, methods, prompt_lookup, n_prompts, max_new_tokens, store)
-        if store is not None:  # the live run doubles as the recording step (ResultStore.keep_facts)
+        # the live run doubles as the recording step (ResultStore.keep_facts) when it ran record's whole grid, every
+        # setting: another grid, or a setting that failed, is this user's run, not the recording
+        if store is not None and not got["failed"] and asked == _grid_asked(RECORD_GRID):
             store.keep_facts(STEP, _as_facts(got))
         return got
 
@@ -519,7 +538,8 @@ def _as_facts(got: dict[str, Any]) -> dict[str, Any]:
     """`_measure`'s value as the recording keeps it: without the Results, with the GPU and the date."""
     results = got["results"]
     gpu = next((r.hardware.get("gpu") for r in results if r.hardware.get("gpu")), None) or device_facts().get("gpu")
-    return {**{k: v for k, v in got.items() if k != "results"}, "gpu": gpu, "date": time.strftime("%Y-%m-%d")}
+    date = min((r.recorded_at[:10] for r in results), default=time.strftime("%Y-%m-%d", time.gmtime()))  # UTC
+    return {**{k: v for k, v in got.items() if k != "results"}, "gpu": gpu, "date": date}
 
 
 
@@ -559,6 +579,8 @@ def engine_lines(shown: Shown) -> str:
     for r in spec:
         if r["name"] not in best or r["speedup"] > best[r["name"]]["speedup"]:
             best[r["name"]] = r
+    if not best:
+        return text + f"No speculative setting in these runs. [{shown.label}]"
     paid = [r for r in best.values() if r["speedup"] > 1]
     text += "Best speedup over the pinned baseline per setting: " + ", ".join(
         f"{n} {r['speedup']:.2f}x (batch {r['batch']})" for n, r in best.items()) + ". "

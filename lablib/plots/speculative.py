@@ -194,5 +194,5 @@ def vllm_speedup_figure(shown: Shown | dict[str, Any] | None) -> go.Figure:
     return finish(fig, title, rows_provenance(rows),
                   notes=[("Every run pins the V1 model runner and async scheduling off (what vLLM 0.26 falls back "
                           "to for draft_model and ngram);"),
-                         ("'baseline, vLLM defaults' (V2 runner, async on) is what that switch alone costs. "
+                         ("'baseline, vLLM defaults' (V2 runner, async on) is what that switch alone does (either way). "
                           "Embedded pair, journey prompts, greedy, fixed output lengths.")])

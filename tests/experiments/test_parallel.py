@@ -349,6 +349,21 @@ def test_record_keeps_each_run_as_it_ends_and_a_failing_one_says_why(fake_engine
     assert rows[3]["tpot_ms"] is None and len(store.load()) == 3  # the 8B's three Results, stored once each
 
 
+def test_a_batch_that_fails_keeps_the_batches_before_it(fake_engine, monkeypatch):
+    real = FakeEngine.generate
+
+    def generate(self, requests, on_record=None, progress=True):
+        if len(requests) == 64:
+            raise RuntimeError("CUDA out of memory")
+        return real(self, requests, on_record, progress)
+
+    monkeypatch.setattr(FakeEngine, "generate", generate)
+    rows, results = exp.measure("llama-3.1-8b", "bf16", 1, (1, 64, 8))
+    assert [r["status"] for r in rows] == ["measured", "not measured: failed: RuntimeError: CUDA out of memory",
+                                          "not measured: not run after batch 64 failed"]
+    assert [r.step for r in results] == ["tp1-llama-3.1-8b-bf16-b1"] and rows[1]["tpot_ms"] is None
+
+
 def test_scaling_runs_only_what_the_machine_holds(fake_engine):
     shown = exp.tp_scaling(runs=(("llama-3.1-8b", "bf16", (1, 2, 4)),), batches=(1,), force=True)
     status = {r["t"]: r["status"] for r in shown.value}

@@ -469,20 +469,90 @@ def test_the_lab_run_live_is_its_own_recording(pinned_on_the_fake, tmp_path, loa
     """gpu_study live with a store writes what `record` writes (facts-speculative.json), and pack_reference --labs
     takes that file as facts["speculative"]: lab 08 on the GPU is not run twice."""
     store = ResultStore(tmp_path / "results" / "08_speculative_decoding.jsonl")
-    shown = spec.gpu_study(batches=(1,), ks=(2,), methods=("ngram",), n_prompts=2, max_new_tokens=4, store=store,
-                           force=True)
+    knobs = dict(batches=(1,), ks=(2,), methods=("ngram",), n_prompts=2, max_new_tokens=4, store=store, force=True)
+    spec.gpu_study(**knobs)
+    assert not store.facts_path("speculative").exists()  # not record's grid: this user's run, not the recording
+    import pytest as _pytest
+
+    mp = _pytest.MonkeyPatch()
+    mp.setattr(spec_vllm, "RECORD_GRID", {"batches": (1,), "ks": (2,), "methods": ("ngram",), "prompt_lookup": (2, 5),
+                                          "n_prompts": 2, "max_new_tokens": 4})
+    try:
+        shown = spec.gpu_study(**knobs)
+    finally:
+        mp.undo()
     kept = json.loads(store.facts_path("speculative").read_text())
+    assert all(r["recorded_at"] for r in kept["rows"]) and kept["date"] == kept["rows"][0]["recorded_at"][:10]
     assert shown.live and [r["name"] for r in kept["rows"]] == [r["name"] for r in shown.value["rows"]] == [
         "baseline, pinned (V1, no async)", "baseline, vLLM defaults", "n-gram k=2 (lookup 2-5)"]
     assert "results" not in kept and kept["gpu"] == store.load()[0].hardware.get("gpu") and len(kept["date"]) == 10
     assert kept["settings"]["batches"] == [1] and kept["loop"][0]["k"] == 2
+    import dataclasses as dc
+
+    stale = dc.replace(store.load()[0], recorded_at="2099-01-01T00:00:00+0000")  # a later run of a kept step
+    store.append(stale)
     facts, dates, results = load_script("pack_reference").lab_facts([tmp_path])
     assert facts == {"speculative": kept} and dates == {"speculative": kept["date"]}
-    assert sorted(r["step"] for r in results) == sorted(r["step"] for r in kept["rows"])  # the journey reads them
+    # the journey reads them: exactly the Results the rows were made from, not the first run's of the same steps
+    assert sorted((r["step"], r["recorded_at"]) for r in results) == sorted((r["step"], r["recorded_at"])
+                                                                           for r in kept["rows"])
     assert {r["provenance"] for r in results} == {"recorded"} and all(q["output_ids"] is None for r in results
                                                                       for q in r["requests"])
+    newer = load_script("pack_reference").newer_than_packed
+    assert newer(facts, dates, results, {"speculative": "2000-01-01"}) == (facts, dates, results)
+    assert newer(facts, dates, results, {"speculative": "2999-01-01"}) == ({}, {}, [])  # never rolls one back
     with pytest.raises(ValueError, match=r"facts_path\.key='\.\./x'"):
         store.keep_facts("../x", {})
+
+
+def test_the_cross_check_measures_vllm_against_the_loops_length_not_the_formula():
+    counters = SpecCounters(1000, 4000, 1600)  # mean length 2.6
+    loop = [{"k": 4, "alpha": 0.7, "predicted_length": 2.77, "measured_length": 2.6, "length_stderr": 0.01,
+             "num_drafts": 400}]  # the formula 17 standard errors off the loop's own measurement, on these prompts
+    [got] = spec.cross_check([_vllm_row(4, counters)], loop)
+    assert got["gap"] == pytest.approx(2.6 - 2.6) and got["within_3_stderrs"]
+    assert got["formula_gap"] == pytest.approx(2.6 - 2.77) and got["formula_length"] == 2.77
+
+
+def test_a_failing_setting_keeps_the_others_and_a_failing_baseline_raises(pinned_on_the_fake, monkeypatch, tmp_path):
+    from lablib.engines.vllm import VLLMEngine
+
+    real = VLLMEngine.start
+
+    def start(self):
+        if (self.config.speculative_config or {}).get("method") == "ngram":
+            raise RuntimeError("engine core died")
+        return real(self)
+
+    monkeypatch.setattr(VLLMEngine, "start", start)
+    failed = []
+    rows = spec.vllm_spec_runs(("draft_model", "ngram"), (2,), (1,), n_prompts=2, max_new_tokens=4,
+                               defaults_baseline=False, failures=failed)
+    assert [r["name"] for r in rows] == ["baseline, pinned (V1, no async)", "draft model k=2"]
+    assert [(f["name"], f["error"], f["batches_done"]) for f in failed] == [
+        ("n-gram k=2 (lookup 2-5)", "RuntimeError: engine core died", [])]
+    with pytest.raises(RuntimeError, match="engine core died"):  # without a list the old behaviour: it raises
+        spec.vllm_spec_runs(("ngram",), (2,), (1,), n_prompts=2, max_new_tokens=4, defaults_baseline=False)
+    monkeypatch.setattr(VLLMEngine, "start", lambda self: (_ for _ in ()).throw(RuntimeError("no GPU")))
+    with pytest.raises(RuntimeError, match="no GPU"):  # the pinned baseline failing: nothing to compare with
+        spec.vllm_spec_runs(("ngram",), (2,), (1,), n_prompts=2, max_new_tokens=4, failures=[])
+
+
+def test_ngram_rows_get_no_alpha_and_model_drafters_do():
+    class R:
+        step, wall_s, recorded_at = "s", 1.0, "2026-12-02T00:00:00+0000"
+        summary = {"output_tok_s": 100.0}
+        engine_facts = {"last_run": {"metrics_delta": {
+            "vllm:spec_decode_num_drafts": 100.0, "vllm:spec_decode_num_draft_tokens": 400.0,
+            "vllm:spec_decode_num_accepted_tokens": 160.0,
+            "vllm:spec_decode_num_accepted_tokens_per_pos": [70, 45, 30, 15]}}}
+
+    logged = {"model_runner": "V1", "async_scheduling": False}
+    ngram = spec.settings(("ngram",), (4,), defaults_baseline=False)[1]
+    draft = spec.settings(("draft_model",), (4,), defaults_baseline=False)[1]
+    n, d = spec_vllm._row(ngram, 1, R(), {}, logged), spec_vllm._row(draft, 1, R(), {}, logged)
+    assert n["alpha"] is None and n["formula_length"] is None and "n-gram drafts vary in length" in n["counters_note"]
+    assert n["mean_acceptance_length"] == pytest.approx(2.6) and d["alpha"] is not None and d["formula_length"]
 
 
 def test_the_gpu_step_without_a_recording_says_which_step_records_it(monkeypatch):
