@@ -13,6 +13,8 @@ import pytest
 
 from lablib.config import VLLMConfig
 from lablib.experiments import parallel as exp
+from lablib.experiments import parallel_recording as rec
+from lablib.experiments import parallel_runs as runs
 from lablib.hardware import fit
 from lablib.hardware.fit import check_fit, tp_fit_table
 from lablib.mechanisms import parallel as tp
@@ -23,6 +25,13 @@ from tests.engines.test_vllm import fake_gpu, with_fake_vllm  # noqa: F401 (fixt
 
 GiB = 2**30
 STEP_S = 0.004  # the fake engine's time per output token
+
+
+def machine(monkeypatch, facts):
+    """What device_facts says on the machine a test describes, in each module that asks (a lambda: that value)."""
+    value = facts() if callable(facts) else facts
+    for module in (runs, rec):
+        monkeypatch.setattr(module, "device_facts", lambda: value)
 
 
 @pytest.fixture(autouse=True)
@@ -206,9 +215,9 @@ def fake_engine(monkeypatch):
     FakeEngine.made = []
     monkeypatch.setattr(vllm, "VLLMEngine", FakeEngine)
     monkeypatch.setattr(synthetic, "synthetic_spec", lambda name, root=None, weights=True: exp.shape_spec(name))
-    monkeypatch.setattr(exp, "why_not", lambda *a, **k: None)
+    monkeypatch.setattr(runs, "why_not", lambda *a, **k: None)
     monkeypatch.setattr(offline, "device_facts", lambda import_torch=False: {"gpu": "NVIDIA H200"})
-    monkeypatch.setattr(exp, "device_facts", lambda: {"gpu": "NVIDIA H200", "gpu_count": 2})
+    machine(monkeypatch, lambda: {"gpu": "NVIDIA H200", "gpu_count": 2})
     monkeypatch.setenv("VLLM_ALLREDUCE_USE_SYMM_MEM", "unset")
     monkeypatch.delenv("VLLM_ALLREDUCE_USE_SYMM_MEM")
     return FakeEngine
@@ -249,19 +258,19 @@ def test_a_run_this_machine_cannot_make_says_why_and_starts_nothing(fake_engine,
 
     FakeEngine.made = []
     monkeypatch.setattr(vllm, "VLLMEngine", FakeEngine)
-    monkeypatch.setattr(exp, "device_facts", lambda: {"gpu": None, "gpu_count": 0})
+    machine(monkeypatch, lambda: {"gpu": None, "gpu_count": 0})
     rows, results = exp.measure("llama-3.1-70b", "fp8", 1, (1, 8))
     assert results == [] and FakeEngine.made == []
     assert [r["status"] for r in rows] == ["not measured: needs 1 GPU, this machine has 0"] * 2
     assert all(r[k] is None for r in rows for k in ("tpot_ms", "decode_tok_s", "predicted_ms"))
-    monkeypatch.setattr(exp, "device_facts", lambda: {"gpu": "NVIDIA H200", "gpu_count": 1})
-    monkeypatch.setattr(exp, "nvml_memory", lambda: (0, 143771 * 2**20, 143771 * 2**20))
+    machine(monkeypatch, lambda: {"gpu": "NVIDIA H200", "gpu_count": 1})
+    monkeypatch.setattr(runs, "nvml_memory", lambda: (0, 143771 * 2**20, 143771 * 2**20))
     big = exp.why_not("llama-3.1-70b", "bf16", 1, VLLMConfig(max_model_len=4096))
     assert big.startswith("synthetic:llama-3.1-70b: the weights alone (131.42 GiB per GPU") and "tensor_parallel_size" in big
     import lablib.models.synthetic as synthetic
 
     monkeypatch.setattr(synthetic, "ROOT", tmp_path / "synthetic")
-    monkeypatch.setattr(exp.shutil, "disk_usage", lambda p: type("U", (), {"free": 64 * 2**30})())
+    monkeypatch.setattr(runs.shutil, "disk_usage", lambda p: type("U", (), {"free": 64 * 2**30})())
     # a checkpoint the disk cannot hold is no reason not to run: vLLM's dummy weights then (see the next test)
     assert exp.why_not("llama-3.1-70b", "fp8", 1, VLLMConfig(max_model_len=4096, quantization="fp8")) is None
     disk = exp.no_room_on_disk("llama-3.1-70b")
@@ -278,7 +287,7 @@ def test_a_shape_the_disk_cannot_hold_runs_on_vllms_dummy_weights(fake_engine, m
     specs = []
     monkeypatch.setattr(synthetic, "synthetic_spec", lambda name, root=None, weights=True: specs.append(weights)
                         or exp.shape_spec(name))
-    monkeypatch.setattr(exp, "no_room_on_disk", lambda m: "141 GB, 60 GB free" if "70b" in m else None)
+    monkeypatch.setattr(runs, "no_room_on_disk", lambda m: "141 GB, 60 GB free" if "70b" in m else None)
     rows, _ = exp.measure("llama-3.1-70b", "fp8", 1, (1,))
     assert fake_engine.made[-1].config.load_format == "dummy" and specs == [False]
     assert rows[0]["status"] == "measured" and rows[0]["weights"] == "vLLM dummy weights (141 GB, 60 GB free)"
@@ -341,7 +350,7 @@ def test_record_keeps_each_run_as_it_ends_and_a_failing_one_says_why(fake_engine
         return real(m, s, t, batches, **kw)
 
     store, facts = ResultStore(tmp_path / "ref.jsonl"), {}
-    monkeypatch.setattr(exp, "measure", measure)
+    monkeypatch.setattr(rec, "measure", measure)
     exp.record(tmp_path, store, facts)
     assert seen == [[], ["llama-3.1-8b"] * 3]  # the 8B's rows were kept before the 70B started
     rows = facts["tp1"]["rows"]
@@ -379,7 +388,7 @@ def test_record_scaling_keeps_the_rows_it_could_not_run(fake_engine, tmp_path, m
     assert skipped == {("llama-3.1-8b", "bf16", 4), ("llama-3.1-70b", "bf16", 4), ("llama-3.1-70b", "fp8", 4)}
     assert len(store.load()) == 2 * 5 and len(rows) == 2 * 8  # batch 1 and 64 of every planned run
     monkeypatch.setattr(exp, "recorded_facts", lambda key, step: facts[key])
-    monkeypatch.setattr(exp, "device_facts", lambda: {"gpu": "NVIDIA H200", "gpu_count": 1})
+    machine(monkeypatch, lambda: {"gpu": "NVIDIA H200", "gpu_count": 1})
     lab = exp.tp_scaling()  # issue 11.8: the lab's own call on one GPU shows the recording, all of it asked
     assert not lab.live and lab.stand_ins == {} and len(lab.value) == 16
     two = exp.tp_scaling((("llama-3.1-70b", "fp8", (2, 4)),), (64,))
@@ -390,7 +399,7 @@ def test_record_scaling_keeps_the_rows_it_could_not_run(fake_engine, tmp_path, m
 
 
 def test_without_two_gpus_scaling_shows_the_recording_or_says_it_is_missing(monkeypatch):
-    monkeypatch.setattr(exp, "device_facts", lambda: {"gpu": "NVIDIA H200", "gpu_count": 1})
+    machine(monkeypatch, lambda: {"gpu": "NVIDIA H200", "gpu_count": 1})
     shown = exp.tp_scaling()
     assert not shown.live and shown.value is None
     assert "tp_scaling is not recorded yet" in shown.label and "--steps tp-scaling" in shown.label
@@ -405,7 +414,7 @@ def test_cuda_visible_devices_decides_how_many_gpus_the_runs_get(fake_engine, mo
     from lablib import session
 
     eight = {"gpu": "NVIDIA H200", "gpu_count": 8}  # what NVML counts: all eight
-    monkeypatch.setattr(exp, "device_facts", lambda: eight)
+    machine(monkeypatch, lambda: eight)
     monkeypatch.setattr(session, "mode", lambda: {"live": True, "gpu": "NVIDIA H200", "why": "", "recorded": ""})
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")  # what a worker can use: two
     hidden = "this machine lets a worker use 2 (CUDA_VISIBLE_DEVICES='0,1' of its 8 GPUs)"
@@ -496,7 +505,7 @@ def test_a_fixed_overhead_cuts_the_speedup_as_amdahl_says():
 
 
 def test_refusals_name_each_bad_input(monkeypatch):
-    monkeypatch.setattr(exp, "device_facts", lambda: {"gpu": None, "gpu_count": 1})
+    machine(monkeypatch, lambda: {"gpu": None, "gpu_count": 1})
     got = {r["asked"]: r["refused with"] for r in exp.refusals()}
     assert list(got) == ["tensor_parallel_size=3 (does not divide the heads)",
                          "tensor_parallel_size=2 on this machine (1 GPUs)",
@@ -508,7 +517,7 @@ def test_refusals_name_each_bad_input(monkeypatch):
 
 
 def test_refusals_say_when_cuda_visible_devices_hides_gpus(monkeypatch):
-    monkeypatch.setattr(exp, "device_facts", lambda: {"gpu": "NVIDIA H200", "gpu_count": 8})
+    machine(monkeypatch, lambda: {"gpu": "NVIDIA H200", "gpu_count": 8})
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
     got = {r["asked"]: r["refused with"] for r in exp.refusals()}
     asked = "tensor_parallel_size=2 on this machine (1 GPUs a worker can use, CUDA_VISIBLE_DEVICES='0' of its 8 GPUs)"
