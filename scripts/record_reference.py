@@ -29,7 +29,8 @@ Steps:
            1-64 (one engine per setting, the batches as waves), counters vs the formula (speculative-8b: the
            synthetic 8B target and 1B draft with vLLM's synthetic sampler at the loop's acceptance: speed at size)
   tp1      lab 09: TP=1 on one H200 (synthetic 8B bf16, 70B FP8 where disk allows) next to the cost model
-  tp-scaling  lab 09: TP=1/2/4 (needs a machine with 2-4 GPUs)
+  tp-scaling  lab 09: TP=1/2/4, then NCCL's all-reduce against vLLM's and PP at 2 and 4 GPUs (needs 2-4 GPUs of one
+           host; the runs a machine has too few GPUs for are rows that say so; facts kept after every run)
   attention  lab 02: the attention microbenchmark, HF eager/sdpa/flex prefill on the synthetic 8B, vLLM's backends
   quantization  lab 06: speed and memory per scheme on the synthetic 8B, every scheme that can run (its checkpoints
            first: quantization-prepare, prepare_checkpoints() through the quantizer's environment, LABLIB_QUANT_SITE);

@@ -48,21 +48,34 @@ from .parallel_model import (  # noqa: F401 - re-exported, as above
 )
 
 from .parallel_recording import (  # noqa: F401 - re-exported, as above
+    COMPARED_GPUS,
+    COMPARED_RUNS,
+    SCALING,
+    SCALING_BATCHES,
     SCALING_RUNS,
+    SCALING_STEP,
+    TP1,
+    TP1_BATCHES,
     TP1_RUNS,
+    keeps_as_tp1,
+    measure_runs,
     record,
     record_scaling,
     remaining_runs,
+    run_facts,
+    scaling_grid,
+    tp1_grid,
 )
 from .parallel_runs import (  # noqa: F401 - re-exported, as above
+    ALL_REDUCES,
     LAB,
     OUTPUT_LEN,
     PROMPT_LEN,
     QUANTIZATION,
+    Run,
     _gpus_here,
     fixed_shapes,
     measure,
-    measure_or_skip,
     no_room_on_disk,
     not_measured,
     predict,
@@ -98,14 +111,30 @@ def refusals(model: str = "llama-3.1-70b") -> list[dict[str, str]]:
     return out
 
 
-# --- measured: vLLM at TP=t ---------------------------------------------------------------------
+# --- measured: vLLM at TP=t, live or recorded ------------------------------------------------------
+
+RUN_DEFAULTS = {"pp": 1, "all_reduce": "custom"}  # what a row without the field ran (a recording made before them)
+
+
+def _field(row: dict[str, Any], name: str) -> Any:
+    return row[name] if name in row else RUN_DEFAULTS[name]
+
+
+def recorded_label(facts: dict[str, Any]) -> str:
+    """How a recording is labelled: "recorded on 2 x NVIDIA H200, 2026-12-02" (the GPUs a worker could use there,
+    where the facts say; "recorded on NVIDIA H200, ..." where they do not)."""
+    n = facts.get("gpu_count")
+    return f"recorded on {f'{n} x ' if n else ''}{facts.get('gpu') or 'a GPU'}, {facts.get('date') or 'date unknown'}"
+
+
 def _recorded(key: str, step: str, fields: tuple[str, ...], points: list[tuple], batches: tuple[int, ...]
               ) -> list[dict[str, Any]]:
     """facts[key]'s rows at the asked points (`fields` of a row, e.g. model and scheme) and batches when the
     recording holds them all; otherwise every row (and `_knobs` of each side says which stand in)."""
     got = recorded_facts(key, step)
-    rows = [{**row, "provenance": f"recorded on {got['gpu']}, {got['date']}"} for row in got["rows"]]
-    return asked_rows(rows, lambda r: (*(r[f] for f in fields), r["batch"]), [(*p, b) for p in points for b in batches])
+    rows = [{**row, "provenance": recorded_label(got)} for row in got["rows"]]
+    return asked_rows(rows, lambda r: (*(_field(r, f) for f in fields), r["batch"]),
+                      [(*p, b) for p in points for b in batches])
 
 
 def _knobs(fields: tuple[str, ...], points: list[Any], batches: Any) -> dict[str, Any]:
@@ -115,35 +144,56 @@ def _knobs(fields: tuple[str, ...], points: list[Any], batches: Any) -> dict[str
 
 def _shown(fields: tuple[str, ...]) -> Any:
     """recorded_with for rows keyed by `fields` and batch: the knobs as the recorded rows ran them."""
-    return lambda rows: _knobs(fields, [[r[f] for f in fields] for r in rows], [r["batch"] for r in rows])
+    return lambda rows: _knobs(fields, [[_field(r, f) for f in fields] for r in rows], [r["batch"] for r in rows])
 
 
-def tp1_baseline(runs: tuple[tuple[str, str], ...] = TP1_RUNS, batches: tuple[int, ...] = (1, 8, 64),
+def tp1_baseline(runs: tuple[tuple[str, str], ...] = TP1_RUNS, batches: tuple[int, ...] = TP1_BATCHES,
                  force: bool | None = None, store: ResultStore | None = None) -> Shown[list[dict[str, Any]]]:
     """TP=1 on one GPU for each (model, scheme): live with vLLM, else the recording (facts["tp1"], step tp1): the
-    asked runs and batches when it holds them all, else every row, and the line under the cell names the stand-ins."""
+    asked runs and batches when it holds them all, else every row, and the line under the cell names the stand-ins.
+
+    Live with record's runs and batches (the defaults), a `store` and every row measured, the run is also kept as
+    step tp1's recording (`ResultStore.keep_facts("tp1", ...)`, the facts `record` writes): lab 09 run live on one
+    H200 is its own baseline recording. Any other grid, or a run that failed, stays this user's run."""
+    planned = tp1_grid(runs)  # bad knobs refused on every machine, before the mode decides
+
     def live() -> list[dict[str, Any]]:
-        return [{**row, "provenance": live_label()} for m, s in runs for row in measure(m, s, 1, batches, store=store)[0]]
+        rows, results = measure_runs(planned, tuple(batches), store=store)
+        if store is not None and keeps_as_tp1(runs, batches, rows):
+            store.keep_facts(TP1, run_facts(rows, results))
+        return [{**row, "provenance": live_label()} for row in rows]
 
     fields = ("model", "scheme")
-    return live_or_recorded(live, lambda: _recorded("tp1", "tp1", fields, list(runs), batches), force=force,
+    return live_or_recorded(live, lambda: _recorded(TP1, TP1, fields, list(runs), batches), force=force,
                             asked=_knobs(fields, runs, batches), recorded_with=_shown(fields))
 
 
-def tp_scaling(runs: tuple[tuple[str, str, tuple[int, ...]], ...] = SCALING_RUNS, batches: tuple[int, ...] = (1, 64),
-               force: bool | None = None, store: ResultStore | None = None) -> Shown[list[dict[str, Any]]]:
-    """TP=1/2/4 on one host: live only where a worker can use 2 or more GPUs and vLLM is installed, else the
-    recording (facts["tp_scaling"], step tp-scaling), picked as tp1_baseline's; t above the GPUs a worker can use
-    is a "not measured" row."""
+def tp_scaling(runs: tuple[tuple[str, str, tuple[int, ...]], ...] = SCALING_RUNS,
+               batches: tuple[int, ...] = SCALING_BATCHES, force: bool | None = None,
+               store: ResultStore | None = None, compared: tuple[tuple[str, str], ...] = COMPARED_RUNS,
+               gpu_counts: tuple[int, ...] = COMPARED_GPUS) -> Shown[list[dict[str, Any]]]:
+    """TP=1/2/4 on one host, then NCCL's all-reduce against vLLM's and PP at the same GPU counts (`scaling_grid`):
+    live only where a worker can use 2 or more GPUs and vLLM is installed, else the recording (facts["tp_scaling"],
+    step tp-scaling), picked as tp1_baseline's; a run needing more GPUs than a worker can use is a "not measured" row.
+    A shape a t cannot split is refused before anything runs."""
+    planned = scaling_grid(runs, compared, gpu_counts)
+    for run in planned:
+        check_tp(run.model, run.t)
+
     def live() -> list[dict[str, Any]]:
-        return [{**row, "provenance": live_label()} for m, s, ts in runs for t in ts
-                for row in measure_or_skip(m, s, t, batches, store)]
+        return [{**row, "provenance": live_label()} for row in measure_runs(planned, tuple(batches), store=store)[0]]
 
     if force is None and _gpus_here()[0] < 2:
         force = False  # one usable GPU: show what a multi-GPU machine recorded
-    fields, points = ("model", "scheme", "t"), [(m, s, t) for m, s, ts in runs for t in ts]
-    return live_or_recorded(live, lambda: _recorded("tp_scaling", "tp-scaling", fields, points, batches), force=force,
+    fields = ("model", "scheme", "t", "pp", "all_reduce")
+    points = [(r.model, r.scheme, r.t, r.pp, r.all_reduce) for r in planned]
+    return live_or_recorded(live, lambda: _recorded(SCALING, SCALING_STEP, fields, points, batches), force=force,
                             asked=_knobs(fields, points, batches), recorded_with=_shown(fields))
+
+
+def plain_tp(row: dict[str, Any]) -> bool:
+    """A row of plain tensor parallelism (no pipeline stages, vLLM's own all-reduce): the cost model's TP line."""
+    return _field(row, "pp") == 1 and _field(row, "all_reduce") == "custom"
 
 
 def recorded_tp1_points(steps: tuple[str, ...] = ("vllm-8b-single", "vllm-8b-256x128x128")) -> Shown[list[dict]]:
@@ -164,14 +214,14 @@ def recorded_tp1_points(steps: tuple[str, ...] = ("vllm-8b-single", "vllm-8b-256
 def tp_cuts_latency(rows: list[dict[str, Any]], model: str, scheme: str, t: int, batch: int = 1) -> bool:
     """Whether the measured per-token latency at TP=t is below TP=1's (False when either was not measured)."""
     got = {r["t"]: r["tpot_ms"] for r in rows if (r["model"], r["scheme"], r["batch"]) == (model, scheme, batch)
-           and r["status"] == "measured"}
+           and r["status"] == "measured" and plain_tp(r)}
     return 1 in got and t in got and got[t] < got[1]
 
 
 def batch_gain(rows: list[dict[str, Any]], model: str, scheme: str, batch: int = 64, t: int = 1) -> float | None:
     """Measured decode tok/s at `batch` over batch 1's, both at TP=t (None when either was not measured)."""
     got = {r["batch"]: r["decode_tok_s"] for r in rows if (r["model"], r["scheme"], r["t"]) == (model, scheme, t)
-           and r["status"] == "measured"}
+           and r["status"] == "measured" and plain_tp(r)}
     return got[batch] / got[1] if 1 in got and batch in got else None
 
 

@@ -11,10 +11,12 @@ instead (`no_room_on_disk`). The notebook's calls (`lablib.experiments.parallel`
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import shutil
 import statistics
+from collections.abc import Iterator
 from typing import Any
 
 from .. import validate
@@ -23,6 +25,7 @@ from ..hardware.device import device_facts, nvml_memory, usable_gpu_count
 from ..hardware.fit import check_fit
 from ..hardware.roofline import lookup_gpu
 from ..mechanisms import parallel as tp
+from ..mechanisms.pipeline import pipeline_step
 from ..models.architecture import architectures, parameter_count
 from ..models.synthetic import synthetic_folder
 from ..results.record import Result
@@ -69,25 +72,100 @@ def fixed_shapes(n: int, prompt_len: int = PROMPT_LEN, output_len: int = OUTPUT_
     return Workload(f"fixed-{prompt_len}x{output_len}", 1, "held-out code cut to a fixed token length", tuple(reqs))
 
 
-def predict(model: str, scheme: str, t: int, batch: int, context: float, gpu_name: str | None) -> dict[str, Any]:
-    """The cost model's step for this run on the GPU it ran on (None when the GPU is not in the spec table)."""
+ALL_REDUCES = ("custom", "nccl")  # vLLM's own all-reduce kernel (its default), or NCCL's (disable_custom_all_reduce)
+SYMM_MEM = "VLLM_ALLREDUCE_USE_SYMM_MEM"  # "0": no NVLink multicast (off on the lent multi-GPU H200 machines)
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    """One engine of the lab's measured runs: a synthetic shape, its weight scheme and how it spreads over GPUs.
+
+    `t` splits each layer's matrices across t GPUs (tensor_parallel_size), `pp` the layers into pp stages
+    (pipeline_parallel_size): the engine takes t x pp GPUs. `all_reduce` is the kernel of TP's two all-reduces per
+    layer: vLLM's custom one (its default) or NCCL's; at t=1 there is none to choose.
+    """
+
+    model: str  # a synthetic shape (lablib.models.architecture), e.g. "llama-3.1-8b"
+    scheme: str = "bf16"  # QUANTIZATION's keys: bf16, or fp8 (vLLM's online FP8 of the bf16 checkpoint)
+    t: int = 1  # tensor_parallel_size
+    pp: int = 1  # pipeline_parallel_size
+    all_reduce: str = "custom"  # ALL_REDUCES
+
+    def __post_init__(self) -> None:
+        validate.choice("Run", "scheme", self.scheme, tuple(QUANTIZATION))
+        validate.integer("Run", "t", self.t, "1 for one GPU, else the GPUs each layer is split across.")
+        validate.integer("Run", "pp", self.pp, "1 for no pipeline, else the number of stages.")
+        validate.choice("Run", "all_reduce", self.all_reduce, ALL_REDUCES)
+        if self.all_reduce != "custom" and self.t == 1:
+            raise validate.refuse("Run", "all_reduce", self.all_reduce, "'custom' at t=1 (TP=1 has no all-reduce)",
+                                  "set t >= 2 to compare NCCL's all-reduce with vLLM's, or leave all_reduce='custom'.")
+
+    @property
+    def gpus(self) -> int:
+        return self.t * self.pp
+
+    @property
+    def name(self) -> str:
+        """What tells it from the others at the same GPU count: "tp2", "tp2-nccl", "tp1-pp2"."""
+        return f"tp{self.t}" + (f"-pp{self.pp}" if self.pp > 1 else "") + (
+            f"-{self.all_reduce}" if self.all_reduce != "custom" else "")
+
+    def step(self, batch: int) -> str:
+        """The Result's step, unique per run and batch: "tp2-nccl-llama-3.1-8b-bf16-b64"."""
+        return f"{self.name}-{self.model}-{self.scheme}-b{batch}"
+
+    def config(self, batches: tuple[int, ...]) -> VLLMConfig:
+        """The engine's knobs: vLLM's multiprocess executor named explicitly for more than one GPU."""
+        return VLLMConfig(max_num_seqs=max(batches), max_model_len=4096, quantization=QUANTIZATION[self.scheme],
+                          tensor_parallel_size=self.t, pipeline_parallel_size=self.pp,
+                          disable_custom_all_reduce=self.all_reduce == "nccl",
+                          distributed_executor_backend="mp" if self.gpus > 1 else None)
+
+    def fields(self) -> dict[str, Any]:
+        return {"model": self.model, "scheme": self.scheme, "t": self.t, "pp": self.pp,
+                "all_reduce": self.all_reduce, "gpus": self.gpus, "run": self.name}
+
+
+@contextlib.contextmanager
+def worker_env(gpus: int) -> Iterator[None]:
+    """VLLM_ALLREDUCE_USE_SYMM_MEM=0 while an engine of more than one GPU is spawned and runs (its worker and vLLM's
+    own processes inherit it), restored after: the lent multi-GPU machines have NVLink multicast off."""
+    before = os.environ.get(SYMM_MEM)
+    if gpus > 1:
+        os.environ[SYMM_MEM] = "0"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(SYMM_MEM, None)
+        else:
+            os.environ[SYMM_MEM] = before
+
+
+def predict(model: str, scheme: str, t: int, batch: int, context: float, gpu_name: str | None,
+            pp: int = 1) -> dict[str, Any]:
+    """The cost model's step for this run on the GPU it ran on (None when the GPU is not in the spec table, or for
+    TP and PP together, which the model does not price): `decode_step` at TP=t, `pipeline_step` at PP=pp (TP=1)."""
     peak = lookup_gpu(gpu_name)
-    if peak is None or not (peak.bf16_flops or peak.fp16_flops):
+    if peak is None or not (peak.bf16_flops or peak.fp16_flops) or (pp > 1 and t > 1):
         return {"predicted_ms": None, "predicted_tok_s": None}
     gpu = tp.Gpu(peak.name, peak.memory_gb * 1e9, peak.peak_bw, peak.bf16_flops or peak.fp16_flops)
-    step = tp.decode_step(model_shape(model, scheme), batch, round(context), t, gpu, tp.NVLINK4)
+    shape = model_shape(model, scheme)
+    step: Any = (pipeline_step(shape, batch, round(context), pp, gpu, tp.NVLINK4) if pp > 1 else
+                 tp.decode_step(shape, batch, round(context), t, gpu, tp.NVLINK4))
     return {"predicted_ms": step.latency_s * 1e3, "predicted_tok_s": step.throughput_tok_s}
 
 
-def not_measured(model: str, scheme: str, t: int, batch: int, why: str) -> dict[str, Any]:
+def not_measured(model: str, scheme: str, t: int, batch: int, why: str, pp: int = 1,
+                 all_reduce: str = "custom") -> dict[str, Any]:
     """The row of a run that did not happen: its reason, no number."""
-    return {"model": model, "scheme": scheme, "t": t, "batch": batch, "status": f"not measured: {why}",
+    return {**Run(model, scheme, t, pp, all_reduce).fields(), "batch": batch, "status": f"not measured: {why}",
             "tpot_ms": None, "decode_tok_s": None, "output_tok_s": None, "ttft_ms": None, "peak_memory_GiB": None,
             "predicted_ms": None, "measured_over_predicted": None, "weights": None}
 
 
 def _too_few(t: int, facts: dict[str, Any] | None = None) -> str | None:
-    """Why TP=t cannot run here ("needs 4 GPUs, this machine has 2"), or None when a worker can use t GPUs."""
+    """Why t GPUs cannot be used here ("needs 4 GPUs, this machine has 2"), or None when a worker can use t GPUs."""
     gpus, note = _gpus_here(facts)
     if t <= gpus:
         return None
@@ -96,9 +174,9 @@ def _too_few(t: int, facts: dict[str, Any] | None = None) -> str | None:
 
 
 def why_not(model: str, scheme: str, t: int, config: VLLMConfig, facts: dict[str, Any] | None = None) -> str | None:
-    """Why this run cannot happen on this machine (GPUs a worker can use, memory), or None when it can (a checkpoint
-    the disk cannot hold is no reason: `measure` runs vLLM's dummy weights then, see `no_room_on_disk`)."""
-    short = _too_few(t, facts)
+    """Why this run cannot happen on this machine (GPUs a worker can use: t x the config's pipeline stages; memory),
+    or None when it can (a checkpoint the disk cannot hold is no reason: `measure` runs vLLM's dummy weights then)."""
+    short = _too_few(t * config.pipeline_parallel_size, facts)
     if short:
         return short
     mem = nvml_memory()
@@ -123,66 +201,58 @@ def no_room_on_disk(model: str) -> str | None:
     return None
 
 
-def _row(r: Result, model: str, scheme: str, t: int, batch: int) -> dict[str, Any]:
+def _row(r: Result, run: Run, batch: int) -> dict[str, Any]:
     tpot, ttft = r.summary["tpot_s"].get("p50"), r.summary["ttft_s"].get("p50")
     context = statistics.mean(q.prompt_tokens + q.output_tokens / 2 for q in r.requests)
-    pred = predict(model, scheme, t, batch, context, r.hardware.get("gpu"))
+    pred = predict(run.model, run.scheme, run.t, batch, context, r.hardware.get("gpu"), run.pp)
     peak = r.memory.get("peak_bytes")
-    return {"model": model, "scheme": scheme, "t": t, "batch": batch, "status": "measured",
+    return {**run.fields(), "batch": batch, "status": "measured",
             "tpot_ms": tpot * 1e3 if tpot else None, "decode_tok_s": batch / tpot if tpot else None,
             "output_tok_s": r.summary["output_tok_s"], "ttft_ms": ttft * 1e3 if ttft is not None else None,
             "peak_memory_GiB": peak / 2**30 if peak else None, "context": context, **pred,
             "measured_over_predicted": tpot * 1e3 / pred["predicted_ms"] if tpot and pred["predicted_ms"] else None,
-            "gpu": r.hardware.get("gpu"), "step": r.step}
+            "gpu": r.hardware.get("gpu"), "step": r.step,
+            "recorded_at": r.recorded_at}  # which Result of this step the row is (scripts/pack_reference.py)
 
 
 def measure(model: str, scheme: str = "bf16", t: int = 1, batches: tuple[int, ...] = (1, 8, 64),
             prompt_len: int = PROMPT_LEN, output_len: int = OUTPUT_LEN, store: ResultStore | None = None,
-            lab: str = LAB) -> tuple[list[dict[str, Any]], list[Result]]:
-    """vLLM on the synthetic `model` at TP=t: one engine, then b fixed-shape requests at once for each batch.
+            lab: str = LAB, *, pp: int = 1, all_reduce: str = "custom") -> tuple[list[dict[str, Any]], list[Result]]:
+    """vLLM on the synthetic `model` at TP=t x PP=pp: one engine, then b fixed-shape requests at once for each batch.
 
-    Refuses a bad t (ValueError) and turns a run this machine cannot make into "not measured" rows, both
-    before any engine starts. With t > 1 NVLink multicast is left off (VLLM_ALLREDUCE_USE_SYMM_MEM=0).
+    Refuses a bad t, pp or all_reduce (ValueError) and turns a run this machine cannot make into "not measured"
+    rows, both before any engine starts. With more than one GPU the engine runs vLLM's multiprocess executor
+    (distributed_executor_backend="mp", named explicitly) and its workers start with NVLink multicast off
+    (VLLM_ALLREDUCE_USE_SYMM_MEM=0); all_reduce="nccl" passes disable_custom_all_reduce=True. Each Result's step
+    names the run (`Run.step`), so TP=2 with NCCL and with vLLM's kernel are told apart.
     """
-    validate.choice("measure", "scheme", scheme, tuple(QUANTIZATION))
+    run = Run(model, scheme, t, pp, all_reduce)
     batches = tuple(validate.integers("measure", "batches", batches, "pass batch sizes, e.g. (1, 8, 64)."))
     check_tp(model, t)
-    config = VLLMConfig(max_num_seqs=max(batches), max_model_len=4096, quantization=QUANTIZATION[scheme],
-                        tensor_parallel_size=t)
+    config = run.config(batches)
     why = why_not(model, scheme, t, config)
     if why:
-        return [not_measured(model, scheme, t, b, why) for b in batches], []
-    from ..bench.offline import run
+        return [not_measured(model, scheme, t, b, why, pp, all_reduce) for b in batches], []
+    from ..bench.offline import run as bench_run
     from ..engines.vllm import VLLMEngine
     from ..models.synthetic import synthetic_spec
 
-    if t > 1:
-        os.environ.setdefault("VLLM_ALLREDUCE_USE_SYMM_MEM", "0")
     disk = no_room_on_disk(model)
     if disk:  # vLLM draws the weights itself: same shape, same speed, nothing on disk
         config = dataclasses.replace(config, load_format="dummy")
     rows, results = [], []
-    with VLLMEngine(synthetic_spec(model, weights=not disk), config) as eng:
+    with worker_env(run.gpus), VLLMEngine(synthetic_spec(model, weights=not disk), config) as eng:
         for i, b in enumerate(batches):
             try:
-                r = run(eng, fixed_shapes(b, prompt_len, output_len), BenchConfig(progress=False), lab=lab,
-                        step=f"tp{t}-{model}-{scheme}-b{b}", store=store)
+                r = bench_run(eng, fixed_shapes(b, prompt_len, output_len), BenchConfig(progress=False), lab=lab,
+                              step=run.step(b), store=store)
             except Exception as e:  # the batches before it stay measured; this one and the rest say why not
                 why = f"failed: {type(e).__name__}: {e}"[:400]
                 rows += [not_measured(model, scheme, t, later, why if later == b else f"not run after batch {b} "
-                                      "failed") for later in batches[i:]]
+                                      "failed", pp, all_reduce) for later in batches[i:]]
                 break
-            rows.append({**_row(r, model, scheme, t, b), "weights": f"vLLM dummy weights ({disk})" if disk else
+            rows.append({**_row(r, run, b), "weights": f"vLLM dummy weights ({disk})" if disk else
                          "synthetic checkpoint"})
             results.append(r)
     return rows, results
-
-
-def measure_or_skip(model: str, scheme: str, t: int, batches: tuple[int, ...],
-                     store: ResultStore | None) -> list[dict[str, Any]]:
-    short = _too_few(t)
-    if short:
-        return [not_measured(model, scheme, t, b, short) for b in batches]
-    return measure(model, scheme, t, batches, store=store)[0]
-
 

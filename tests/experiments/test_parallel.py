@@ -18,7 +18,7 @@ from lablib.experiments import parallel_runs as runs
 from lablib.hardware import fit
 from lablib.hardware.fit import check_fit, tp_fit_table
 from lablib.mechanisms import parallel as tp
-from lablib.mechanisms.pipeline import compare_two_gpus
+from lablib.mechanisms.pipeline import compare_two_gpus, pipeline_step
 from lablib.results.record import RequestRecord
 from lablib.results.store import ResultStore
 from tests.engines.test_vllm import fake_gpu, with_fake_vllm  # noqa: F401 (fixtures)
@@ -177,6 +177,7 @@ class FakeEngine:
         self.spec, self.config, self.name = spec, config, "vllm"
         self.tokenizer = prompt_tokenizer(spec)
         self.facts = {"context": config.max_model_len, "ignore_eos": True, "weight_bytes": None}
+        self.symm_mem = os.environ.get("VLLM_ALLREDUCE_USE_SYMM_MEM")  # what the worker would inherit
         FakeEngine.made.append(self)
 
     def start(self):
@@ -247,9 +248,32 @@ def test_measure_sets_each_batch_beside_the_model(fake_engine, tmp_path):
         assert row["predicted_ms"] == pytest.approx(step.latency_s * 1e3, rel=1e-12)
         assert row["measured_over_predicted"] == pytest.approx(STEP_S / step.latency_s)
     assert results[1].workload["requests"] == 8 and results[1].step == "tp1-llama-3.1-8b-bf16-b8"
-    assert "VLLM_ALLREDUCE_USE_SYMM_MEM" not in os.environ  # only set for t > 1
+    assert fake_engine.made[0].symm_mem is None and fake_engine.made[0].config.distributed_executor_backend is None
+    assert rows[0]["recorded_at"] == results[0].recorded_at and (rows[0]["pp"], rows[0]["all_reduce"]) == (1, "custom")
     exp.measure("llama-3.1-8b", "bf16", 2, (1,))
-    assert os.environ["VLLM_ALLREDUCE_USE_SYMM_MEM"] == "0" and fake_engine.made[-1].config.tensor_parallel_size == 2
+    two = fake_engine.made[-1]  # more than one GPU: multicast off in the worker's env, vLLM's mp executor named
+    assert two.symm_mem == "0" and two.config.tensor_parallel_size == 2 and two.config.distributed_executor_backend == "mp"
+    assert not two.config.disable_custom_all_reduce and "VLLM_ALLREDUCE_USE_SYMM_MEM" not in os.environ  # restored
+
+
+def test_nccl_and_pipeline_runs_pass_their_knobs_and_name_their_steps(fake_engine):
+    rows, results = exp.measure("llama-3.1-8b", "bf16", 2, (1,), all_reduce="nccl")
+    cfg = fake_engine.made[-1].config
+    assert cfg.disable_custom_all_reduce and cfg.distributed_executor_backend == "mp" and cfg.pipeline_parallel_size == 1
+    assert results[0].step == "tp2-nccl-llama-3.1-8b-bf16-b1" and rows[0]["run"] == "tp2-nccl" and rows[0]["gpus"] == 2
+    rows, results = exp.measure("llama-3.1-8b", "bf16", 1, (1,), pp=2)
+    cfg = fake_engine.made[-1].config
+    assert (cfg.tensor_parallel_size, cfg.pipeline_parallel_size, cfg.distributed_executor_backend) == (1, 2, "mp")
+    assert fake_engine.made[-1].symm_mem == "0" and results[0].step == "tp1-pp2-llama-3.1-8b-bf16-b1"
+    step = pipeline_step(tp.LLAMA_3_1_8B, 1, round(rows[0]["context"]), 2, tp.H200, tp.NVLINK4)
+    assert rows[0]["predicted_ms"] == pytest.approx(step.latency_s * 1e3, rel=1e-12)  # PP's model, not TP's
+    with pytest.raises(ValueError, match=r"Run\.all_reduce='nccl': allowed 'custom' at t=1"):
+        exp.measure("llama-3.1-8b", "bf16", 1, (1,), all_reduce="nccl")
+    with pytest.raises(ValueError, match=r"Run\.all_reduce='gloo': allowed 'custom', 'nccl'"):
+        exp.measure("llama-3.1-8b", "bf16", 2, (1,), all_reduce="gloo")
+    made = len(fake_engine.made)
+    rows, _ = rec.measure_runs([runs.Run("llama-3.1-8b", "bf16", 2, pp=2)], (1,))  # 4 GPUs of 2: no engine
+    assert len(fake_engine.made) == made and rows[0]["status"] == "not measured: needs 4 GPUs, this machine has 2"
 
 
 def test_a_run_this_machine_cannot_make_says_why_and_starts_nothing(fake_engine, monkeypatch, tmp_path):
@@ -323,11 +347,13 @@ def test_record_writes_facts_and_recorded_results_and_the_lab_reads_them_back(fa
     assert [(r["model"], r["scheme"], r["batch"]) for r in got["rows"]] == [
         (m, s, b) for m, s in exp.TP1_RUNS for b in (1, 8, 64)]
     assert got["gpu"] == "NVIDIA H200" and len(got["date"]) == 10 and got["prompt_len"] == exp.PROMPT_LEN
+    assert got["gpu_count"] == 2  # the GPUs a worker could use where it was recorded
     saved = store.load()
     assert len(saved) == 6 and {r.provenance for r in saved} == {"recorded"}
+    assert [r["recorded_at"] for r in got["rows"]] == [r.recorded_at for r in saved]  # pack_reference's match
     monkeypatch.setattr(exp, "recorded_facts", lambda key, step: facts[key])
     shown = exp.tp1_baseline(force=False)
-    assert not shown.live and {r["provenance"] for r in shown.value} == {f"recorded on NVIDIA H200, {got['date']}"}
+    assert not shown.live and {r["provenance"] for r in shown.value} == {f"recorded on 2 x NVIDIA H200, {got['date']}"}
     # issue 11.8: the lab's own call is what was recorded; a subset is picked out; what the recording lacks is named
     assert shown.stand_ins == {} and len(shown.value) == 6
     some = exp.tp1_baseline((("llama-3.1-70b", "fp8"),), (8, 64), force=False)
@@ -374,28 +400,101 @@ def test_a_batch_that_fails_keeps_the_batches_before_it(fake_engine, monkeypatch
 
 
 def test_scaling_runs_only_what_the_machine_holds(fake_engine):
-    shown = exp.tp_scaling(runs=(("llama-3.1-8b", "bf16", (1, 2, 4)),), batches=(1,), force=True)
+    shown = exp.tp_scaling(runs=(("llama-3.1-8b", "bf16", (1, 2, 4)),), batches=(1,), force=True, compared=())
     status = {r["t"]: r["status"] for r in shown.value}
     assert status == {1: "measured", 2: "measured", 4: "not measured: needs 4 GPUs, this machine has 2"}
     assert shown.live
+    with pytest.raises(ValueError, match=r"VLLMConfig\.tensor_parallel_size=3"):  # before any engine starts
+        exp.tp_scaling(runs=(("llama-3.1-8b", "bf16", (3,)),), force=True)
+    assert len(fake_engine.made) == 2
+
+
+def test_tp1_live_with_records_grid_is_the_recording(fake_engine, monkeypatch, tmp_path):
+    from lablib import session
+
+    done = {}  # one fake run per (model, scheme): record and the live cell are handed the same measurement
+    real = rec.measure
+    monkeypatch.setattr(rec, "measure", lambda m, s, *a, **kw: done.setdefault((m, s), real(m, s, *a, **kw)))
+    monkeypatch.setattr(session, "mode", lambda: {"live": True, "gpu": "NVIDIA H200", "why": "", "recorded": ""})
+    store = ResultStore(tmp_path / "lab" / "09_tensor_parallelism.jsonl")
+    shown = exp.tp1_baseline(store=store)
+    assert shown.live and {r["status"] for r in shown.value} == {"measured"}
+    kept = json.loads(store.facts_path("tp1").read_text())
+    facts = {}
+    exp.record(tmp_path, ResultStore(tmp_path / "ref.jsonl"), facts)
+    assert kept == json.loads(json.dumps(facts["tp1"], default=str))  # exactly what record writes
+    assert {(r["step"], r["recorded_at"]) for r in kept["rows"]} == {(r.step, r.recorded_at) for r in store.load()}
+
+
+def test_tp1_live_keeps_nothing_off_records_grid_or_with_a_failed_row(fake_engine, monkeypatch, tmp_path):
+    from lablib import session
+
+    monkeypatch.setattr(session, "mode", lambda: {"live": True, "gpu": "NVIDIA H200", "why": "", "recorded": ""})
+    store = ResultStore(tmp_path / "09_tensor_parallelism.jsonl")
+    assert exp.tp1_baseline(batches=(1, 8), store=store).live  # another grid: this user's run
+    assert exp.tp1_baseline(runs=(("llama-3.1-8b", "bf16"),), store=store).live
+    assert not store.facts_path("tp1").exists() and len(store.load()) == 2 * 2 + 3
+    real = FakeEngine.generate
+
+    def generate(self, requests, on_record=None, progress=True):
+        if len(requests) == 64 and "70b" in self.spec.name:
+            raise RuntimeError("CUDA out of memory")
+        return real(self, requests, on_record, progress)
+
+    monkeypatch.setattr(FakeEngine, "generate", generate)
+    shown = exp.tp1_baseline(store=store)  # record's grid, one row failed: not the recording
+    assert shown.value[-1]["status"] == "not measured: failed: RuntimeError: CUDA out of memory"
+    assert not store.facts_path("tp1").exists()
+    monkeypatch.setattr(FakeEngine, "generate", real)
+    exp.tp1_baseline(store=store)  # the same grid, every row measured: now it is
+    assert [r["batch"] for r in json.loads(store.facts_path("tp1").read_text())["rows"]] == [1, 8, 64, 1, 8, 64]
 
 
 def test_record_scaling_keeps_the_rows_it_could_not_run(fake_engine, tmp_path, monkeypatch):
     store, facts = ResultStore(tmp_path / "ref.jsonl"), {}
     exp.record_scaling(tmp_path, store, facts)
     rows = facts["tp_scaling"]["rows"]
-    skipped = {(r["model"], r["scheme"], r["t"]) for r in rows if r["status"] != "measured"}
-    assert skipped == {("llama-3.1-8b", "bf16", 4), ("llama-3.1-70b", "bf16", 4), ("llama-3.1-70b", "fp8", 4)}
-    assert len(store.load()) == 2 * 5 and len(rows) == 2 * 8  # batch 1 and 64 of every planned run
+    skipped = {(r["model"], r["scheme"], r["run"]) for r in rows if r["status"] != "measured"}
+    assert skipped == {("llama-3.1-8b", "bf16", "tp4"), ("llama-3.1-70b", "bf16", "tp4"), ("llama-3.1-70b", "fp8", "tp4"),
+                       *((m, s, r) for m, s in exp.COMPARED_RUNS for r in ("tp4-nccl", "tp1-pp4"))}
+    measured = {(r["model"], r["scheme"], r["run"]) for r in rows if r["status"] == "measured"}
+    assert {(m, s, r) for m, s in exp.COMPARED_RUNS for r in ("tp2", "tp2-nccl", "tp1-pp2")} <= measured
+    assert len(store.load()) == 2 * (5 + 4) and len(rows) == 2 * (8 + 8)  # batch 1 and 64 of every planned run
+    assert facts["tp_scaling"]["gpu_count"] == 2 and len({r.step for r in store.load()}) == 18  # steps unique
     monkeypatch.setattr(exp, "recorded_facts", lambda key, step: facts[key])
     machine(monkeypatch, lambda: {"gpu": "NVIDIA H200", "gpu_count": 1})
     lab = exp.tp_scaling()  # issue 11.8: the lab's own call on one GPU shows the recording, all of it asked
-    assert not lab.live and lab.stand_ins == {} and len(lab.value) == 16
-    two = exp.tp_scaling((("llama-3.1-70b", "fp8", (2, 4)),), (64,))
+    assert not lab.live and lab.stand_ins == {} and len(lab.value) == 32
+    assert {r["provenance"] for r in lab.value} == {f"recorded on 2 x NVIDIA H200, {facts['tp_scaling']['date']}"}
+    two = exp.tp_scaling((("llama-3.1-70b", "fp8", (2, 4)),), (64,), compared=())
     assert two.stand_ins == {} and [(r["t"], r["batch"]) for r in two.value] == [(2, 64), (4, 64)]
-    eight = exp.tp_scaling((("llama-3.1-8b", "bf16", (1, 8)),), (1, 64))
-    assert set(eight.stand_ins) == {"(model, scheme, t)"} and len(eight.value) == 16
-    assert eight.stand_ins["(model, scheme, t)"]["asked"] == [["llama-3.1-8b", "bf16", 1], ["llama-3.1-8b", "bf16", 8]]
+    eight = exp.tp_scaling((("llama-3.1-8b", "bf16", (1, 8)),), (1, 64), compared=())
+    key = "(model, scheme, t, pp, all_reduce)"
+    assert set(eight.stand_ins) == {key} and len(eight.value) == 32
+    assert eight.stand_ins[key]["asked"] == [["llama-3.1-8b", "bf16", 1, 1, "custom"], ["llama-3.1-8b", "bf16", 8, 1, "custom"]]
+
+
+def test_record_scaling_keeps_each_run_as_it_ends_and_a_failing_one_says_why(fake_engine, monkeypatch, tmp_path):
+    real, kept_before = rec.measure, []
+
+    def measure(m, s, t, batches, **kw):
+        kept_before.append(len(facts.get("tp_scaling", {}).get("rows", [])))
+        if (m, t, kw.get("all_reduce")) == ("llama-3.1-70b", 2, "nccl"):
+            raise RuntimeError("NCCL error: unhandled system error")
+        return real(m, s, t, batches, **kw)
+
+    store, facts = ResultStore(tmp_path / "ref.jsonl"), {}
+    monkeypatch.setattr(rec, "measure", measure)
+    exp.record_scaling(tmp_path, store, facts)
+    # the facts held every earlier run's rows when the next one started (TP=4, skipped on 2 GPUs, its 2 rows too)
+    assert kept_before[:3] == [0, 2, 6]
+    rows = facts["tp_scaling"]["rows"]
+    failed = [r for r in rows if r["status"].startswith("not measured: failed")]
+    assert {(r["model"], r["run"], r["batch"]) for r in failed} == {("llama-3.1-70b", "tp2-nccl", 1),
+                                                                    ("llama-3.1-70b", "tp2-nccl", 64)}
+    assert failed[0]["status"] == "not measured: failed: RuntimeError: NCCL error: unhandled system error"
+    assert failed[0]["tpot_ms"] is None and any(r["run"] == "tp1-pp2" and r["model"] == "llama-3.1-70b"
+                                                and r["status"] == "measured" for r in rows)  # the next run still ran
 
 
 def test_without_two_gpus_scaling_shows_the_recording_or_says_it_is_missing(monkeypatch):
@@ -418,18 +517,19 @@ def test_cuda_visible_devices_decides_how_many_gpus_the_runs_get(fake_engine, mo
     monkeypatch.setattr(session, "mode", lambda: {"live": True, "gpu": "NVIDIA H200", "why": "", "recorded": ""})
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")  # what a worker can use: two
     hidden = "this machine lets a worker use 2 (CUDA_VISIBLE_DEVICES='0,1' of its 8 GPUs)"
-    shown = exp.tp_scaling(runs=(("llama-3.1-8b", "bf16", (1, 2, 4)),), batches=(1,))
+    shown = exp.tp_scaling(runs=(("llama-3.1-8b", "bf16", (1, 2, 4)),), batches=(1,), compared=())
     assert shown.live and {r["t"]: r["status"] for r in shown.value} == {
         1: "measured", 2: "measured", 4: f"not measured: needs 4 GPUs, {hidden}"}
     store, facts = ResultStore(tmp_path / "ref.jsonl"), {}
     exp.record_scaling(tmp_path, store, facts)
-    skipped = {r["t"]: r["status"] for r in facts["tp_scaling"]["rows"] if r["status"] != "measured"}
+    skipped = {r["gpus"]: r["status"] for r in facts["tp_scaling"]["rows"] if r["status"] != "measured"}
     assert skipped == {4: f"not measured: needs 4 GPUs, {hidden}"}
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")  # one GPU a worker can use: the recording, not a live run
     monkeypatch.setattr(exp, "recorded_facts", lambda key, step: facts[key])
     assert not exp.tp_scaling().live
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
-    assert exp.tp_scaling(runs=(("llama-3.1-8b", "bf16", (4,)),), batches=(1,)).value[0]["status"] == "measured"
+    assert exp.tp_scaling(runs=(("llama-3.1-8b", "bf16", (4,)),), batches=(1,),
+                          compared=()).value[0]["status"] == "measured"
 
 
 def test_why_not_counts_the_gpus_cuda_visible_devices_leaves(monkeypatch):
@@ -445,13 +545,24 @@ def test_why_not_counts_the_gpus_cuda_visible_devices_leaves(monkeypatch):
     assert exp.why_not("llama-3.1-8b", "bf16", 16, config, eight) == "needs 16 GPUs, this machine has 8"
 
 
-def test_remaining_runs_say_what_each_needs():
-    rows = exp.remaining_runs(())
-    assert all(r["status"] == "not run yet" for r in rows)
-    assert {r["step"] for r in rows} == {"tp1", "tp-scaling", "(none yet)"}
-    assert any("nvidia-h200-x4" in r["needs"] for r in rows) and any("disable_custom_all_reduce" in r["run"] for r in rows)
-    done = exp.remaining_runs(("tp1",))
-    assert [r["status"] for r in done if r["step"] == "tp1"] == ["recorded", "recorded"]
+def test_remaining_runs_read_each_rows_status(fake_engine, tmp_path):
+    rows = exp.remaining_runs({})
+    assert rows and all(r["status"] == "not run yet" for r in rows)
+    assert {r["step"] for r in rows} == {"tp1", "tp-scaling"} and len(rows) == 2 + 16
+    assert any("nvidia-h200-x4" in r["needs"] for r in rows)
+    assert sum("disable_custom_all_reduce=True" in r["run"] for r in rows) == 4
+    assert sum("pipeline_parallel_size=" in r["run"] for r in rows) == 4
+    facts = {}
+    exp.record(tmp_path, ResultStore(tmp_path / "a.jsonl"), facts)
+    exp.record_scaling(tmp_path, ResultStore(tmp_path / "b.jsonl"), facts)  # on 2 GPUs: nothing that needs 4
+    day = facts["tp_scaling"]["date"]
+    done = {r["run"]: r["status"] for r in exp.remaining_runs(facts)}
+    assert done["TP=2: llama-3.1-8b bf16, batch 1 and 64"] == f"recorded on 2 x NVIDIA H200, {day}"
+    assert done["TP=4: llama-3.1-8b bf16, batch 1 and 64"] == "not measured: needs 4 GPUs, this machine has 2"
+    assert done["TP=1 baseline: llama-3.1-8b bf16, batch 1/8/64"].startswith("recorded on ")
+    assert sum(v.startswith("recorded on") for v in done.values()) == 2 + 5 + 4
+    facts["tp1"]["rows"][-1] = {**facts["tp1"]["rows"][-1], "status": "not measured: failed: OOM"}
+    assert exp.remaining_runs(facts)[1]["status"] == "not measured: failed: OOM"  # one batch short: not recorded
 
 
 # --- the recorded TP=1 runs of labs 01-03 -------------------------------------------------------
