@@ -1,11 +1,12 @@
 """Tensor-parallel pictures: where one decode step's time goes under TP=t, what fits where, and TP=1 measured.
 
-All but the last draw the cost model (`lablib.mechanisms.parallel`, swept by `lablib.experiments.parallel`),
+All but the last draw the cost model (tp_scaling adds measured points where it is given them) (`lablib.mechanisms.parallel`, swept by `lablib.experiments.parallel`),
 so their provenance line says "simulated ... a model, not a measurement":
 
 - `step_parts`: one decode step's time, stacked: weights and KV read from HBM, compute (drawn only where it,
   not memory, binds), the all-reduces' bandwidth and latency parts, the fixed overhead; per t, per batch.
-- `tp_scaling`: per-token latency and throughput against t, one line per link, against the ideal t=1 / t.
+- `tp_scaling`: per-token latency and throughput against t, one line per link, against the ideal t=1 / t, with
+  vLLM's measured TP points on it where given (or a note that they are not measured).
 - `communication_share`: the share of the step spent waiting on all-reduces against batch, per link and t,
   with the line above which communication dominates.
 - `fit_heatmap`: model x scheme x GPU -> the smallest t that holds the weights and one long sequence.
@@ -73,15 +74,42 @@ def step_parts(rows: Sequence[dict[str, Any]], model: str, link: str = "NVLink 4
                   notes=["compute is drawn only where it, not memory, binds the step (the step takes the larger)"])
 
 
-def tp_scaling(rows: Sequence[dict[str, Any]], model: str, batches: Sequence[int] = (1, 64)) -> go.Figure:
-    """Per-token latency and throughput against t, one line per link, the ideal t=1 / t dashed, from cost_rows."""
+MEASURED = "vLLM at TP=t"  # the measured points' legend name
+
+
+def _measured_points(measured: Any, model: str, scheme: str) -> tuple[list[dict[str, Any]], str | None]:
+    """The plain-TP rows of `measured` (a Shown, or a list of rows) that vLLM measured for this model and scheme,
+    and, when there are none, the note that says so (the Shown's label: "not recorded yet", ...)."""
+    if measured is None:
+        return [], None
+    value = measured.value if hasattr(measured, "value") else measured
+    done = [r for r in value or [] if r.get("status") == "measured" and (r["model"], r["scheme"]) == (model, scheme)
+            and r.get("pp", 1) == 1 and r.get("all_reduce", "custom") == "custom"]
+    if done:
+        return done, None
+    why = (measured.label if value is None and hasattr(measured, "label") else
+           "the runs given hold no measured row of this model and scheme")
+    return [], f"{MEASURED}: not measured for {model} {scheme} ({why}); the lines are the model alone"
+
+
+def tp_scaling(rows: Sequence[dict[str, Any]], model: str, batches: Sequence[int] = (1, 64),
+               measured: Any = None) -> go.Figure:
+    """Per-token latency and throughput against t, one line per link, the ideal t=1 / t dashed, from cost_rows.
+
+    `measured`: vLLM's TP runs (experiments.parallel.tp_scaling()'s Shown, or its rows). Each row measured for this
+    model and scheme with plain TP (no PP, vLLM's own all-reduce) at a drawn batch is a point on the curves (its
+    median TPOT and batch / TPOT); with none, a note says "not measured", and no point is drawn.
+    """
     fig = make_subplots(rows=len(batches), cols=2, horizontal_spacing=0.12, vertical_spacing=0.14,
                         subplot_titles=[f"{what}, batch {b}" for b in batches for what in ("latency", "throughput")])
     links = list(dict.fromkeys(r["link"] for r in _pick(rows, model=model)))
+    points, missing = _measured_points(measured, model, _pick(rows, model=model)[0]["scheme"])
+    in_legend = False  # the measured points' legend entry, once
     for i, b in enumerate(batches, 1):
         sel = _pick(rows, model=model, batch=b)
-        unit, scale, log = time_axis(r["latency_s"] for r in sel)
-        tps = sorted({r["t"] for r in sel})
+        unit, scale, log = time_axis([r["latency_s"] for r in sel] + [r["tpot_ms"] / 1e3 for r in points
+                                                                      if r["batch"] == b])
+        tps = sorted({r["t"] for r in sel} | {r["t"] for r in points if r["batch"] == b})
         for link in links:
             line = sorted((r for r in sel if r["link"] == link), key=lambda r: r["t"])
             symbols = ["circle" if r["fits"] else "circle-open" for r in line]
@@ -100,12 +128,28 @@ def tp_scaling(rows: Sequence[dict[str, Any]], model: str, batches: Sequence[int
         fig.add_scatter(x=tps, y=[base["throughput_tok_s"] * t for t in tps], mode="lines", name=ideal,
                         legendgroup=ideal, showlegend=False, line={"color": colour(ideal), "dash": "dash"},
                         row=i, col=2)
+        here = sorted((r for r in points if r["batch"] == b), key=lambda r: r["t"])
+        for col, y in ((1, [r["tpot_ms"] / 1e3 * scale for r in here]), (2, [r["decode_tok_s"] for r in here])):
+            fig.add_scatter(x=[r["t"] for r in here], y=y, mode="markers", name=MEASURED, legendgroup=MEASURED,
+                            showlegend=not in_legend and col == 1 and bool(here),
+                            marker={"color": colour(MEASURED), "symbol": "diamond", "size": 12},
+                            customdata=[[r.get("predicted_ms"), r.get("provenance")] for r in here], row=i, col=col,
+                            hovertemplate="t=%{x}: %{y:.3g}; the model at its context %{customdata[0]:.3g} ms"
+                                          "<extra>%{customdata[1]}</extra>")
+        in_legend = in_legend or bool(here)
         fig.update_yaxes(title_text=f"per-token latency ({unit})", type="log" if log else None, row=i, col=1)
         fig.update_yaxes(title_text="throughput, all t GPUs (tok/s)", type="log", row=i, col=2)
         for col in (1, 2):
             _t_axis(fig, tps, row=i, col=col)
     where = f"{rows_provenance(sel)}<br>{model}, {sel[0]['scheme']}, context {sel[0]['context']:,} tokens"
-    return finish(fig, f"What TP=t buys at decode: {model}", where, notes=[NOT_FIT], height=330 * len(batches))
+    drawn = [r for r in points if r["batch"] in batches]
+    if drawn:
+        context = sum(r.get("context") or 0 for r in drawn) / len(drawn)
+        where += (f"; diamonds: vLLM {_where([str(r.get('provenance')) for r in drawn])}, context ~{context:,.0f} "
+                  "tokens")
+    notes = [NOT_FIT] + ([missing] if missing else [] if drawn or measured is None else
+                         [f"{MEASURED}: not measured at batch {', '.join(map(str, batches))}"])
+    return finish(fig, f"What TP=t buys at decode: {model}", where, notes=notes, height=330 * len(batches))
 
 
 def communication_share(rows: Sequence[dict[str, Any]], model: str, tps: Sequence[int] = (2, 4, 8)) -> go.Figure:

@@ -32,6 +32,27 @@ def _recorded_tp1() -> Shown:
     return Shown(made, False, "recorded on NVIDIA H200, 2027-01-05")
 
 
+MEASURED_ON = "recorded on 4 x NVIDIA H200, 2027-01-06"
+
+
+def _measured_tp(rows) -> list[dict]:
+    """Synthetic TP rows as tp_scaling() returns them: the 8B at t = 1, 2, 4 at 1.4x the model's NVLink step, TP=4
+    at batch 64 not measured, and rows the TP curve must leave out (NCCL, PP, the 70B)."""
+    made = []
+    for r in rows:
+        if (r["model"], r["link"]) == ("llama-3.1-8b", "NVLink 4") and r["batch"] in (1, 64) and r["t"] <= 4:
+            ms = r["latency_s"] * 1e3 * 1.4
+            made.append({"model": "llama-3.1-8b", "scheme": "bf16", "t": r["t"], "pp": 1, "all_reduce": "custom",
+                         "batch": r["batch"], "status": "measured", "tpot_ms": ms, "decode_tok_s": r["batch"] / ms * 1e3,
+                         "predicted_ms": r["latency_s"] * 1e3, "context": 260.0, "provenance": MEASURED_ON})
+    made = [r for r in made if (r["t"], r["batch"]) != (4, 64)]
+    made.append(exp.not_measured("llama-3.1-8b", "bf16", 4, 64, "needs 4 GPUs") | {"provenance": MEASURED_ON})
+    made.append({**made[0], "t": 2, "all_reduce": "nccl", "tpot_ms": 1e3})
+    made.append({**made[0], "pp": 2, "tpot_ms": 2e3})
+    made.append({**made[0], "model": "llama-3.1-70b", "tpot_ms": 3e3})
+    return made
+
+
 @pytest.fixture(scope="module")
 def figures(rows):
     tp1_missing = exp.tp1_baseline(force=False)
@@ -40,6 +61,8 @@ def figures(rows):
         "step_parts/pcie-70b": fig_.step_parts(rows, "llama-3.1-70b", "PCIe Gen4 x16", (1, 8, 256)),
         "tp_scaling": fig_.tp_scaling(rows, "llama-3.1-8b"),
         "tp_scaling/70b": fig_.tp_scaling(rows, "llama-3.1-70b", (1, 64, 256)),
+        "tp_scaling/measured": fig_.tp_scaling(rows, "llama-3.1-8b", measured=_measured_tp(rows)),
+        "tp_scaling/not-recorded": fig_.tp_scaling(rows, "llama-3.1-8b", measured=exp.tp_scaling(force=False)),
         "communication_share": fig_.communication_share(rows, "llama-3.1-8b"),
         "fit_heatmap": fig_.fit_heatmap(exp.fit_rows()),
         "two_gpus": fig_.two_gpus(exp.two_gpu_rows()),
@@ -91,6 +114,32 @@ def test_tp_scaling_lines_are_the_rows_and_unfit_points_are_open(rows, figures):
     ideal = [t for t in fig.data if t.name == "ideal (t=1 time / t)"]
     assert list(ideal[0].y) == pytest.approx([want[0]["latency_s"] * 1e3 / t for t in (1, 2, 4, 8)])
     assert {t.name for t in rules.legend(fig)} == {"NVLink 4", "PCIe Gen5 x16", "PCIe Gen4 x16", "ideal (t=1 time / t)"}
+
+
+def test_tp_scaling_draws_the_measured_plain_tp_points_on_the_model(rows, figures):
+    fig = figures["tp_scaling/measured"]
+    points = [t for t in fig.data if t.name == fig_.MEASURED]
+    made = {(r["t"], r["batch"]): r for r in _measured_tp(rows)[:5]}  # the plain-TP rows measured
+    by_panel = {t.xaxis: t for t in points}
+    assert list(by_panel["x"].x) == [1, 2, 4] and list(by_panel["x"].y) == pytest.approx(
+        [made[(t, 1)]["tpot_ms"] for t in (1, 2, 4)])  # latency, batch 1, in the panel's ms
+    assert list(by_panel["x2"].y) == pytest.approx([made[(t, 1)]["decode_tok_s"] for t in (1, 2, 4)])
+    assert list(by_panel["x3"].x) == [1, 2]  # batch 64: TP=4 not measured, so no point
+    assert sum(t.showlegend is not False for t in points) == 1
+    latency = [v for t in points if t.xaxis in ("x", "x3") for v in t.y]  # ms; the NCCL, PP, 70B rows are 1-3 s
+    assert len(latency) == 5 and max(latency) < 1e3  # not on the 8B's plain-TP curve
+    assert f"diamonds: vLLM {MEASURED_ON}, context ~260 tokens" in fig.layout.title.text
+    assert not any("not measured" in a.text for a in fig.layout.annotations)
+
+
+def test_tp_scaling_without_measured_rows_says_so_and_draws_no_point(figures):
+    fig = figures["tp_scaling/not-recorded"]
+    assert all(len(t.x) == 0 for t in fig.data if t.name == fig_.MEASURED)
+    notes = " ".join(a.text for a in fig.layout.annotations)
+    assert "vLLM at TP=t: not measured for llama-3.1-8b bf16" in notes and "tp_scaling is not recorded yet" in notes
+    only_70b = fig_.tp_scaling(exp.cost_rows(batches=(1, 64)), "llama-3.1-8b",
+                               measured=[{**r, "model": "llama-3.1-70b"} for r in _measured_tp(exp.cost_rows())[:2]])
+    assert "hold no measured row of this model and scheme" in " ".join(a.text for a in only_70b.layout.annotations)
 
 
 def test_communication_share_panels_hold_each_t(rows, figures):
