@@ -124,6 +124,12 @@ class VLLMConfig:
     # tensor_parallel_size x pipeline_parallel_size
     distributed_executor_backend: str | None = None  # EXECUTOR_BACKENDS: how the workers of a TP/PP engine run
     disable_custom_all_reduce: bool = False  # True: NCCL's all-reduce instead of vLLM's custom kernel (lab 09 compares)
+    # vLLM's multiprocess executor across machines (EngineArgs nnodes/node_rank/master_addr/master_port, passed
+    # unchanged): every node starts the same engine with its own node_rank; None: one machine (vLLM's defaults)
+    nnodes: int | None = None  # machines the engine spans; tensor_parallel_size x pipeline_parallel_size across all
+    node_rank: int | None = None  # this machine's index, 0..nnodes-1 (node 0 holds the engine core and its API)
+    master_addr: str | None = None  # node 0's address, the same on every node (torch.distributed's rendezvous)
+    master_port: int | None = None  # node 0's rendezvous port; None: vLLM's default
     seed: int = 0
     attention_backend: str | None = None  # None: vLLM picks (FLASH_ATTN, i.e. FA3, on an H200); lab 02 sweeps it
     num_gpu_blocks_override: int | None = None  # a KV pool of exactly this many 16-token blocks (one is vLLM's null
@@ -141,6 +147,7 @@ class VLLMConfig:
         if not isinstance(self.disable_custom_all_reduce, bool):
             raise validate.refuse("VLLMConfig", "disable_custom_all_reduce", self.disable_custom_all_reduce,
                                   "True or False", "True for NCCL's all-reduce, False (the default) for vLLM's own.")
+        self._check_nodes()
         validate.choice("VLLMConfig", "attention_backend", self.attention_backend, ATTENTION_BACKENDS)
         for name in ("max_num_batched_tokens", "max_model_len"):
             validate.optional_integer("VLLMConfig", name, getattr(self, name),
@@ -167,6 +174,39 @@ class VLLMConfig:
         validate.choice("VLLMConfig", "kv_cache_dtype", self.kv_cache_dtype, KV_CACHE_DTYPES)
         validate.choice("VLLMConfig", "quantization", self.quantization, QUANTIZATIONS)
         validate.integer("VLLMConfig", "seed", self.seed, "any integer >= 0, e.g. 0.", 0)
+
+    def _check_nodes(self) -> None:
+        """nnodes > 1 is vLLM's multiprocess executor across machines: named explicitly, with node 0's address, a
+        node_rank below nnodes and the GPUs split evenly over the nodes (Ray places its workers itself)."""
+        validate.optional_integer("VLLMConfig", "nnodes", self.nnodes, "None for one machine, else how many.")
+        validate.optional_integer("VLLMConfig", "node_rank", self.node_rank, "0 on the first node, 1 on the next, ...",
+                                  0)
+        validate.optional_integer("VLLMConfig", "master_port", self.master_port, "a TCP port, e.g. 29501.")
+        nodes = self.nnodes or 1
+        if nodes == 1:
+            if self.node_rank not in (None, 0):
+                raise validate.refuse("VLLMConfig", "node_rank", self.node_rank, "None or 0 on one machine (nnodes "
+                                      f"{self.nnodes})", "set nnodes to the number of machines, or drop node_rank.")
+            return
+        if self.distributed_executor_backend != "mp":
+            raise validate.refuse("VLLMConfig", "distributed_executor_backend", self.distributed_executor_backend,
+                                  f"'mp' with nnodes={nodes} (vLLM's multiprocess executor across machines)",
+                                  "pass distributed_executor_backend='mp'; for a Ray cluster use 'ray' and no nnodes.")
+        if self.node_rank is None or self.node_rank >= nodes:
+            raise validate.refuse("VLLMConfig", "node_rank", self.node_rank, f"0..{nodes - 1} with nnodes={nodes}",
+                                  "0 on the first machine, 1 on the next, and so on.")
+        if not isinstance(self.master_addr, str) or not self.master_addr:
+            raise validate.refuse("VLLMConfig", "master_addr", self.master_addr, f"node 0's address with nnodes={nodes}",
+                                  "pass the first machine's IP or host name, the same on every node.")
+        if self.gpus % nodes:
+            raise validate.refuse("VLLMConfig", "nnodes", nodes, f"a divisor of tensor_parallel_size x "
+                                  f"pipeline_parallel_size={self.gpus} (the same GPUs on every node)",
+                                  "e.g. TP=8 within each node and pipeline_parallel_size=nnodes across them.")
+
+    @property
+    def gpus_per_node(self) -> int:
+        """GPUs the engine takes on each machine: gpus / nnodes."""
+        return self.gpus // (self.nnodes or 1)
 
     @property
     def engine(self) -> str:

@@ -104,3 +104,25 @@ def test_llm_kwargs_leave_vllm_defaults_where_none():
     assert kw["max_model_len"] == 2048 and kw["quantization"] == "fp8" and kw["speculative_config"] == spec
     assert set(kw) | {"max_num_batched_tokens", "attention_backend", "distributed_executor_backend",
                       "num_gpu_blocks_override", "load_format"} == set(VLLMConfig().to_dict())
+
+
+def test_multi_node_settings_pass_to_vllm_unchanged_and_bad_ones_name_the_fix():
+    two = VLLMConfig(tensor_parallel_size=8, pipeline_parallel_size=2, distributed_executor_backend="mp", nnodes=2,
+                     node_rank=1, master_addr="10.0.0.1", master_port=29501)
+    kw = two.llm_kwargs()
+    assert {k: kw[k] for k in ("nnodes", "node_rank", "master_addr", "master_port")} == {
+        "nnodes": 2, "node_rank": 1, "master_addr": "10.0.0.1", "master_port": 29501}
+    assert two.gpus == 16 and two.gpus_per_node == 8
+    assert not {"nnodes", "node_rank", "master_addr", "master_port"} & set(VLLMConfig().llm_kwargs())  # vLLM's own
+    with pytest.raises(ValueError, match=r"VLLMConfig\.distributed_executor_backend='ray': allowed 'mp' with nnodes=2"):
+        VLLMConfig(tensor_parallel_size=2, nnodes=2, node_rank=0, master_addr="a", distributed_executor_backend="ray")
+    with pytest.raises(ValueError, match=r"VLLMConfig\.node_rank=2: allowed 0\.\.1 with nnodes=2"):
+        VLLMConfig(tensor_parallel_size=2, nnodes=2, node_rank=2, master_addr="a", distributed_executor_backend="mp")
+    with pytest.raises(ValueError, match=r"VLLMConfig\.master_addr=None: allowed node 0's address"):
+        VLLMConfig(tensor_parallel_size=2, nnodes=2, node_rank=0, distributed_executor_backend="mp")
+    with pytest.raises(ValueError, match=r"VLLMConfig\.nnodes=2: allowed a divisor of .*=3"):
+        VLLMConfig(pipeline_parallel_size=3, nnodes=2, node_rank=0, master_addr="a", distributed_executor_backend="mp")
+    with pytest.raises(ValueError, match=r"VLLMConfig\.node_rank=1: allowed None or 0 on one machine"):
+        VLLMConfig(node_rank=1)
+    with pytest.raises(ValueError, match=r"VLLMConfig\.nnodes=0: allowed integers >= 1"):
+        VLLMConfig(nnodes=0)

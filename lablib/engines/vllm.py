@@ -63,11 +63,14 @@ def preflight(spec: ModelSpec, config: VLLMConfig) -> dict[str, Any]:
                          "Fix: quantization=None and kv_cache_dtype='auto', or a newer GPU.")
     if config.gpus > 1 and config.distributed_executor_backend != "ray":  # a Ray cluster may span more machines
         count = visible_gpus(pynvml.nvmlDeviceGetCount())
-        if config.gpus > count:
+        nodes = f" over nnodes={config.nnodes} ({config.gpus_per_node} each)" if (config.nnodes or 1) > 1 else ""
+        if config.gpus_per_node > count:
             raise ValueError(f"tensor_parallel_size={config.tensor_parallel_size} x pipeline_parallel_size="
-                             f"{config.pipeline_parallel_size} needs {config.gpus} GPUs; this machine has {count}. "
+                             f"{config.pipeline_parallel_size} needs {config.gpus} GPUs{nodes}; this machine has {count}. "
                              "Fix: lower them to fit its GPUs; for more GPUs than one machine has, start a Ray cluster "
-                             "(`ray start` on each node) and pass distributed_executor_backend='ray'.")
+                             "(`ray start` on each node) and pass distributed_executor_backend='ray', or run vLLM's "
+                             "multiprocess executor on each machine (distributed_executor_backend='mp', nnodes, "
+                             "node_rank, master_addr).")
     if config.distributed_executor_backend == "ray" and importlib.util.find_spec("ray") is None:
         raise ValueError("distributed_executor_backend='ray' needs Ray, which is not installed. Fix: pip install "
                          "'ray[default]' on every node and `ray start` them, or use 'mp' on one machine.")

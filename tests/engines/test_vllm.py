@@ -586,3 +586,16 @@ def test_the_worker_keeps_the_per_position_vector_and_its_growth_over_a_run():
     assert counters.accepted_per_pos == (16, 9, 6, 2) and counters.num_drafts == 20
     two = NS(get_metrics=lambda: [NS(name=name, values=[1, 2, 3]), NS(name=name, values=[4])])  # two engines' Vectors
     assert _metrics(two) == {name: [5, 2, 3]}  # summed position by position, none dropped
+
+
+def test_preflight_counts_the_gpus_of_one_node_when_the_engine_spans_several(with_fake_vllm, fake_gpu):
+    fake_gpu(count=8)
+    spec = resolve_model("embedded")  # 4 heads, 5 layers
+    nodes = dict(distributed_executor_backend="mp", master_addr="10.0.0.1", node_rank=0)
+    assert preflight(spec, VLLMConfig(tensor_parallel_size=4, nnodes=1, **{k: v for k, v in nodes.items()
+                                                                         if k != "master_addr"}))["fits"] is True
+    with pytest.raises(ValueError, match=r"needs 8 GPUs over nnodes=2 \(4 each\); this machine has 2"):
+        fake_gpu(count=2)
+        preflight(spec, VLLMConfig(tensor_parallel_size=4, pipeline_parallel_size=2, nnodes=2, **nodes))
+    fake_gpu(count=4)  # 4 of 4 on this node: vLLM's multiprocess executor does the rest across the nodes
+    assert preflight(spec, VLLMConfig(tensor_parallel_size=4, pipeline_parallel_size=2, nnodes=2, **nodes))["fits"]
