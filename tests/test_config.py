@@ -103,7 +103,8 @@ def test_llm_kwargs_leave_vllm_defaults_where_none():
     kw = VLLMConfig(max_model_len=2048, quantization="fp8", speculative_config=spec).llm_kwargs()
     assert kw["max_model_len"] == 2048 and kw["quantization"] == "fp8" and kw["speculative_config"] == spec
     assert set(kw) | {"max_num_batched_tokens", "attention_backend", "distributed_executor_backend",
-                      "num_gpu_blocks_override", "load_format"} == set(VLLMConfig().to_dict())
+                      "num_gpu_blocks_override", "load_format", "nnodes", "node_rank", "master_addr",
+                      "master_port"} == set(VLLMConfig().to_dict())
 
 
 def test_multi_node_settings_pass_to_vllm_unchanged_and_bad_ones_name_the_fix():
