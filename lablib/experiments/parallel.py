@@ -10,7 +10,7 @@ The lab's other parts live beside this module, and their public names are import
 calls `experiments.parallel` for all of them): `parallel_model`, the tensor-parallel cost model swept over shapes,
 links and batches; `parallel_fit`, the fit view and the refusal a user meets before renting anything;
 `parallel_runs`, the measured runs (`measure`); `parallel_recording`, the recording steps (`record`,
-`record_scaling`) and `remaining_runs`.
+`record_scaling`) and `remaining_runs`; `parallel_nodes`, which multi-node path pays from which shape.
 """
 from __future__ import annotations
 
@@ -47,6 +47,12 @@ from .parallel_model import (  # noqa: F401 - re-exported, as above
     two_gpu_rows,
 )
 
+from .parallel_nodes import (  # noqa: F401 - re-exported, as above
+    engine_plans,
+    multi_node_paths,
+    needs_several_nodes,
+    nodes_line,
+)
 from .parallel_recording import (  # noqa: F401 - re-exported, as above
     COMPARED_GPUS,
     COMPARED_RUNS,
