@@ -11,6 +11,11 @@ they must agree within `TOLERANCE_PCT`, set before the first measurement: bf16 k
 rounding of a 5-layer model's logits moves a perplexity by tenths of a percent, not whole ones. On the quantized
 schemes the gap between the two is the kernels' own (their accumulation order and precision), reported, not
 asserted: what the lab asserts about a scheme's quality is its change against bf16 measured the same way.
+
+The FP8 KV cache is a vLLM switch, not a checkpoint: the `bf16-kv-fp8` row runs the bf16 weights with
+`kv_cache_dtype="fp8"`, so its change against bf16 is what storing K and V in 8 bits costs (the CPU has no such
+path: its CPU columns stay empty), and its `kv_tokens` beside bf16's is the capacity the halved bytes per token buy
+at the same `gpu_memory_utilization`.
 """
 from __future__ import annotations
 
@@ -27,13 +32,14 @@ from .speed_runs import GPU_WORK, kernels_text, vllm_log_facts
 
 TOLERANCE_PCT = 1.0  # vLLM's bf16 perplexity against transformers' float32 one, same weights: |gap| at most this
 KEY, STEP = "quantization_quality", "quantization-quality"  # facts key; scripts/record_reference.py's step
+KV_FP8 = "bf16-kv-fp8"  # the bf16 weights with vLLM's FP8 KV cache (kv_cache_dtype="fp8"): a row of every run
 
 
 def _engine_spec(scheme: str, work: Path) -> Any:
     """The embedded target (bf16) or the checkpoint work/<scheme>, refused (naming what makes it) when not made."""
     from ...models import resolve_model
 
-    if scheme == "bf16":
+    if scheme in ("bf16", KV_FP8):
         return "embedded"
     folder = work / scheme
     if read_facts(folder) is None:
@@ -45,10 +51,12 @@ def _engine_spec(scheme: str, work: Path) -> Any:
 def vllm_quality_rows(schemes: Sequence[str], *, work_dir: str | Path | None = None, eval_texts: int | None = None,
                       cpu_rows: Sequence[dict[str, Any]] | None = None, gpu_memory_utilization: float = 0.3,
                       on_row: Callable[[list[dict[str, Any]]], None] | None = None) -> list[dict[str, Any]]:
-    """bf16, then every scheme's checkpoint in work_dir, scored by vLLM on the first `eval_texts` evaluation windows.
+    """bf16, bf16 with the FP8 KV cache (`KV_FP8`), then every scheme's checkpoint in work_dir, scored by vLLM on the
+    first `eval_texts` evaluation windows.
 
     Per row: vLLM's perplexity, its change against vLLM's bf16, the CPU's perplexity from `cpu_rows` (a
-    `quality_table` of the same texts) and the gap between the two, the kernels vLLM logged, the tokens scored.
+    `quality_table` of the same texts) and the gap between the two, the kernels vLLM logged, the tokens scored,
+    the KV cache's dtype and its capacity in tokens.
     Every refusal (an unknown scheme, a checkpoint not made) comes before any engine starts. `on_row` is handed
     the rows so far after each engine, so a run cut short keeps the checkpoints it scored."""
     from ...config import VLLMConfig
@@ -58,11 +66,12 @@ def vllm_quality_rows(schemes: Sequence[str], *, work_dir: str | Path | None = N
     for s in schemes:
         validate.choice(OWNER, "schemes", s, list(SCHEMES), f"pick from {list(SCHEMES)}.")
     work = work_folder(work_dir)
-    plans = [(s, _engine_spec(s, work)) for s in ("bf16", *schemes)]
+    plans = [(s, _engine_spec(s, work)) for s in ("bf16", KV_FP8, *schemes)]
     texts = evaluation_set(eval_texts).prompt_ids(load_tokenizer(resolve_model("embedded")))
     rows = []
     for scheme, spec in plans:
-        config = VLLMConfig(gpu_memory_utilization=gpu_memory_utilization, enable_prefix_caching=False)
+        config = VLLMConfig(gpu_memory_utilization=gpu_memory_utilization, enable_prefix_caching=False,
+                            kv_cache_dtype="fp8" if scheme == KV_FP8 else "auto")
         t0 = time.perf_counter()
         with VLLMEngine(spec, config) as eng:
             ppl = from_logprobs(eng.prompt_logprobs(texts))
@@ -70,7 +79,8 @@ def vllm_quality_rows(schemes: Sequence[str], *, work_dir: str | Path | None = N
         base = rows[0]["ppl_vllm"] if rows else ppl.ppl
         rows.append({"scheme": scheme, "ppl_vllm": ppl.ppl, "ppl_change_pct": 100.0 * (ppl.ppl / base - 1.0),
                      "tokens": ppl.tokens, "texts": ppl.texts,
-                     "linear_kernels": kernels_text(kernels, cublas=scheme == "bf16"),
+                     "linear_kernels": kernels_text(kernels, cublas=scheme in ("bf16", KV_FP8)),
+                     "kv_cache_dtype": eng.facts.get("kv_cache_dtype"), "kv_tokens": eng.facts.get("kv_tokens"),
                      "engine_s": time.perf_counter() - t0,
                      "provenance": live_label()})
         if on_row is not None:
@@ -100,9 +110,9 @@ def gpu_quality(schemes: Sequence[str], *, cpu_rows: Sequence[dict[str, Any]], w
     from ...results.reference import recorded_facts
 
     def recorded() -> list[dict[str, Any]]:
-        return asked_rows(recorded_facts(KEY, STEP)["rows"], "scheme", ["bf16", *schemes])
+        return asked_rows(recorded_facts(KEY, STEP)["rows"], "scheme", ["bf16", KV_FP8, *schemes])
 
-    asked = {"schemes": sorted(["bf16", *schemes]), "eval_texts": len(evaluation_set(eval_texts))}
+    asked = {"schemes": sorted(["bf16", KV_FP8, *schemes]), "eval_texts": len(evaluation_set(eval_texts))}
     return live_or_recorded(lambda: vllm_quality_rows(schemes, work_dir=work_dir, eval_texts=eval_texts,
                                                       cpu_rows=cpu_rows),
                             recorded, force=force, asked=asked,
@@ -121,6 +131,13 @@ def gpu_quality_lines(shown: Shown[list[dict[str, Any]]], tolerance_pct: float =
               f"({'within' if bf16_agrees(rows, tolerance_pct) else 'OUTSIDE'} the {tolerance_pct:g}% the two must "
               "agree by)" if bf16["ppl_cpu"] is not None else "")]
     for r in rows[1:]:
+        if r["scheme"] == KV_FP8:
+            kv = (f"; KV capacity {r['kv_tokens']:,} tokens against bf16 KV's {bf16['kv_tokens']:,} "
+                  f"(x{r['kv_tokens'] / bf16['kv_tokens']:.2f}) at the same gpu_memory_utilization"
+                  if r.get("kv_tokens") and bf16.get("kv_tokens") else "")
+            out.append(f"  {r['scheme']} (bf16 weights, FP8 KV cache): {r['ppl_vllm']:.3f}, "
+                       f"{r['ppl_change_pct']:+.2f}% against vLLM's bf16{kv}")
+            continue
         out.append(f"  {r['scheme']}: {r['ppl_vllm']:.3f}, {r['ppl_change_pct']:+.2f}% against vLLM's bf16"
                    + (f" (the CPU's arithmetic: {r['ppl_cpu']:.3f}; vLLM's kernels {r['vllm_vs_cpu_pct']:+.2f}% from it)"
                       if r["ppl_cpu"] is not None else "") + f"; {r['linear_kernels']}")
