@@ -12,7 +12,8 @@ The lab's path, one module per noun, each importing only from the ones above it 
   16-bit against quantized.
 - `verdicts`: `claims` answers each seed claim from those numbers.
 - `vllm_ppl`: the same checkpoints' perplexity as vLLM runs them (`prompt_logprobs`), beside the CPU's;
-  on bf16 the two must agree within `TOLERANCE_PCT`; `record` is step `quantization-quality`.
+  on bf16 the two must agree within `TOLERANCE_PCT`, and a `bf16-kv-fp8` row prices the FP8 KV cache; `record` is
+  step `quantization-quality`, and a live run on its settings (`RECORD`) is kept as that recording.
 - `speed_runs`, the GPU half: `prepare_checkpoints` quantizes a synthetic Llama-3.1-8B in the quantization
   environment, then `vllm_speed_runs` measures decode speed and memory per scheme and batch through vLLM,
   each against its own bandwidth roofline; `speed` is the notebook's one call, live on a GPU, recorded elsewhere.
@@ -25,7 +26,16 @@ notebook, scripts/record_reference.py and the tests use them.
 from __future__ import annotations
 
 from .checkpoints import group_size_rows, quantize_all, quiet_progress, recipe_text
-from .vllm_ppl import TOLERANCE_PCT, bf16_agrees, gpu_quality, gpu_quality_lines, vllm_quality_rows
+from .vllm_ppl import (
+    KV_FP8,
+    TOLERANCE_PCT,
+    bf16_agrees,
+    differs_from_record,
+    gpu_quality,
+    gpu_quality_lines,
+    quality_facts,
+    vllm_quality_rows,
+)
 from .measures import (
     OWNER,
     Agreement,
@@ -76,7 +86,8 @@ from .recording import record, record_checkpoints
 from .verdicts import claims, headline, under_one_percent
 
 __all__ = [
-    "TOLERANCE_PCT", "bf16_agrees", "gpu_quality", "gpu_quality_lines", "vllm_quality_rows",
+    "KV_FP8", "TOLERANCE_PCT", "bf16_agrees", "differs_from_record", "gpu_quality", "gpu_quality_lines", "quality_facts",
+    "vllm_quality_rows",
     "BATCHES", "GPU_WORK", "KERNEL_LINE", "KV_LINE", "LAB", "LOAD_LINE", "OWNER", "QUANTIZED_DTYPES", "SPEED_MODEL",
     "SPEED_SCHEMES", "VLLM_SWITCHES", "WEIGHT_FORMATS", "Agreement", "Gate", "Perplexity", "agreement",
     "available_speed_schemes", "check_disjoint", "claims", "evaluation_set", "fixed_workload", "from_logprobs",
