@@ -487,7 +487,7 @@ def test_a_failing_engine_is_named_and_the_other_schemes_still_record(recording_
     qe.record(tmp_path, store, facts, schemes=("bf16", "fp8", "bf16-kv-fp8"), batches=(2,), **KW)
     got = facts["quantization"]
     assert got["failed"] == {"fp8": "RuntimeError: the engine core died"} and got["complete"] is True
-    assert list(got["schemes"]) == ["bf16", "bf16-kv-fp8"] and "x1.00" in got["kv"]
+    assert list(got["schemes"]) == ["bf16", "bf16-kv-fp8"] and "x2.00" in got["kv"]  # the fake: fp8 KV, twice the blocks
     assert [(r.step, r.provenance) for r in store.load()] == [("quant-bf16-b2", "recorded"),
                                                               ("quant-bf16-kv-fp8-b2", "recorded")]
     assert "failed ['fp8']" in (tmp_path / "log.txt").read_text()
@@ -557,7 +557,7 @@ def test_the_two_command_split_records_all_six_and_the_lab_shows_them_together(r
                         lambda *steps, prefix=None: [r for r in runs if r.step.startswith(prefix)])
     shown = qe.speed(force=False, batches=(2,), **KW)
     assert [r["scheme"] for r in shown.value] == ["bf16", "bf16-kv-fp8", "fp8", "gptq-w4a16", "w8a8-int8"]
-    assert "x1.00" in qe.kv_sentence(shown.value)
+    assert "x2.00" in qe.kv_sentence(shown.value)
 
 
 def test_the_checkpoint_step_keeps_what_it_made_when_cut_short_and_a_rerun_reuses_it(tmp_path, monkeypatch,

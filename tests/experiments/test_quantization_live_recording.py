@@ -108,3 +108,66 @@ def test_a_failing_engine_keeps_no_quality_recording(on_the_h200, tmp_path, monk
     monkeypatch.setattr(engine.VLLMEngine, "prompt_logprobs", real)  # the same settings, every engine running: kept
     qe.gpu_quality(("fp8-dynamic",), cpu_rows=cpu, work_dir=on_the_h200, eval_texts=2, store=store, force=True)
     assert store.facts_path("quantization_quality").exists()
+
+
+# ------------------------------------------------ the speed step: quantization-a
+
+
+@pytest.fixture
+def quant_a(on_the_h200, tmp_path, monkeypatch):
+    """Step quantization-a's grid shrunk to the embedded model (batch 2, 16 in / 4 out) in a fresh work folder (no
+    checkpoint made: what can run is the three vLLM switches); the knobs the notebook's speed() is called with."""
+    grid = {**recording.QUANT_A_GRID, "batches": (2,), "model": "embedded", "work_dir": str(tmp_path / "speed"),
+            "prompt_len": 16, "output_len": 4, "gpu_memory_utilization": 0.3, "max_model_len": 256}
+    monkeypatch.setattr(recording, "QUANT_A_GRID", grid)
+    return {k: v for k, v in grid.items() if k != "schemes"}
+
+
+def test_the_lab_speed_run_on_quant_a_is_that_recording(quant_a, tmp_path, capsys, load_script):
+    facts = {}
+    qe.record(tmp_path, ResultStore(tmp_path / "rec.jsonl"), facts, schemes=qe.QUANT_A, **quant_a)
+    store = ResultStore(tmp_path / "lab" / "results" / "06_quantization.jsonl")
+    shown = qe.speed(force=True, store=store, **quant_a)  # the notebook's call: schemes=None, what can run
+    kept = json.loads(store.facts_path("quantization").read_text())
+    assert shown.live and "Kept as step quantization-a's recording" in capsys.readouterr().out
+    recorded = json.loads(json.dumps(facts["quantization"], default=str))
+    lab = store.load()
+    assert [(r["step"], r["recorded_at"]) for r in kept["rows"]] == [
+        (f"quant-{s}-b2", next(x.recorded_at for x in lab if x.step == f"quant-{s}-b2")) for s in qe.QUANT_A]
+    assert [r["step"] for r in kept["rows"]] == [r["step"] for r in recorded["rows"]]  # record's steps, its order
+    # the same dict as record's, but for what two runs never share: their Results' moments, the fake's tok/s
+    for d in (kept, recorded):
+        d.pop("kv")
+        for r in d["rows"]:
+            r.pop("recorded_at")
+    assert kept == recorded and kept["asked"] == list(qe.QUANT_A) and kept["complete"] and kept["failed"] == {}
+    assert "x2.00" in qe.kv_sentence(shown.value)
+    got, dates, results = load_script("pack_reference").lab_facts([tmp_path / "lab"])
+    assert list(got) == ["quantization"] and dates == {"quantization": kept["date"]}
+    assert sorted((r["step"], r["recorded_at"]) for r in results) == sorted((r.step, r.recorded_at) for r in lab)
+    assert {r["provenance"] for r in results} == {"recorded"}
+
+
+@pytest.mark.parametrize("other", ["batches", "schemes", "failure"])
+def test_a_speed_run_off_quant_a_is_not_that_recording(quant_a, tmp_path, capsys, monkeypatch, other):
+    import lablib.engines.vllm as engine
+
+    store = ResultStore(tmp_path / "r.jsonl")
+    kw = {**quant_a, "batches": (1, 2)} if other == "batches" else quant_a
+    if other == "failure":
+        real = engine.VLLMEngine.start
+
+        def fp8_dies(self):
+            if self.config.quantization == "fp8":
+                raise RuntimeError("the engine core died")
+            return real(self)
+
+        monkeypatch.setattr(engine.VLLMEngine, "start", fp8_dies)
+        with pytest.raises(RuntimeError, match="the engine core died"):
+            qe.speed(force=True, store=store, **kw)
+    else:
+        qe.speed(force=True, store=store, schemes=("bf16", "fp8") if other == "schemes" else None, **kw)
+        line = capsys.readouterr().out
+        assert "Not kept as step quantization-a's recording" in line
+        assert {"batches": "batches=[1, 2] (quantization-a's: [2])", "schemes": "schemes ['bf16', 'fp8']"}[other] in line
+    assert not store.facts_path("quantization").exists() and store.load()  # its Results are kept, as any live run's

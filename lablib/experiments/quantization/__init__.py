@@ -16,9 +16,11 @@ The lab's path, one module per noun, each importing only from the ones above it 
   step `quantization-quality`, and a live run on its settings (`RECORD`) is kept as that recording.
 - `speed_runs`, the GPU half: `prepare_checkpoints` quantizes a synthetic Llama-3.1-8B in the quantization
   environment, then `vllm_speed_runs` measures decode speed and memory per scheme and batch through vLLM,
-  each against its own bandwidth roofline; `speed` is the notebook's one call, live on a GPU, recorded elsewhere.
+  each against its own bandwidth roofline.
 - `recording`: scripts/record_reference.py's steps for it, `record_checkpoints` (step `quantization-prepare`)
-  and `record` (step `quantization`, or `quantization-a` and `-b`), each keeping what it made when cut short.
+  and `record` (step `quantization`, or `quantization-a` and `-b`), each keeping what it made when cut short;
+  and `speed`, the notebook's one call, live on a GPU, recorded elsewhere, whose live run of QUANT_A on record's
+  grid is kept as step `quantization-a`'s recording.
 
 Every public name is importable from here (`from lablib.experiments import quantization as qe`), as the
 notebook, scripts/record_reference.py and the tests use them.
@@ -77,12 +79,20 @@ from .speed_runs import (
     fixed_workload,
     kv_sentence,
     prepare_checkpoints,
-    speed,
     speed_rows,
     vllm_log_facts,
     vllm_speed_runs,
 )
-from .recording import record, record_checkpoints
+from .recording import (
+    QUANT_A,
+    QUANT_A_GRID,
+    QUANT_B,
+    differs_from_quant_a,
+    record,
+    record_checkpoints,
+    speed,
+    speed_facts,
+)
 from .verdicts import claims, headline, under_one_percent
 
 __all__ = [
@@ -94,7 +104,7 @@ __all__ = [
     "gate_rows", "greedy_tokens", "group_size_rows", "headline", "kv_sentence", "linear_bytes", "linear_shapes",
     "lm_head_rows", "lm_head_sentence", "load_model", "perplexity", "predicted_bytes", "prepare_checkpoints",
     "provenance", "quality_gate", "quality_table", "quantize_all", "quiet_progress", "recipe_text", "record",
-    "record_checkpoints", "speed",
+    "record_checkpoints", "speed", "QUANT_A", "QUANT_A_GRID", "QUANT_B", "differs_from_quant_a", "speed_facts",
     "speed_rows", "storage", "storage_rows", "under_one_percent", "vllm_log_facts", "vllm_speed_runs",
     "weight_bytes", "weights_alone",
 ]
