@@ -254,8 +254,10 @@ def test_under_one_percent_and_the_claims_verdicts_follow_the_numbers():
     assert "fp8-dynamic +0.20% (under)" in text and "gptq-w4a16 +1.60% (not under)" in text
     assert text.endswith("Verdict: holds for fp8-dynamic; not for gptq-w4a16, awq-w4a16.")
     stored = [{"scheme": s, "vs_bf16": v, "rest_dtypes": "BF16"} for s, v in (("bf16", 1.0), ("fp8-dynamic", 0.61))]
-    lm = [{"lm_head": "kept 16-bit", "ppl_change_pct": 0.2, "size_vs_kept_pct": 0.0, "lm_head_share": 0.22},
-          {"lm_head": "quantized too", "ppl_change_pct": 0.3, "size_vs_kept_pct": 18.2, "lm_head_share": 0.22}]
+    lm = [{"scheme": "fp8-dynamic", "lm_head": "kept 16-bit", "ppl_change_pct": 0.2, "size_vs_kept_pct": 0.0,
+           "lm_head_share": 0.22},
+          {"scheme": "fp8-dynamic", "lm_head": "quantized too", "ppl_change_pct": 0.3, "size_vs_kept_pct": 18.2,
+           "lm_head_share": 0.22}]
     speed = [{"scheme": s, "batch": b, "decode_tok_s": v} for s, b, v in (
         ("bf16", 1, 210), ("bf16", 64, 8786), ("gptq-w4a16", 1, 278), ("gptq-w4a16", 64, 8783),
         ("fp8", 1, 299), ("fp8", 64, 11890))]

@@ -10,7 +10,9 @@ The lab's path, one module per noun, each importing only from the ones above it 
   the same byte arithmetic on the published 8B and 70B shapes.
 - `quality`: `quality_table` scores every checkpoint against bf16, `lm_head_rows` measures lm_head kept
   16-bit against quantized.
-- `verdicts`: `claims` answers each seed claim from those numbers.
+- `layers`: `layer_rows` quantizes one scheme into the MLP only, attention only and every Linear (lm_head
+  16-bit in each) and scores each against bf16: which part quantization hurts more per byte saved.
+- `verdicts`: `claims` answers each seed claim from those numbers; the Checks cell's claims about the run.
 - `vllm_ppl`: the same checkpoints' perplexity as vLLM runs them (`prompt_logprobs`), beside the CPU's;
   on bf16 the two must agree within `TOLERANCE_PCT`, and a `bf16-kv-fp8` row prices the FP8 KV cache; `record` is
   step `quantization-quality`, and a live run on its settings (`RECORD`) is kept as that recording.
@@ -93,7 +95,8 @@ from .recording import (
     speed,
     speed_facts,
 )
-from .verdicts import claims, headline, under_one_percent
+from .layers import PARTS, attention_more_sensitive, layer_rows, layer_sentence
+from .verdicts import claims, gate_judged, headline, int4_costs_more, kernels_logged, under_one_percent
 
 __all__ = [
     "KV_FP8", "TOLERANCE_PCT", "bf16_agrees", "differs_from_record", "gpu_quality", "gpu_quality_lines", "quality_facts",
@@ -106,5 +109,6 @@ __all__ = [
     "provenance", "quality_gate", "quality_table", "quantize_all", "quiet_progress", "recipe_text", "record",
     "record_checkpoints", "speed", "QUANT_A", "QUANT_A_GRID", "QUANT_B", "differs_from_quant_a", "speed_facts",
     "speed_rows", "storage", "storage_rows", "under_one_percent", "vllm_log_facts", "vllm_speed_runs",
-    "weight_bytes", "weights_alone",
+    "weight_bytes", "weights_alone", "PARTS", "attention_more_sensitive", "layer_rows", "layer_sentence",
+    "gate_judged", "int4_costs_more", "kernels_logged",
 ]
