@@ -473,9 +473,9 @@ def test_record_runs_what_can_run_and_names_what_it_left_out(recording_gpu, tmp_
     assert got["failed"] == {} and got["checkpoints"] == {} and got["complete"] is True
 
 
-def test_a_failing_engine_is_named_and_the_other_schemes_still_record(recording_gpu, tmp_path, monkeypatch):
+def fp8_engines_die(monkeypatch):
+    """Every vLLM engine with online FP8 fails to start ("the engine core died"); the others start as ever."""
     import lablib.engines.vllm as engine
-    from lablib.results import ResultStore
 
     real = engine.VLLMEngine.start
 
@@ -485,6 +485,12 @@ def test_a_failing_engine_is_named_and_the_other_schemes_still_record(recording_
         return real(self)
 
     monkeypatch.setattr(engine.VLLMEngine, "start", fp8_dies)
+
+
+def test_a_failing_engine_is_named_and_the_other_schemes_still_record(recording_gpu, tmp_path, monkeypatch):
+    from lablib.results import ResultStore
+
+    fp8_engines_die(monkeypatch)
     store, facts = ResultStore(tmp_path / "r.jsonl"), {}
     qe.record(tmp_path, store, facts, schemes=("bf16", "fp8", "bf16-kv-fp8"), batches=(2,), **KW)
     got = facts["quantization"]

@@ -150,19 +150,12 @@ def test_the_lab_speed_run_on_quant_a_is_that_recording(quant_a, tmp_path, capsy
 
 @pytest.mark.parametrize("other", ["batches", "schemes", "failure"])
 def test_a_speed_run_off_quant_a_is_not_that_recording(quant_a, tmp_path, capsys, monkeypatch, other):
-    import lablib.engines.vllm as engine
+    from tests.experiments.test_quantization import fp8_engines_die
 
     store = ResultStore(tmp_path / "r.jsonl")
     kw = {**quant_a, "batches": (1, 2)} if other == "batches" else quant_a
     if other == "failure":
-        real = engine.VLLMEngine.start
-
-        def fp8_dies(self):
-            if self.config.quantization == "fp8":
-                raise RuntimeError("the engine core died")
-            return real(self)
-
-        monkeypatch.setattr(engine.VLLMEngine, "start", fp8_dies)
+        fp8_engines_die(monkeypatch)
         with pytest.raises(RuntimeError, match="the engine core died"):
             qe.speed(force=True, store=store, **kw)
     else:
