@@ -57,6 +57,7 @@ from lablib.bench.offline import run  # noqa: E402
 from lablib.config import BenchConfig, HFConfig, VLLMConfig  # noqa: E402
 from lablib.engines.hf import HFEngine  # noqa: E402
 from lablib.engines.vllm import VLLMEngine  # noqa: E402
+from lablib.experiments.quantization.recording import QUANT_A, QUANT_B  # noqa: E402 (lab 06's speed engines, 2 steps)
 from lablib.experiments.serving import FRACTIONS  # noqa: E402 (what the lab runs live)
 from lablib.results import Result, ResultStore  # noqa: E402
 from lablib.workloads import Request, Workload, load_workload  # noqa: E402
@@ -274,10 +275,6 @@ def _lab(module: str, name: str, **kw):
     return step
 
 
-# lab 06's six speed engines over two commands: bf16 and bf16-kv-fp8 together (kv_sentence compares the two), AWQ
-# last (never loaded in vLLM yet)
-QUANT_A = ("bf16", "bf16-kv-fp8", "fp8")
-QUANT_B = ("gptq-w4a16", "w8a8-int8", "awq-w4a16")
 
 
 STEPS = {"smoke": step_smoke, "startup": step_startup, "big": step_big, "big-lab": lambda o, s, f: step_big(o, s, f, bench_cli=False), "hf-big": step_hf_big, "sweep": step_sweep,

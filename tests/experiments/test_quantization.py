@@ -254,8 +254,10 @@ def test_under_one_percent_and_the_claims_verdicts_follow_the_numbers():
     assert "fp8-dynamic +0.20% (under)" in text and "gptq-w4a16 +1.60% (not under)" in text
     assert text.endswith("Verdict: holds for fp8-dynamic; not for gptq-w4a16, awq-w4a16.")
     stored = [{"scheme": s, "vs_bf16": v, "rest_dtypes": "BF16"} for s, v in (("bf16", 1.0), ("fp8-dynamic", 0.61))]
-    lm = [{"lm_head": "kept 16-bit", "ppl_change_pct": 0.2, "size_vs_kept_pct": 0.0, "lm_head_share": 0.22},
-          {"lm_head": "quantized too", "ppl_change_pct": 0.3, "size_vs_kept_pct": 18.2, "lm_head_share": 0.22}]
+    lm = [{"scheme": "fp8-dynamic", "lm_head": "kept 16-bit", "ppl_change_pct": 0.2, "size_vs_kept_pct": 0.0,
+           "lm_head_share": 0.22},
+          {"scheme": "fp8-dynamic", "lm_head": "quantized too", "ppl_change_pct": 0.3, "size_vs_kept_pct": 18.2,
+           "lm_head_share": 0.22}]
     speed = [{"scheme": s, "batch": b, "decode_tok_s": v} for s, b, v in (
         ("bf16", 1, 210), ("bf16", 64, 8786), ("gptq-w4a16", 1, 278), ("gptq-w4a16", 64, 8783),
         ("fp8", 1, 299), ("fp8", 64, 11890))]
@@ -409,7 +411,7 @@ def test_speed_runs_and_record_on_the_fake_vllm(start, tmp_path, monkeypatch):  
     assert {r["gpu"] for r in rows} == {"NVIDIA H200"}
     assert all(r["decode_tok_s"] > 0 and r["roofline_tok_s"] > 0 for r in rows)  # its 4.8 TB/s, the weights' bytes
     assert rows[0]["linear_kernels"] == "none logged (bf16: cuBLAS)" and rows[0]["kv_tokens"] == 1234 * 16
-    assert "x1.00" in qe.kv_sentence(rows)  # the fake reports the same blocks whatever the KV dtype
+    assert rows[4]["kv_tokens"] == 2 * 1234 * 16 and "x2.00" in qe.kv_sentence(rows)  # fp8 KV: half the bytes a token
     store, facts = ResultStore(tmp_path / "r.jsonl"), {}
     qe.record(tmp_path, store, facts, schemes=("bf16",), batches=(2,), **kw)
     assert [r.provenance for r in store.load()] == ["recorded"] and facts["quantization"]["batches"] == [2]
@@ -471,9 +473,9 @@ def test_record_runs_what_can_run_and_names_what_it_left_out(recording_gpu, tmp_
     assert got["failed"] == {} and got["checkpoints"] == {} and got["complete"] is True
 
 
-def test_a_failing_engine_is_named_and_the_other_schemes_still_record(recording_gpu, tmp_path, monkeypatch):
+def fp8_engines_die(monkeypatch):
+    """Every vLLM engine with online FP8 fails to start ("the engine core died"); the others start as ever."""
     import lablib.engines.vllm as engine
-    from lablib.results import ResultStore
 
     real = engine.VLLMEngine.start
 
@@ -483,11 +485,17 @@ def test_a_failing_engine_is_named_and_the_other_schemes_still_record(recording_
         return real(self)
 
     monkeypatch.setattr(engine.VLLMEngine, "start", fp8_dies)
+
+
+def test_a_failing_engine_is_named_and_the_other_schemes_still_record(recording_gpu, tmp_path, monkeypatch):
+    from lablib.results import ResultStore
+
+    fp8_engines_die(monkeypatch)
     store, facts = ResultStore(tmp_path / "r.jsonl"), {}
     qe.record(tmp_path, store, facts, schemes=("bf16", "fp8", "bf16-kv-fp8"), batches=(2,), **KW)
     got = facts["quantization"]
     assert got["failed"] == {"fp8": "RuntimeError: the engine core died"} and got["complete"] is True
-    assert list(got["schemes"]) == ["bf16", "bf16-kv-fp8"] and "x1.00" in got["kv"]
+    assert list(got["schemes"]) == ["bf16", "bf16-kv-fp8"] and "x2.00" in got["kv"]  # the fake: fp8 KV, twice the blocks
     assert [(r.step, r.provenance) for r in store.load()] == [("quant-bf16-b2", "recorded"),
                                                               ("quant-bf16-kv-fp8-b2", "recorded")]
     assert "failed ['fp8']" in (tmp_path / "log.txt").read_text()
@@ -557,7 +565,7 @@ def test_the_two_command_split_records_all_six_and_the_lab_shows_them_together(r
                         lambda *steps, prefix=None: [r for r in runs if r.step.startswith(prefix)])
     shown = qe.speed(force=False, batches=(2,), **KW)
     assert [r["scheme"] for r in shown.value] == ["bf16", "bf16-kv-fp8", "fp8", "gptq-w4a16", "w8a8-int8"]
-    assert "x1.00" in qe.kv_sentence(shown.value)
+    assert "x2.00" in qe.kv_sentence(shown.value)
 
 
 def test_the_checkpoint_step_keeps_what_it_made_when_cut_short_and_a_rerun_reuses_it(tmp_path, monkeypatch,
@@ -641,14 +649,19 @@ def test_gpu_quality_on_the_fake_vllm_beside_the_cpu_rows_and_refusals_first(sta
     want = qe.from_logprobs([[fake_logprob(a, b) for a, b in zip(t, t[1:])] for t in texts])
     cpu = [{"scheme": "bf16", "ppl": want.ppl * 1.004}, {"scheme": "fp8-dynamic", "ppl": want.ppl * 0.9}]
     rows = qe.vllm_quality_rows(("fp8-dynamic",), work_dir=tmp_path, eval_texts=2, cpu_rows=cpu)
-    assert [r["scheme"] for r in rows] == ["bf16", "fp8-dynamic"] and made[0]["folder"] == str(tmp_path / "fp8-dynamic")
+    assert [r["scheme"] for r in rows] == ["bf16", "bf16-kv-fp8", "fp8-dynamic"]
+    assert made[0]["folder"] == str(tmp_path / "fp8-dynamic")
     assert all(math.isclose(r["ppl_vllm"], want.ppl) and r["tokens"] == want.tokens for r in rows)
-    assert rows[1]["ppl_change_pct"] == pytest.approx(0.0)
+    assert rows[2]["ppl_change_pct"] == pytest.approx(0.0)
+    kv = rows[1]  # bf16 weights, kv_cache_dtype="fp8": twice the KV tokens on the fake, no CPU number to set beside
+    assert (kv["kv_cache_dtype"], rows[0]["kv_cache_dtype"]) == ("fp8", "auto")
+    assert kv["kv_tokens"] == 2 * rows[0]["kv_tokens"] and kv["ppl_cpu"] is None and kv["vllm_vs_cpu_pct"] is None
     assert rows[0]["vllm_vs_cpu_pct"] == pytest.approx(100 * (1 / 1.004 - 1))
     assert qe.bf16_agrees(rows) and not qe.bf16_agrees(rows, tolerance_pct=0.3)  # 0.4% apart: within 1%, not 0.3%
     shown = qe.gpu_quality(("fp8-dynamic",), cpu_rows=cpu, work_dir=tmp_path, eval_texts=2, force=True)
     text = qe.gpu_quality_lines(shown)
     assert shown.live and "within the 1% the two must agree by" in text and "fp8-dynamic:" in text
+    assert "bf16-kv-fp8 (bf16 weights, FP8 KV cache)" in text and "(x2.00) at the same gpu_memory_utilization" in text
     monkeypatch.setattr(engine, "VLLMEngine", lambda *a, **k: pytest.fail("an engine was made before the refusal"))
     with pytest.raises(ValueError, match="quantize_all"):
         qe.vllm_quality_rows(("fp8-dynamic", "gptq-w4a16"), work_dir=tmp_path, eval_texts=2)
@@ -672,10 +685,12 @@ def test_recorded_gpu_quality_shows_what_was_asked_or_names_what_stands_in(monke
             "vllm_vs_cpu_pct": 100 * (p / q - 1), "linear_kernels": "k", "provenance": "recorded on NVIDIA H200, d"}
            for s, p, c, q in (("bf16", 10.0, 0.0, 10.02), ("fp8-dynamic", 10.1, 1.0, 10.08),
                               ("gptq-w4a16", 11.0, 10.0, 10.9))]
+    rec.insert(1, {**rec[0], "scheme": "bf16-kv-fp8", "ppl_vllm": 10.03, "ppl_change_pct": 0.3, "ppl_cpu": None,
+                   "vllm_vs_cpu_pct": None})
     shipped = reference.reference_facts
     monkeypatch.setattr(reference, "reference_facts", lambda: {**shipped(), "quantization_quality": {"rows": rec}})
     same = qe.gpu_quality(("fp8-dynamic",), cpu_rows=[], eval_texts=16, force=False)
-    assert [r["scheme"] for r in same.value] == ["bf16", "fp8-dynamic"] and same.stand_ins == {}
+    assert [r["scheme"] for r in same.value] == ["bf16", "bf16-kv-fp8", "fp8-dynamic"] and same.stand_ins == {}
     assert qe.bf16_agrees(same.value) and "-0.20% against transformers' float32 10.020" in qe.gpu_quality_lines(same)
     other = qe.gpu_quality(("fp8-dynamic",), cpu_rows=[], eval_texts=4, force=False)
     assert other.stand_ins == {"eval_texts": {"asked": 4, "shown": 16}} and "eval_texts" in capsys.readouterr().out
@@ -690,8 +705,9 @@ def test_the_quality_recording_step_on_the_fake_vllm(start, tmp_path, monkeypatc
     facts = {}
     vllm_ppl.record(tmp_path, None, facts, schemes=("fp8-dynamic",), eval_texts=2, num_samples=2)
     got = facts["quantization_quality"]
-    assert [r["scheme"] for r in got["rows"]] == ["bf16", "fp8-dynamic"] and got["cpu_error"] is None
-    assert all(r["provenance"].startswith("recorded on NVIDIA H200, ") and r["ppl_cpu"] > 1 for r in got["rows"])
+    assert [r["scheme"] for r in got["rows"]] == ["bf16", "bf16-kv-fp8", "fp8-dynamic"] and got["cpu_error"] is None
+    assert all(r["provenance"].startswith("recorded on NVIDIA H200, ") for r in got["rows"])
+    assert [r["ppl_cpu"] is not None and r["ppl_cpu"] > 1 for r in got["rows"]] == [True, False, True]
     assert [r["scheme"] for r in got["cpu_rows"]] == ["bf16", "fp8-dynamic"] and got["eval_texts"] == 2
     assert "quantization-quality:" in (tmp_path / "log.txt").read_text()
 
@@ -702,7 +718,7 @@ def test_the_quality_recording_step_on_the_fake_vllm(start, tmp_path, monkeypatc
     vllm_ppl.record(tmp_path, None, facts, schemes=("fp8-dynamic",), eval_texts=2, num_samples=2)
     again = facts["quantization_quality"]
     assert again["cpu_error"] == "ImportError: compressed_tensors 0.17 cannot read this"
-    assert [r["ppl_cpu"] for r in again["rows"]] == [None, None] and not qe.bf16_agrees(again["rows"])
+    assert [r["ppl_cpu"] for r in again["rows"]] == [None] * 3 and not qe.bf16_agrees(again["rows"])
 
 
 def test_a_quality_recording_cut_short_keeps_the_checkpoints_it_scored(start, tmp_path, monkeypatch,  # noqa: F811

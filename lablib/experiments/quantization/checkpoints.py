@@ -68,18 +68,20 @@ def _quantized(model_dir: Path, folder: Path, scheme: str, num_samples: int, pyt
 
 
 def _reuse_or_quantize(model_dir: Path, folder: Path, scheme: str, num_samples: int, ignore: tuple[str, ...],
-                       python: str | None, threads: int | None) -> dict[str, Any]:
-    """Like _quantized, and the ignored modules must match too (the lm_head step's second checkpoint)."""
+                       python: str | None, threads: int | None, group_size: int | None = None) -> dict[str, Any]:
+    """Like _quantized, and the ignored modules must match too (the lm_head step's second checkpoint, the layer
+    step's); `group_size` (None: the quantizer's default for the Linears left) must match when given."""
     facts = read_facts(folder)
     want_samples = num_samples if SCHEMES[scheme].calibrated else None
     if facts is not None and facts.get("scheme") == scheme and facts.get("ignore") == list(ignore) and \
             facts.get("model_dir") == str(model_dir.resolve()) and \
-            (facts.get("calibration") or {}).get("samples") == want_samples:
+            (facts.get("calibration") or {}).get("samples") == want_samples and \
+            (group_size is None or facts.get("group_size") == group_size):
         return {**facts, "reused": True}
     if facts is not None:
         shutil.rmtree(folder)
-    return {**quantize(model_dir, folder, scheme, num_samples=num_samples, ignore=ignore, python=python,
-                       threads=threads), "reused": False}
+    return {**quantize(model_dir, folder, scheme, group_size=group_size, num_samples=num_samples, ignore=ignore,
+                       python=python, threads=threads), "reused": False}
 
 
 def quantize_all(schemes: Sequence[str] = tuple(SCHEMES), *, work_dir: str | Path | None = None,

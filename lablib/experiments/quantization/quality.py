@@ -142,6 +142,36 @@ def _reference(eval_texts: int | None, prompts: int, max_new_tokens: int, with_p
     return out
 
 
+def _earlier(quality: Sequence[dict[str, Any]] | None, scheme: str, ref: dict[str, Any]) -> dict[str, Any] | None:
+    """`scheme`'s quality_table row, its bf16 perplexity set into `ref`; refused when the rows were scored on other
+    texts or lengths than `ref`'s (None: no rows given, measure here)."""
+    if quality is None:
+        return None
+    earlier = next((r for r in quality if r["scheme"] == scheme), None)
+    if earlier is None or (quality[0]["eval"], quality[0]["greedy"]) != (ref["eval"], ref["greedy"]):
+        raise validate.refuse(OWNER, "quality", [r["scheme"] for r in quality],
+                              f"quality_table rows holding {scheme!r}, scored on {ref['eval']} and "
+                              f"{ref['greedy']}", "pass the rows quality_table made with the same "
+                              "eval_texts, prompts and max_new_tokens, or quality=None to measure here.")
+    ref["ppl"] = quality[0]["ppl"]
+    return earlier
+
+
+def _score(folder: Path, ref: dict[str, Any], max_new_tokens: int,
+           earlier: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A checkpoint's perplexity and greedy agreement against `ref`'s (`_reference`): `earlier`'s when given (the
+    quality table scored this very folder on the same texts), else measured here on the CPU."""
+    keys = ("ppl", "agreement", "mean_first_divergence", "first_divergence")
+    if earlier is not None:
+        return {k: earlier[k] for k in keys}
+    model = load_model(folder)
+    agree = agreement(ref["tokens"], greedy_tokens(model, ref["journey"], max_new_tokens))
+    out = {"ppl": perplexity(model, ref["tokenizer"], ref["texts"]).ppl, "agreement": agree.agreement,
+           "mean_first_divergence": agree.mean_first_divergence, "first_divergence": list(agree.first_divergence)}
+    del model
+    return out
+
+
 def lm_head_rows(scheme: str = "gptq-w4a16", *, quality: Sequence[dict[str, Any]] | None = None,
                  work_dir: str | Path | None = None, eval_texts: int | None = None, prompts: int = 4,
                  max_new_tokens: int = 32, num_samples: int = 64, max_increase_pct: float = 1.0, threads: int = 1,
@@ -167,27 +197,12 @@ def lm_head_rows(scheme: str = "gptq-w4a16", *, quality: Sequence[dict[str, Any]
                 ("quantized too", work / f"{scheme}+lm_head",
                  _reuse_or_quantize(model_dir, work / f"{scheme}+lm_head", scheme, num_samples, (), python, threads))]
         ref = _reference(eval_texts, prompts, max_new_tokens, with_ppl=quality is None)
-        earlier = None if quality is None else next((r for r in quality if r["scheme"] == scheme), None)
-        if quality is not None:
-            if earlier is None or (quality[0]["eval"], quality[0]["greedy"]) != (ref["eval"], ref["greedy"]):
-                raise validate.refuse(OWNER, "quality", [r["scheme"] for r in quality],
-                                      f"quality_table rows holding {scheme!r}, scored on {ref['eval']} and "
-                                      f"{ref['greedy']}", "pass the rows quality_table made with the same "
-                                      "eval_texts, prompts and max_new_tokens, or quality=None to measure here.")
-            ref["ppl"] = quality[0]["ppl"]
+        earlier = _earlier(quality, scheme, ref)
         cfg = json.loads((model_dir / "config.json").read_text())
         share = cfg["vocab_size"] * cfg["hidden_size"] / parameter_count(cfg)
         rows = []
         for label, folder, facts in made:
-            if label == "kept 16-bit" and earlier is not None:
-                score = {k: earlier[k] for k in ("ppl", "agreement", "mean_first_divergence", "first_divergence")}
-            else:
-                model = load_model(folder)
-                agree = agreement(ref["tokens"], greedy_tokens(model, ref["journey"], max_new_tokens))
-                score = {"ppl": perplexity(model, ref["tokenizer"], ref["texts"]).ppl, "agreement": agree.agreement,
-                         "mean_first_divergence": agree.mean_first_divergence,
-                         "first_divergence": list(agree.first_divergence)}
-                del model
+            score = _score(folder, ref, max_new_tokens, earlier if label == "kept 16-bit" else None)
             gate = quality_gate(score["ppl"], ref["ppl"], max_increase_pct)
             st = storage(folder)
             rows.append({"scheme": scheme, "lm_head": label, "stored_as": st["lm_head"],

@@ -2,8 +2,8 @@
 
 `prepare_checkpoints` quantizes the synthetic 8B in the quantization environment (llm-compressor cannot share
 vLLM's), then `vllm_speed_runs` measures decode speed and memory per scheme and batch through vLLM, each
-against its own bandwidth roofline (`speed_rows`), and `speed` is the notebook's one call: live on a GPU,
-recorded elsewhere (by the steps in `recording`).
+against its own bandwidth roofline (`speed_rows`). The notebook's one call, `speed` (live on a GPU, recorded
+elsewhere), is in `recording` beside the steps that record it, since a live run can be that recording.
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from ...models import embedded_path
 from ...models.quantize import SCHEMES, read_facts
 from ...results.record import Result
 from ...results.store import ResultStore
-from ...session import Shown, asked_rows, live_label, live_or_recorded
+from ...session import live_label
 from ...workloads import Workload, load_workload
 from .checkpoints import _reuse_or_quantize
 from .measures import OWNER
@@ -266,51 +266,3 @@ def kv_sentence(rows: Sequence[dict[str, Any]] | None) -> str:
 def available_speed_schemes(model: str = SPEED_MODEL, work_dir: str | Path = GPU_WORK) -> list[str]:
     """The speed schemes that can run now: vLLM's switches on bf16, and every checkpoint prepare_checkpoints made."""
     return [s for s in SPEED_SCHEMES if s in VLLM_SWITCHES or read_facts(Path(work_dir) / model / s) is not None]
-
-
-def speed(force: bool | None = None, schemes: Sequence[str] | None = None, **kw: Any) -> Shown[list[dict[str, Any]]]:
-    """speed_rows of every scheme and batch on the synthetic 8B: live on a GPU with vLLM (vllm_speed_runs), else the
-    runs recorded on the H200 (step `quantization` of scripts/record_reference.py).
-
-    Live, `schemes=None` runs what can run now (`available_speed_schemes`: a checkpoint scheme only once
-    prepare_checkpoints has made it in the quantization environment); name them to have a missing one refused.
-    Recorded, the rows at the asked batches (and schemes, when named) when the recording holds them all, else
-    every recorded one; the line under the cell names each knob where the recording ran otherwise
-    (`speed_knobs`).
-    """
-    from ...results.reference import NotRecorded, load_reference
-
-    def live() -> list[dict[str, Any]]:
-        chosen = schemes if schemes is not None else available_speed_schemes(kw.get("model", SPEED_MODEL),
-                                                                             kw.get("work_dir", GPU_WORK))
-        return speed_rows(vllm_speed_runs(chosen, **kw))
-
-    def recorded() -> list[dict[str, Any]]:
-        runs = load_reference(prefix="quant-")
-        if not runs:
-            raise NotRecorded("lab 06's speed and memory per scheme on the synthetic 8B", "quantization")
-        rows = asked_rows(speed_rows(runs), "batch", kw.get("batches", BATCHES))
-        return rows if schemes is None else asked_rows(rows, "scheme", schemes)
-
-    return live_or_recorded(live, recorded, force=force, asked=speed_knobs(schemes, kw), recorded_with=ran_with)
-
-
-def speed_knobs(schemes: Sequence[str] | None, kw: dict[str, Any]) -> dict[str, Any]:
-    """What a `speed(schemes, **kw)` call asks for, named as speed rows carry it: the model, the batches, the schemes
-    when named (None: what can run, which a recording cannot say), the lengths and engine settings when passed."""
-    asked: dict[str, Any] = {"model": base_model(kw.get("model", SPEED_MODEL)),
-                             "batches": sorted(kw.get("batches", BATCHES))}
-    if schemes is not None:
-        asked["schemes"] = sorted(schemes)
-    if "prompt_len" in kw or "output_len" in kw:
-        asked["workload"] = fixed_name(**{k: kw[k] for k in ("prompt_len", "output_len") if k in kw})
-    return asked | {k: kw[k] for k in ENGINE_KNOBS if k in kw}
-
-
-def ran_with(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """The same knobs as the speed rows ran them (the model of a vLLM switch's row: the others add "+<scheme>")."""
-    first = rows[0]
-    model = next((r["model"] for r in rows if r["scheme"] in VLLM_SWITCHES), str(first["model"]).split("+")[0])
-    return {"model": model, "batches": sorted({r["batch"] for r in rows}),
-            "schemes": sorted({r["scheme"] for r in rows}), "workload": first.get("workload"),
-            **{k: first.get(k) for k in ENGINE_KNOBS}}

@@ -1,9 +1,10 @@
 """Lab 06's verdicts: each seed claim answered from this run's numbers, and the run's headline.
 
 `claims` takes what the notebook measured (the quality table, the storage rows, lm_head both ways, the
-8B and 70B weights alone, the GPU speed runs when there are any) and gives each claim a verdict, the
-evidence in numbers and where they were measured; a claim this machine cannot measure says so rather
-than borrow a number. `under_one_percent` and `headline` say the same in one line.
+8B and 70B weights alone, the GPU speed runs when there are any, attention and MLP quantized apart) and
+gives each claim a verdict, the evidence in numbers and where they were measured; a claim this machine
+cannot measure says so rather than borrow a number. `under_one_percent` and `headline` say the same in one
+line; `gate_judged`, `int4_costs_more` and `kernels_logged` are the Checks cell's claims about this run.
 """
 from __future__ import annotations
 
@@ -13,8 +14,12 @@ from typing import Any
 
 from ...models import embedded_path, parameter_count
 from ...session import Shown
-from .measures import quality_gate
+from ...workloads import load_workload
+from .layers import attention_more_sensitive
+from .measures import check_disjoint, quality_gate
 from .sizes import WEIGHT_FORMATS
+
+INT4, EIGHT_BIT = ("gptq-w4a16", "awq-w4a16"), ("fp8-dynamic", "w8a8-int8")
 
 
 def under_one_percent(rows: Sequence[dict[str, Any]], threshold_pct: float = 1.0) -> str:
@@ -41,17 +46,55 @@ def headline(stored: Sequence[dict[str, Any]], quality: Sequence[dict[str, Any]]
     return "\n".join(lines)
 
 
+def gate_judged(rows: Sequence[dict[str, Any]], max_increase_pct: float) -> bool:
+    """The Checks cell's "every int4 scheme's verdict at your gate is stated": at least one int4 scheme ran, and each
+    one's stated verdict is the gate's at `max_increase_pct` on its perplexity (a table gated at another X fails)."""
+    ref = next(r["ppl"] for r in rows if r["scheme"] == "bf16")
+    int4 = [r for r in rows if r["scheme"] in INT4]
+    return bool(int4) and all(r["gate"] == quality_gate(r["ppl"], ref, max_increase_pct).sentence for r in int4)
+
+
+def int4_costs_more(rows: Sequence[dict[str, Any]]) -> bool:
+    """Every int4 scheme run costs more perplexity than every 8-bit one (False unless both kinds ran)."""
+    int4 = [r["ppl_change_pct"] for r in rows if r["scheme"] in INT4]
+    eight = [r["ppl_change_pct"] for r in rows if r["scheme"] in EIGHT_BIT]
+    return bool(int4 and eight) and min(int4) > max(eight)
+
+
+def kernels_logged(rows: Sequence[dict[str, Any]]) -> bool:
+    """The speed runs' quantized engines (vLLM's online fp8 and every checkpoint scheme) each logged the kernel vLLM
+    chose; False without one such row, or without fp8 among them (a fresh GPU machine runs fp8 and no checkpoint)."""
+    quantized = [r for r in rows if r["scheme"] not in ("bf16", "bf16-kv-fp8")]
+    return any(r["scheme"] == "fp8" for r in quantized) and all("Kernel" in r["linear_kernels"] for r in quantized)
+
+
+def _disjoint(quality: Sequence[dict[str, Any]]) -> tuple[bool, str]:
+    """Whether the evaluation set every row was scored on shares nothing with the calibration set each checkpoint
+    was calibrated on (check_disjoint on the sets the rows name), and the sets named."""
+    named = {r["eval"].split("@")[0] for r in quality if r.get("eval")}
+    calibrated = {(r.get("calibration") or {}).get("workload", "").split("@")[0] for r in quality} - {""}
+    try:
+        for c in calibrated:
+            for e in named:
+                check_disjoint(load_workload(c), load_workload(e))
+    except ValueError as err:
+        return False, str(err)
+    return bool(named), f"evaluation {sorted(named)} against calibration {sorted(calibrated) or 'none'}"
+
+
 def _verdict(held: Sequence[bool]) -> str:
     return "holds" if held and all(held) else "does not hold" if not any(held) else "holds only in part"
 
 
 def claims(quality: Sequence[dict[str, Any]], stored: Sequence[dict[str, Any]], lm_head: Sequence[dict[str, Any]],
-           weights: Sequence[dict[str, Any]], speed: Shown | None = None) -> list[dict[str, str]]:
+           weights: Sequence[dict[str, Any]], speed: Shown | None = None,
+           layers: Sequence[dict[str, Any]] | None = None) -> list[dict[str, str]]:
     """Each seed claim the issue lists: a verdict, the evidence in this run's numbers, and where they come from.
 
     quality: quality_table's rows; stored: storage_rows'; lm_head: lm_head_rows'; weights: weights_alone's (with
-    llama-3.1-70b); speed: what `speed()` returned (its rows, or nothing recorded yet). A claim this machine
-    cannot measure says so ("not measured here") rather than borrow a number.
+    llama-3.1-70b); speed: what `speed()` returned (its rows, or nothing recorded yet); layers: layer_rows'
+    (attention and MLP quantized apart). A claim this machine cannot measure says so ("not measured here") rather
+    than borrow a number.
     """
     here, arith = "live on this CPU (embedded model)", "arithmetic on the published config"
     gpu_where = speed.label if speed is not None else "no speed runs passed"
@@ -108,15 +151,42 @@ def claims(quality: Sequence[dict[str, Any]], stored: Sequence[dict[str, Any]], 
         ("holds" if online and all(x > y for _, x, y in online) else "holds for the data-free part" if fp8
          else "not measured here"), evidence, f"{here}; {gpu_where}")
     lm = {r["lm_head"]: r for r in lm_head}
-    add("attention dynamic, MLP static, embeddings kept in full precision", "holds only in part",
-        f"embeddings stay bf16 in every checkpoint ({all('BF16' in r['rest_dtypes'] for r in stored)}); quantizing "
-        f"lm_head too: checkpoint {lm['quantized too']['size_vs_kept_pct']:+.1f}% (the tied table is untied), "
-        f"perplexity {lm['kept 16-bit']['ppl_change_pct']:+.2f}% -> {lm['quantized too']['ppl_change_pct']:+.2f}%; "
-        "'attention dynamic, MLP static' not tested: every scheme here quantizes activations per token at run "
-        "time, in attention and MLP alike", here)
-    add("validate quality with the same business test set before and after", "followed here",
-        f"bf16 and every scheme scored on the same {quality[0]['eval']}, disjoint from the calibration set "
-        "(check_disjoint; calibrating on 'evaluation' is refused)", here)
+    kept, both = lm["kept 16-bit"], lm["quantized too"]
+    # keeping lm_head (the tied embedding) 16-bit is right when quantizing it does not pay: no smaller, or worse
+    head_kept = both["size_vs_kept_pct"] >= 0 or both["ppl_change_pct"] > kept["ppl_change_pct"]
+    evidence = (f"embeddings stay bf16 in every checkpoint ({all('BF16' in r['rest_dtypes'] for r in stored)}); "
+                f"quantizing lm_head ({kept['scheme']}) too: checkpoint {both['size_vs_kept_pct']:+.1f}%"
+                f"{' (the tied table is untied)' if both['size_vs_kept_pct'] >= 0 else ''}, perplexity "
+                f"{kept['ppl_change_pct']:+.2f}% -> {both['ppl_change_pct']:+.2f}%, so keeping it 16-bit "
+                f"{'pays' if head_kept else 'does not pay here'}")
+    held = [head_kept]
+    sensitive = attention_more_sensitive(layers) if layers else None
+    if sensitive is None:
+        evidence += "; attention against MLP: not measured here (no layer rows, or a part saved nothing)"
+    else:
+        by = {r["quantized"]: r for r in layers or ()}
+        a_, m_ = by["attention only"], by["MLP only"]
+        held.append(sensitive)
+        evidence += (f"; {a_['scheme']} on attention only: {a_['saved_pct']:.1f}% of bytes saved for "
+                     f"{a_['ppl_change_pct']:+.2f}% perplexity, on the MLP only {m_['saved_pct']:.1f}% for "
+                     f"{m_['ppl_change_pct']:+.2f}% ({a_['cost_per_saved']:+.3f} vs {m_['cost_per_saved']:+.3f} "
+                     f"per percent saved): {'attention' if sensitive else 'the MLP'} is the more sensitive part, "
+                     f"so treating attention more carefully {'matches' if sensitive else 'does not match'} this model")
+    add("attention dynamic, MLP static, embeddings kept in full precision", _verdict(held),
+        evidence + "; static against dynamic activation scales not tested: every scheme here quantizes activations "
+        "per token at run time (or not at all), in attention and MLP alike", here)
+    run = [r for r in quality if r["scheme"] != "bf16"]
+    disjoint, sets = _disjoint(quality)
+    gated = bool(run) and all(str(r.get("gate", "")).startswith(("passes", "fails")) for r in run)
+    same = bool(run) and all(r.get("eval") == quality[0]["eval"] for r in run)
+    followed = gated and same and disjoint
+    add("validate quality with the same business test set before and after",
+        "followed here" if followed else "not followed here",
+        f"bf16 (before) and {len(run)} schemes (after) scored on {quality[0]['eval']}: "
+        f"{'the same texts for every one' if same else 'NOT the same texts for every one'}; quality gate "
+        f"{'judged every scheme' if gated else 'NOT run on every scheme'}; "
+        + (f"disjoint from the calibration set ({sets})" if disjoint else f"NOT disjoint from calibration: {sets}"),
+        here)
     int4 = [(b, at[("gptq-w4a16", b)]["decode_tok_s"], at[("bf16", b)]["decode_tok_s"])
             for s, b in sorted(at) if s == "gptq-w4a16" and ("bf16", b) in at]
     add("fewer bytes per weight, faster decode (int4's ~3.5x fewer bytes)",

@@ -11,6 +11,11 @@ they must agree within `TOLERANCE_PCT`, set before the first measurement: bf16 k
 rounding of a 5-layer model's logits moves a perplexity by tenths of a percent, not whole ones. On the quantized
 schemes the gap between the two is the kernels' own (their accumulation order and precision), reported, not
 asserted: what the lab asserts about a scheme's quality is its change against bf16 measured the same way.
+
+The FP8 KV cache is a vLLM switch, not a checkpoint: the `bf16-kv-fp8` row runs the bf16 weights with
+`kv_cache_dtype="fp8"`, so its change against bf16 is what storing K and V in 8 bits costs (the CPU has no such
+path: its CPU columns stay empty), and its `kv_tokens` beside bf16's is the capacity the halved bytes per token buy
+at the same `gpu_memory_utilization`.
 """
 from __future__ import annotations
 
@@ -22,18 +27,19 @@ from typing import Any
 from ... import validate
 from ...models.quantize import SCHEMES, read_facts
 from ...session import Shown, asked_rows, live_label, live_or_recorded
-from .measures import OWNER, evaluation_set, from_logprobs, work_folder
+from .measures import OWNER, evaluation_set, from_logprobs, quality_gate, work_folder
 from .speed_runs import GPU_WORK, kernels_text, vllm_log_facts
 
 TOLERANCE_PCT = 1.0  # vLLM's bf16 perplexity against transformers' float32 one, same weights: |gap| at most this
 KEY, STEP = "quantization_quality", "quantization-quality"  # facts key; scripts/record_reference.py's step
+KV_FP8 = "bf16-kv-fp8"  # the bf16 weights with vLLM's FP8 KV cache (kv_cache_dtype="fp8"): a row of every run
 
 
 def _engine_spec(scheme: str, work: Path) -> Any:
     """The embedded target (bf16) or the checkpoint work/<scheme>, refused (naming what makes it) when not made."""
     from ...models import resolve_model
 
-    if scheme == "bf16":
+    if scheme in ("bf16", KV_FP8):
         return "embedded"
     folder = work / scheme
     if read_facts(folder) is None:
@@ -45,10 +51,12 @@ def _engine_spec(scheme: str, work: Path) -> Any:
 def vllm_quality_rows(schemes: Sequence[str], *, work_dir: str | Path | None = None, eval_texts: int | None = None,
                       cpu_rows: Sequence[dict[str, Any]] | None = None, gpu_memory_utilization: float = 0.3,
                       on_row: Callable[[list[dict[str, Any]]], None] | None = None) -> list[dict[str, Any]]:
-    """bf16, then every scheme's checkpoint in work_dir, scored by vLLM on the first `eval_texts` evaluation windows.
+    """bf16, bf16 with the FP8 KV cache (`KV_FP8`), then every scheme's checkpoint in work_dir, scored by vLLM on the
+    first `eval_texts` evaluation windows.
 
     Per row: vLLM's perplexity, its change against vLLM's bf16, the CPU's perplexity from `cpu_rows` (a
-    `quality_table` of the same texts) and the gap between the two, the kernels vLLM logged, the tokens scored.
+    `quality_table` of the same texts) and the gap between the two, the kernels vLLM logged, the tokens scored,
+    the KV cache's dtype and its capacity in tokens.
     Every refusal (an unknown scheme, a checkpoint not made) comes before any engine starts. `on_row` is handed
     the rows so far after each engine, so a run cut short keeps the checkpoints it scored."""
     from ...config import VLLMConfig
@@ -58,11 +66,12 @@ def vllm_quality_rows(schemes: Sequence[str], *, work_dir: str | Path | None = N
     for s in schemes:
         validate.choice(OWNER, "schemes", s, list(SCHEMES), f"pick from {list(SCHEMES)}.")
     work = work_folder(work_dir)
-    plans = [(s, _engine_spec(s, work)) for s in ("bf16", *schemes)]
+    plans = [(s, _engine_spec(s, work)) for s in ("bf16", KV_FP8, *schemes)]
     texts = evaluation_set(eval_texts).prompt_ids(load_tokenizer(resolve_model("embedded")))
     rows = []
     for scheme, spec in plans:
-        config = VLLMConfig(gpu_memory_utilization=gpu_memory_utilization, enable_prefix_caching=False)
+        config = VLLMConfig(gpu_memory_utilization=gpu_memory_utilization, enable_prefix_caching=False,
+                            kv_cache_dtype="fp8" if scheme == KV_FP8 else "auto")
         t0 = time.perf_counter()
         with VLLMEngine(spec, config) as eng:
             ppl = from_logprobs(eng.prompt_logprobs(texts))
@@ -70,7 +79,8 @@ def vllm_quality_rows(schemes: Sequence[str], *, work_dir: str | Path | None = N
         base = rows[0]["ppl_vllm"] if rows else ppl.ppl
         rows.append({"scheme": scheme, "ppl_vllm": ppl.ppl, "ppl_change_pct": 100.0 * (ppl.ppl / base - 1.0),
                      "tokens": ppl.tokens, "texts": ppl.texts,
-                     "linear_kernels": kernels_text(kernels, cublas=scheme == "bf16"),
+                     "linear_kernels": kernels_text(kernels, cublas=scheme in ("bf16", KV_FP8)),
+                     "kv_cache_dtype": eng.facts.get("kv_cache_dtype"), "kv_tokens": eng.facts.get("kv_tokens"),
                      "engine_s": time.perf_counter() - t0,
                      "provenance": live_label()})
         if on_row is not None:
@@ -93,19 +103,99 @@ def bf16_agrees(rows: Sequence[dict[str, Any]], tolerance_pct: float = TOLERANCE
     return gap is not None and abs(gap) <= tolerance_pct
 
 
+# record's settings: its checkpoints (schemes, calibration windows), the evaluation windows vLLM scores, and the CPU
+# table it sets beside them (greedy prompts x tokens, the gate's threshold); a live `gpu_quality` run on exactly these,
+# every engine run, is kept as the recording (`quality_facts`)
+RECORD: dict[str, Any] = {"schemes": ("fp8-dynamic", "gptq-w4a16", "w8a8-int8", "awq-w4a16"), "eval_texts": 16,
+                          "num_samples": 16, "prompts": 4, "max_new_tokens": 16, "max_increase_pct": 1.0}
+
+
+def made_facts(schemes: Sequence[str], work: Path) -> list[dict[str, Any]]:
+    """What the recording keeps of each checkpoint it scored, read from the checkpoint's own quantization.json."""
+    out = []
+    for s in schemes:
+        f = read_facts(work / s) or {}
+        out.append({"scheme": s, "group_size": f.get("group_size"), "quantize_s": f.get("seconds"),
+                    "device": f.get("device")})
+    return out
+
+
+def quality_facts(rows: Sequence[dict[str, Any]], cpu: Sequence[dict[str, Any]], made: list[dict[str, Any]],
+                  cpu_error: str | None, eval_texts: int, gpu: str | None, date: str,
+                  complete: bool) -> dict[str, Any]:
+    """facts[KEY] as step `quantization-quality` keeps it, from `record` and from a live lab run alike (one function,
+    so the two cannot drift): vLLM's rows labelled recorded, the CPU table beside them, the checkpoints made."""
+    return {"rows": [{**r, "provenance": f"recorded on {gpu}, {date}"} for r in rows],
+            "cpu_rows": [{k: v for k, v in r.items() if k != "first_divergence"} for r in cpu],
+            "made": made, "cpu_error": cpu_error, "eval_texts": eval_texts,
+            "tolerance_pct": TOLERANCE_PCT, "gpu": gpu, "date": date, "complete": complete}
+
+
+def _gpu_and_date() -> tuple[str | None, str]:
+    from ...hardware.device import device_facts
+
+    return device_facts().get("gpu"), time.strftime("%Y-%m-%d", time.gmtime())  # UTC, as the Results' recorded_at
+
+
+def differs_from_record(schemes: Sequence[str], eval_texts: int | None, cpu_rows: Sequence[dict[str, Any]],
+                        work: Path) -> list[str]:
+    """Each setting of a live run that is not record's (`RECORD`), in words; empty when the run is record's own: the
+    same schemes, their checkpoints calibrated on as many windows, as many evaluation windows, and CPU rows of the
+    same schemes, greedy lengths and gate."""
+    want, out = RECORD, []
+    if sorted(schemes) != sorted(want["schemes"]):
+        out.append(f"schemes {sorted(schemes)} (record's: {sorted(want['schemes'])})")
+    n = len(evaluation_set(eval_texts))
+    if n != want["eval_texts"]:
+        out.append(f"eval_texts {n} (record's: {want['eval_texts']})")
+    for s in schemes:
+        samples = ((read_facts(work / s) or {}).get("calibration") or {}).get("samples")
+        if SCHEMES[s].calibrated and samples != want["num_samples"]:
+            out.append(f"{s} calibrated on {samples} windows (record's: {want['num_samples']})")
+    if [r.get("scheme") for r in cpu_rows] != ["bf16", *schemes]:
+        out.append(f"CPU rows of {[r.get('scheme') for r in cpu_rows]} (record's: bf16 and the same schemes)")
+        return out
+    greedy = f"{want['prompts']} journey prompts x {want['max_new_tokens']} tokens"
+    if cpu_rows[0].get("greedy") != greedy or not str(cpu_rows[0].get("eval", "")).startswith(
+            f"{evaluation_set(want['eval_texts']).label},"):
+        out.append(f"CPU rows of {cpu_rows[0].get('eval')} and {cpu_rows[0].get('greedy')} (record's: "
+                   f"{evaluation_set(want['eval_texts']).label} and {greedy})")
+    ref = cpu_rows[0]["ppl"]
+    if any(r.get("gate") != quality_gate(r["ppl"], ref, want["max_increase_pct"]).sentence for r in cpu_rows[1:]):
+        out.append(f"CPU rows gated at another threshold (record's: {want['max_increase_pct']:g}%)")
+    return out
+
+
 def gpu_quality(schemes: Sequence[str], *, cpu_rows: Sequence[dict[str, Any]], work_dir: str | Path | None = None,
-                eval_texts: int | None = None, force: bool | None = None) -> Shown[list[dict[str, Any]]]:
+                eval_texts: int | None = None, store: Any = None,
+                force: bool | None = None) -> Shown[list[dict[str, Any]]]:
     """`vllm_quality_rows` live on a GPU with vLLM (beside this run's CPU rows); else what step
-    `quantization-quality` recorded on the H200 (its own CPU rows, made there, beside it)."""
+    `quantization-quality` recorded on the H200 (its own CPU rows, made there, beside it).
+
+    With a `store`, a live run on record's settings (`RECORD`: `differs_from_record` finds nothing) in which every
+    engine ran also writes what `record` would (`ResultStore.keep_facts(KEY, quality_facts(...))`): lab 06 run live
+    on the GPU is its own quality recording. Any other run stays this user's, and a line says which setting differs."""
     from ...results.reference import recorded_facts
 
     def recorded() -> list[dict[str, Any]]:
-        return asked_rows(recorded_facts(KEY, STEP)["rows"], "scheme", ["bf16", *schemes])
+        return asked_rows(recorded_facts(KEY, STEP)["rows"], "scheme", ["bf16", KV_FP8, *schemes])
 
-    asked = {"schemes": sorted(["bf16", *schemes]), "eval_texts": len(evaluation_set(eval_texts))}
-    return live_or_recorded(lambda: vllm_quality_rows(schemes, work_dir=work_dir, eval_texts=eval_texts,
-                                                      cpu_rows=cpu_rows),
-                            recorded, force=force, asked=asked,
+    def live() -> list[dict[str, Any]]:
+        work = work_folder(work_dir)
+        rows = vllm_quality_rows(schemes, work_dir=work, eval_texts=eval_texts, cpu_rows=cpu_rows)
+        if store is None:
+            return rows
+        differs = differs_from_record(schemes, eval_texts, cpu_rows, work)
+        if len(rows) == len(schemes) + 2 and not differs:  # every engine ran (one raising stops the run before here)
+            path = store.keep_facts(KEY, quality_facts(rows, cpu_rows, made_facts(schemes, work), None,
+                                                       len(evaluation_set(eval_texts)), *_gpu_and_date(), True))
+            print(f"Kept as step {STEP}'s recording (record's settings, every engine ran): {path}")
+        else:
+            print(f"Not kept as step {STEP}'s recording (this is your run): " + "; ".join(differs))
+        return rows
+
+    asked = {"schemes": sorted(["bf16", KV_FP8, *schemes]), "eval_texts": len(evaluation_set(eval_texts))}
+    return live_or_recorded(live, recorded, force=force, asked=asked,
                             recorded_with=lambda rows: {"schemes": sorted(r["scheme"] for r in rows),
                                                         "eval_texts": rows[0]["texts"]})
 
@@ -121,6 +211,13 @@ def gpu_quality_lines(shown: Shown[list[dict[str, Any]]], tolerance_pct: float =
               f"({'within' if bf16_agrees(rows, tolerance_pct) else 'OUTSIDE'} the {tolerance_pct:g}% the two must "
               "agree by)" if bf16["ppl_cpu"] is not None else "")]
     for r in rows[1:]:
+        if r["scheme"] == KV_FP8:
+            kv = (f"; KV capacity {r['kv_tokens']:,} tokens against bf16 KV's {bf16['kv_tokens']:,} "
+                  f"(x{r['kv_tokens'] / bf16['kv_tokens']:.2f}) at the same gpu_memory_utilization"
+                  if r.get("kv_tokens") and bf16.get("kv_tokens") else "")
+            out.append(f"  {r['scheme']} (bf16 weights, FP8 KV cache): {r['ppl_vllm']:.3f}, "
+                       f"{r['ppl_change_pct']:+.2f}% against vLLM's bf16{kv}")
+            continue
         out.append(f"  {r['scheme']}: {r['ppl_vllm']:.3f}, {r['ppl_change_pct']:+.2f}% against vLLM's bf16"
                    + (f" (the CPU's arithmetic: {r['ppl_cpu']:.3f}; vLLM's kernels {r['vllm_vs_cpu_pct']:+.2f}% from it)"
                       if r["ppl_cpu"] is not None else "") + f"; {r['linear_kernels']}")
@@ -128,26 +225,22 @@ def gpu_quality_lines(shown: Shown[list[dict[str, Any]]], tolerance_pct: float =
 
 
 def record(out_dir: str | Path, store: Any, facts: dict[str, Any], *,
-           schemes: Sequence[str] = ("fp8-dynamic", "gptq-w4a16", "w8a8-int8", "awq-w4a16"), eval_texts: int = 16,
-           num_samples: int = 16) -> None:
+           schemes: Sequence[str] = RECORD["schemes"], eval_texts: int = RECORD["eval_texts"],
+           num_samples: int = RECORD["num_samples"]) -> None:
     """scripts/record_reference.py's step `quantization-quality`: the embedded target's checkpoints made on the GPU
     machine (the quantizer's worker in the quantization environment: $LABLIB_QUANT_SITE), the CPU quality table
-    there, then vLLM's perplexities beside it; facts[KEY] keeps both, labelled recorded."""
-    from ...hardware.device import device_facts
+    there, then vLLM's perplexities beside it; facts[KEY] keeps both, labelled recorded (`quality_facts`)."""
     from .checkpoints import quantize_all
     from .quality import quality_table
 
     work = Path(GPU_WORK) / "embedded"
-    made = quantize_all(schemes, work_dir=work, num_samples=num_samples)
-    gpu, date = device_facts().get("gpu"), time.strftime("%Y-%m-%d")
-    made_facts = [{k: m.get(k) for k in ("scheme", "group_size", "quantize_s", "device")} for m in made]
+    quantize_all(schemes, work_dir=work, num_samples=num_samples)
+    gpu, date = _gpu_and_date()
+    made = made_facts(schemes, work)
 
     def keep(rows: list[dict[str, Any]], cpu: list[dict[str, Any]], cpu_error: str | None, complete: bool) -> None:
         """facts[KEY] as it stands: the script writes facts out after the step, or when it is interrupted."""
-        facts[KEY] = {"rows": [{**r, "provenance": f"recorded on {gpu}, {date}"} for r in rows],
-                      "cpu_rows": [{k: v for k, v in r.items() if k != "first_divergence"} for r in cpu],
-                      "made": made_facts, "cpu_error": cpu_error, "eval_texts": eval_texts,
-                      "tolerance_pct": TOLERANCE_PCT, "gpu": gpu, "date": date, "complete": complete}
+        facts[KEY] = quality_facts(rows, cpu, made, cpu_error, eval_texts, gpu, date, complete)
 
     rows = vllm_quality_rows(schemes, work_dir=work, eval_texts=eval_texts,
                              on_row=lambda so_far: keep(so_far, [], "not run: the step was cut short", False))
@@ -155,8 +248,9 @@ def record(out_dir: str | Path, store: Any, facts: dict[str, Any], *,
     try:  # transformers there reads the checkpoints with vLLM's compressed-tensors 0.17, not the CPU lab's 0.19: on
         # this project's CPU machine 0.17 read what 0.19 wrote, with the same perplexities to the last digit (fp8,
         # gptq, w8a8; 2026-12-01), but a machine's pins can differ, so vLLM's rows never hang on it
-        cpu = quality_table(schemes, work_dir=work, eval_texts=eval_texts, prompts=4, max_new_tokens=16,
-                            num_samples=num_samples)
+        cpu = quality_table(schemes, work_dir=work, eval_texts=eval_texts, prompts=RECORD["prompts"],
+                            max_new_tokens=RECORD["max_new_tokens"], num_samples=num_samples,
+                            max_increase_pct=RECORD["max_increase_pct"])
     except Exception as e:  # vLLM's rows are kept either way; the lab's CPU run sets its own beside them
         cpu_error = f"{type(e).__name__}: {e}"[:2000]
     rows = beside_cpu(rows, cpu)

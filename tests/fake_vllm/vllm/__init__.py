@@ -14,7 +14,8 @@ read in the worker process, steer it:
   FAKE_VLLM_FAIL_START=msg      LLM(...) raises RuntimeError(msg)
   FAKE_VLLM_CRASH_AFTER=N       the process dies (os._exit(3), no message) at the first step after N finished requests
   FAKE_VLLM_STEP_SLEEP=s        each step takes at least s seconds
-  FAKE_VLLM_GPU_BLOCKS=n        KV blocks the engine reports (default 1234, block size 16)
+  FAKE_VLLM_GPU_BLOCKS=n        KV blocks the engine reports at 16-bit KV (default 1234, block size 16); twice as
+                                many with kv_cache_dtype='fp8' (half the bytes per token)
   FAKE_VLLM_ORPHAN_WATCH=0      the EngineCore no longer exits by itself when its parent dies
   FAKE_VLLM_MARKER=text         put on the EngineCore's command line, so a test can find it
 """

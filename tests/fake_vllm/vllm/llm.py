@@ -191,11 +191,16 @@ class LLM:
              os.environ.get("FAKE_VLLM_ORPHAN_WATCH", "1")], stdout=subprocess.PIPE, text=True)
         self._core.stdout.readline()
         weakref.finalize(self, _end_engine_core, self._core)  # vLLM ends its EngineCore when the LLM is collected
+        # vLLM sizes the KV cache as the memory left after the weights over the bytes per block: the fake's budget
+        # holds FAKE_VLLM_GPU_BLOCKS blocks of 16-bit K/V, so an fp8 KV cache (one byte an element) holds twice as
+        # many; num_gpu_blocks_override fixes the count whatever the dtype, as in vLLM
+        kv_dtype = kwargs.get("kv_cache_dtype", "auto")
+        budget = int(os.environ.get("FAKE_VLLM_GPU_BLOCKS") or 1234)
         config = SimpleNamespace(
             cache_config=SimpleNamespace(num_gpu_blocks=kwargs.get("num_gpu_blocks_override")
-                                         or int(os.environ.get("FAKE_VLLM_GPU_BLOCKS") or 1234),
+                                         or budget * 2 // (1 if str(kv_dtype).startswith("fp8") else 2),
                                          block_size=kwargs.get("block_size", 16),
-                                         cache_dtype=kwargs.get("kv_cache_dtype", "auto")),
+                                         cache_dtype=kv_dtype),
             scheduler_config=SimpleNamespace(max_num_seqs=kwargs.get("max_num_seqs", 256),
                                              max_num_batched_tokens=kwargs.get("max_num_batched_tokens", 16384)),
             model_config=SimpleNamespace(max_model_len=kwargs.get("max_model_len") or cfg["max_position_embeddings"],
