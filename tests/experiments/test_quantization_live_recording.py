@@ -164,3 +164,17 @@ def test_a_speed_run_off_quant_a_is_not_that_recording(quant_a, tmp_path, capsys
         assert "Not kept as step quantization-a's recording" in line
         assert {"batches": "batches=[1, 2] (quantization-a's: [2])", "schemes": "schemes ['bf16', 'fp8']"}[other] in line
     assert not store.facts_path("quantization").exists() and store.load()  # its Results are kept, as any live run's
+
+
+@pytest.mark.parametrize("live", [True, False])
+def test_the_labs_default_schemes_are_records_on_a_gpu_and_the_quick_three_on_a_cpu(monkeypatch, live):
+    """On a live GPU machine the lab asks for record's schemes by default, so its run can be the recording; on a
+    CPU the three that keep the lab quick, which differ from record's (AWQ missing), so a CPU run is never kept."""
+    import lablib.session
+
+    monkeypatch.setattr(lablib.session, "mode", lambda: {"live": live})
+    got = qe.default_schemes()
+    if live:
+        assert tuple(got) == vllm_ppl.RECORD["schemes"] and "awq-w4a16" in got
+    else:
+        assert got == ["fp8-dynamic", "gptq-w4a16", "w8a8-int8"] and set(got) < set(vllm_ppl.RECORD["schemes"])

@@ -33,7 +33,9 @@ from .checkpoints import group_size_rows, quantize_all, quiet_progress, recipe_t
 from .vllm_ppl import (
     KV_FP8,
     TOLERANCE_PCT,
+    CPU_SCHEMES,
     bf16_agrees,
+    default_schemes,
     differs_from_record,
     gpu_quality,
     gpu_quality_lines,
@@ -102,7 +104,7 @@ __all__ = [
     "KV_FP8", "TOLERANCE_PCT", "bf16_agrees", "differs_from_record", "gpu_quality", "gpu_quality_lines", "quality_facts",
     "vllm_quality_rows",
     "BATCHES", "GPU_WORK", "KERNEL_LINE", "KV_LINE", "LAB", "LOAD_LINE", "OWNER", "QUANTIZED_DTYPES", "SPEED_MODEL",
-    "SPEED_SCHEMES", "VLLM_SWITCHES", "WEIGHT_FORMATS", "Agreement", "Gate", "Perplexity", "agreement",
+    "CPU_SCHEMES", "SPEED_SCHEMES", "default_schemes", "VLLM_SWITCHES", "WEIGHT_FORMATS", "Agreement", "Gate", "Perplexity", "agreement",
     "available_speed_schemes", "check_disjoint", "claims", "evaluation_set", "fixed_workload", "from_logprobs",
     "gate_rows", "greedy_tokens", "group_size_rows", "headline", "kv_sentence", "linear_bytes", "linear_shapes",
     "lm_head_rows", "lm_head_sentence", "load_model", "perplexity", "predicted_bytes", "prepare_checkpoints",

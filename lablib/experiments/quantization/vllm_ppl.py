@@ -110,6 +110,17 @@ RECORD: dict[str, Any] = {"schemes": ("fp8-dynamic", "gptq-w4a16", "w8a8-int8", 
                           "num_samples": 16, "prompts": 4, "max_new_tokens": 16, "max_increase_pct": 1.0}
 
 
+CPU_SCHEMES = ("fp8-dynamic", "gptq-w4a16", "w8a8-int8")  # AWQ's scale search adds ~40 s on a 2-core CPU: asked for
+
+
+def default_schemes() -> list[str]:
+    """What lab 06 quantizes by default on this machine: on a live GPU machine record's four (so the run is step
+    `quantization-quality`'s recording too, AWQ costing seconds there), on a CPU the three that keep the lab
+    to about two minutes (add 'awq-w4a16' to run AWQ here)."""
+    from ...session import mode
+
+    return list(RECORD["schemes"] if mode()["live"] else CPU_SCHEMES)
+
 def made_facts(schemes: Sequence[str], work: Path) -> list[dict[str, Any]]:
     """What the recording keeps of each checkpoint it scored, read from the checkpoint's own quantization.json."""
     out = []
