@@ -58,28 +58,36 @@ from .parallel_recording import (  # noqa: F401 - re-exported, as above
     COMPARED_RUNS,
     SCALING,
     SCALING_BATCHES,
+    SCALING_PARTS,
+    SCALING_PREFIX,
     SCALING_RUNS,
     SCALING_STEP,
     TP1,
     TP1_BATCHES,
     TP1_RUNS,
+    _live_keeper,
     keeps_as_tp1,
     measure_runs,
+    merge_scaling,
     record,
     record_scaling,
     remaining_runs,
     run_facts,
+    run_key,
     scaling_grid,
+    scaling_part,
     tp1_grid,
 )
 from .parallel_runs import (  # noqa: F401 - re-exported, as above
     ALL_REDUCES,
+    DUMMY_SHAPES,
     LAB,
     OUTPUT_LEN,
     PROMPT_LEN,
     QUANTIZATION,
     Run,
     _gpus_here,
+    dummy_weights,
     fixed_shapes,
     measure,
     no_room_on_disk,
@@ -158,15 +166,15 @@ def tp1_baseline(runs: tuple[tuple[str, str], ...] = TP1_RUNS, batches: tuple[in
     """TP=1 on one GPU for each (model, scheme): live with vLLM, else the recording (facts["tp1"], step tp1): the
     asked runs and batches when it holds them all, else every row, and the line under the cell names the stand-ins.
 
-    Live with record's runs and batches (the defaults), a `store` and every row measured, the run is also kept as
-    step tp1's recording (`ResultStore.keep_facts("tp1", ...)`, the facts `record` writes): lab 09 run live on one
-    H200 is its own baseline recording. Any other grid, or a run that failed, stays this user's run."""
+    Live with record's runs and batches (the defaults) and a `store`, the run is also kept as step tp1's recording
+    after every run (`ResultStore.keep_facts("tp1", ...)`, the facts `record` writes, a failed run's rows saying
+    why as record's do): lab 09 run live on one H200 is its own baseline recording, and a 70B that fails or a
+    command cut during it keeps the 8B's rows. Any other grid stays this user's run."""
     planned = tp1_grid(runs)  # bad knobs refused on every machine, before the mode decides
 
     def live() -> list[dict[str, Any]]:
-        rows, results = measure_runs(planned, tuple(batches), store=store)
-        if store is not None and keeps_as_tp1(runs, batches, rows):
-            store.keep_facts(TP1, run_facts(rows, results))
+        keep = _live_keeper(TP1, store) if store is not None and keeps_as_tp1(runs, batches) else None
+        rows, _ = measure_runs(planned, tuple(batches), store=store, on_run=keep)
         return [{**row, "provenance": live_label()} for row in rows]
 
     fields = ("model", "scheme")
@@ -187,7 +195,8 @@ def tp_scaling(runs: tuple[tuple[str, str, tuple[int, ...]], ...] = SCALING_RUNS
         check_tp(run.model, run.t)
 
     def live() -> list[dict[str, Any]]:
-        return [{**row, "provenance": live_label()} for row in measure_runs(planned, tuple(batches), store=store)[0]]
+        rows, _ = measure_runs(planned, tuple(batches), store=store, step_prefix=SCALING_PREFIX)
+        return [{**row, "provenance": live_label()} for row in rows]
 
     if force is None and _gpus_here()[0] < 2:
         force = False  # one usable GPU: show what a multi-GPU machine recorded

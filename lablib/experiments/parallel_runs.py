@@ -5,9 +5,9 @@ each batch b (`fixed_shapes`), and sets decode tok/s and the per-token latency (
 prediction for that t on the GPU it ran on (`predict`). Before any engine starts, a run that cannot happen here (a
 t the shape cannot split into, more GPUs than a worker here can use, which is NVML's count cut to
 CUDA_VISIBLE_DEVICES, a configuration that cannot fit) becomes a row that says "not measured" and why, never a
-number (`not_measured`, `why_not`); a synthetic checkpoint larger than the free disk runs on vLLM's dummy weights
-instead (`no_room_on_disk`). The notebook's calls (`lablib.experiments.parallel`) and the recording steps
-(`lablib.experiments.parallel_recording`) both measure through here.
+number (`not_measured`, `why_not`); the 70B shape, and a synthetic checkpoint larger than the free disk, run on
+vLLM's dummy weights instead (`dummy_weights`). The notebook's calls (`lablib.experiments.parallel`) and the
+recording steps (`lablib.experiments.parallel_recording`) both measure through here.
 """
 from __future__ import annotations
 
@@ -47,7 +47,6 @@ def _gpus_here(facts: dict[str, Any] | None = None) -> tuple[int, str]:
     if usable == facts["gpu_count"]:
         return usable, ""
     return usable, f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r} of its {facts['gpu_count']} GPUs"
-
 
 
 def fixed_shapes(n: int, prompt_len: int = PROMPT_LEN, output_len: int = OUTPUT_LEN) -> Workload:
@@ -110,9 +109,10 @@ class Run:
         return f"tp{self.t}" + (f"-pp{self.pp}" if self.pp > 1 else "") + (
             f"-{self.all_reduce}" if self.all_reduce != "custom" else "")
 
-    def step(self, batch: int) -> str:
-        """The Result's step, unique per run and batch: "tp2-nccl-llama-3.1-8b-bf16-b64"."""
-        return f"{self.name}-{self.model}-{self.scheme}-b{batch}"
+    def step(self, batch: int, prefix: str = "") -> str:
+        """The Result's step, unique per run and batch: "tp2-nccl-llama-3.1-8b-bf16-b64"; `prefix` tells one
+        recording's runs from another's of the same shape ("scaling-tp1-..." is not step tp1's "tp1-...")."""
+        return f"{prefix}{self.name}-{self.model}-{self.scheme}-b{batch}"
 
     def config(self, batches: tuple[int, ...]) -> VLLMConfig:
         """The engine's knobs: vLLM's multiprocess executor named explicitly for more than one GPU."""
@@ -187,6 +187,18 @@ def why_not(model: str, scheme: str, t: int, config: VLLMConfig, facts: dict[str
     return None
 
 
+# shapes whose bf16 checkpoint is never written: vLLM's dummy loader draws their weights at load, in step tp1 and
+# in the scaling runs alike (one weights path for every run of the shape, no minutes spent writing 141 GB, and
+# none of the 235 GiB disk of a 4- or 8-GPU machine)
+DUMMY_SHAPES = {"llama-3.1-70b": "the 70B's 141 GB bf16 checkpoint is never written"}
+
+
+def dummy_weights(model: str) -> str | None:
+    """Why `measure` runs `model` on vLLM's dummy weights (load_format="dummy"), or None for its synthetic
+    checkpoint: always for DUMMY_SHAPES, else only when the checkpoint cannot be written here (`no_room_on_disk`)."""
+    return DUMMY_SHAPES.get(model) or no_room_on_disk(model)
+
+
 def no_room_on_disk(model: str) -> str | None:
     """Why the bf16 synthetic checkpoint of `model` cannot be written here (absent, larger than the free disk), or
     None when it is there or fits. `measure` then runs vLLM's dummy weights instead (`synthetic_spec(weights=False)`)."""
@@ -217,14 +229,17 @@ def _row(r: Result, run: Run, batch: int) -> dict[str, Any]:
 
 def measure(model: str, scheme: str = "bf16", t: int = 1, batches: tuple[int, ...] = (1, 8, 64),
             prompt_len: int = PROMPT_LEN, output_len: int = OUTPUT_LEN, store: ResultStore | None = None,
-            lab: str = LAB, *, pp: int = 1, all_reduce: str = "custom") -> tuple[list[dict[str, Any]], list[Result]]:
+            lab: str = LAB, *, pp: int = 1, all_reduce: str = "custom", step_prefix: str = ""
+            ) -> tuple[list[dict[str, Any]], list[Result]]:
     """vLLM on the synthetic `model` at TP=t x PP=pp: one engine, then b fixed-shape requests at once for each batch.
 
     Refuses a bad t, pp or all_reduce (ValueError) and turns a run this machine cannot make into "not measured"
     rows, both before any engine starts. With more than one GPU the engine runs vLLM's multiprocess executor
     (distributed_executor_backend="mp", named explicitly) and its workers start with NVLink multicast off
     (VLLM_ALLREDUCE_USE_SYMM_MEM=0); all_reduce="nccl" passes disable_custom_all_reduce=True. Each Result's step
-    names the run (`Run.step`), so TP=2 with NCCL and with vLLM's kernel are told apart.
+    names the run (`Run.step`, after `step_prefix`), so TP=2 with NCCL and with vLLM's kernel are told apart. The
+    70B shape always runs on vLLM's dummy weights, another shape only when its checkpoint cannot fit the disk
+    (`dummy_weights`); the `weights` column says which.
     """
     run = Run(model, scheme, t, pp, all_reduce)
     batches = tuple(validate.integers("measure", "batches", batches, "pass batch sizes, e.g. (1, 8, 64)."))
@@ -237,7 +252,7 @@ def measure(model: str, scheme: str = "bf16", t: int = 1, batches: tuple[int, ..
     from ..engines.vllm import VLLMEngine
     from ..models.synthetic import synthetic_spec
 
-    disk = no_room_on_disk(model)
+    disk = dummy_weights(model)
     if disk:  # vLLM draws the weights itself: same shape, same speed, nothing on disk
         config = dataclasses.replace(config, load_format="dummy")
     rows, results = [], []
@@ -245,7 +260,7 @@ def measure(model: str, scheme: str = "bf16", t: int = 1, batches: tuple[int, ..
         for i, b in enumerate(batches):
             try:
                 r = bench_run(eng, fixed_shapes(b, prompt_len, output_len), BenchConfig(progress=False), lab=lab,
-                              step=run.step(b), store=store)
+                              step=run.step(b, step_prefix), store=store)
             except Exception as e:  # the batches before it stay measured; this one and the rest say why not
                 why = f"failed: {type(e).__name__}: {e}"[:400]
                 rows += [not_measured(model, scheme, t, later, why if later == b else f"not run after batch {b} "

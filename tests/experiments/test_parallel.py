@@ -311,13 +311,22 @@ def test_a_shape_the_disk_cannot_hold_runs_on_vllms_dummy_weights(fake_engine, m
     specs = []
     monkeypatch.setattr(synthetic, "synthetic_spec", lambda name, root=None, weights=True: specs.append(weights)
                         or exp.shape_spec(name))
-    monkeypatch.setattr(runs, "no_room_on_disk", lambda m: "141 GB, 60 GB free" if "70b" in m else None)
-    rows, _ = exp.measure("llama-3.1-70b", "fp8", 1, (1,))
+    full = {"on": True}  # a disk too small for the 8B's 16 GB checkpoint: vLLM's dummy weights then
+    monkeypatch.setattr(runs, "no_room_on_disk", lambda m: "16 GB, 9 GB free" if full["on"] else None)
+    rows, _ = exp.measure("llama-3.1-8b", "bf16", 1, (1,))
     assert fake_engine.made[-1].config.load_format == "dummy" and specs == [False]
-    assert rows[0]["status"] == "measured" and rows[0]["weights"] == "vLLM dummy weights (141 GB, 60 GB free)"
+    assert rows[0]["status"] == "measured" and rows[0]["weights"] == "vLLM dummy weights (16 GB, 9 GB free)"
+    full["on"] = False
     rows, _ = exp.measure("llama-3.1-8b", "bf16", 1, (1,))
     assert fake_engine.made[-1].config.load_format is None and specs == [False, True]
     assert rows[0]["weights"] == "synthetic checkpoint"
+    # a disk with room for everything (235 GiB, 8 GPUs)
+    for t in (1, 2):  # the 70B still runs on vLLM's dummy weights, at TP=1 (step tp1) and in the scaling runs
+        rows, _ = exp.measure("llama-3.1-70b", "fp8", t, (1,), step_prefix=exp.SCALING_PREFIX)
+        assert fake_engine.made[-1].config.load_format == "dummy" and specs[-1] is False
+        assert rows[0]["weights"] == "vLLM dummy weights (the 70B's 141 GB bf16 checkpoint is never written)"
+    rows, _ = exp.measure("llama-3.1-8b", "bf16", 2, (1,))
+    assert fake_engine.made[-1].config.load_format is None and specs[-1] is True  # the 8B: its bf16 checkpoint
     with pytest.raises(ValueError, match=r"VLLMConfig\.load_format='safetensors'"):
         VLLMConfig(load_format="safetensors")
 
@@ -426,7 +435,7 @@ def test_tp1_live_with_records_grid_is_the_recording(fake_engine, monkeypatch, t
     assert {(r["step"], r["recorded_at"]) for r in kept["rows"]} == {(r.step, r.recorded_at) for r in store.load()}
 
 
-def test_tp1_live_keeps_nothing_off_records_grid_or_with_a_failed_row(fake_engine, monkeypatch, tmp_path):
+def test_tp1_live_keeps_nothing_off_records_grid(fake_engine, monkeypatch, tmp_path):
     from lablib import session
 
     monkeypatch.setattr(session, "mode", lambda: {"live": True, "gpu": "NVIDIA H200", "why": "", "recorded": ""})
@@ -434,20 +443,35 @@ def test_tp1_live_keeps_nothing_off_records_grid_or_with_a_failed_row(fake_engin
     assert exp.tp1_baseline(batches=(1, 8), store=store).live  # another grid: this user's run
     assert exp.tp1_baseline(runs=(("llama-3.1-8b", "bf16"),), store=store).live
     assert not store.facts_path("tp1").exists() and len(store.load()) == 2 * 2 + 3
-    real = FakeEngine.generate
 
-    def generate(self, requests, on_record=None, progress=True):
-        if len(requests) == 64 and "70b" in self.spec.name:
+
+def test_tp1_live_with_a_failing_70b_keeps_what_record_keeps(fake_engine, monkeypatch, tmp_path):
+    """The 70B FP8 engine fails (or the command is cut while it runs): the 8B's rows were kept before it started,
+    and the live lab's tp1 facts equal record's in the same situation, failed rows and all."""
+    from lablib import session
+
+    done, seen = {}, []  # one fake run per (model, scheme): record and the live cell are handed the same measurement
+    real = rec.measure
+
+    def measure(m, s, *a, **kw):
+        seen.append(json.loads(store.facts_path("tp1").read_text())["rows"] if store.facts_path("tp1").exists()
+                    else [])
+        if "70b" in m:
             raise RuntimeError("CUDA out of memory")
-        return real(self, requests, on_record, progress)
+        return done.setdefault((m, s), real(m, s, *a, **kw))
 
-    monkeypatch.setattr(FakeEngine, "generate", generate)
-    shown = exp.tp1_baseline(store=store)  # record's grid, one row failed: not the recording
-    assert shown.value[-1]["status"] == "not measured: failed: RuntimeError: CUDA out of memory"
-    assert not store.facts_path("tp1").exists()
-    monkeypatch.setattr(FakeEngine, "generate", real)
-    exp.tp1_baseline(store=store)  # the same grid, every row measured: now it is
-    assert [r["batch"] for r in json.loads(store.facts_path("tp1").read_text())["rows"]] == [1, 8, 64, 1, 8, 64]
+    monkeypatch.setattr(rec, "measure", measure)
+    monkeypatch.setattr(session, "mode", lambda: {"live": True, "gpu": "NVIDIA H200", "why": "", "recorded": ""})
+    store = ResultStore(tmp_path / "lab" / "09_tensor_parallelism.jsonl")
+    shown = exp.tp1_baseline(store=store)
+    assert [len(rows) for rows in seen] == [0, 3]  # the 8B's three rows were kept before the 70B started
+    assert [r["status"] for r in shown.value[3:]] == ["not measured: failed: RuntimeError: CUDA out of memory"] * 3
+    kept = json.loads(store.facts_path("tp1").read_text())
+    facts = {}
+    exp.record(tmp_path, ResultStore(tmp_path / "ref.jsonl"), facts)
+    assert kept == json.loads(json.dumps(facts["tp1"], default=str))  # exactly what record writes, failure included
+    assert [r["status"] for r in kept["rows"]] == ["measured"] * 3 + [
+        "not measured: failed: RuntimeError: CUDA out of memory"] * 3
 
 
 def test_record_scaling_keeps_the_rows_it_could_not_run(fake_engine, tmp_path, monkeypatch):
@@ -472,6 +496,19 @@ def test_record_scaling_keeps_the_rows_it_could_not_run(fake_engine, tmp_path, m
     key = "(model, scheme, t, pp, all_reduce)"
     assert set(eight.stand_ins) == {key} and len(eight.value) == 32
     assert eight.stand_ins[key]["asked"] == [["llama-3.1-8b", "bf16", 1, 1, "custom"], ["llama-3.1-8b", "bf16", 8, 1, "custom"]]
+
+
+def test_no_scaling_step_is_named_as_a_tp1_step(fake_engine, tmp_path):
+    tp1 = {r.step(b) for r in exp.tp1_grid() for b in exp.TP1_BATCHES}
+    assert tp1 == {f"tp1-{m}-{s}-b{b}" for m, s in exp.TP1_RUNS for b in (1, 8, 64)}  # step tp1's names, unchanged
+    scaling = {r.step(b, exp.SCALING_PREFIX) for r in exp.scaling_grid() for b in (*exp.SCALING_BATCHES, 8)}
+    assert not tp1 & scaling and all(s.startswith("scaling-") for s in scaling)
+    store, facts = ResultStore(tmp_path / "ref.jsonl"), {}
+    exp.record(tmp_path, store, facts)
+    exp.record_scaling(tmp_path, store, facts)
+    made = [r.step for r in store.load()]
+    assert len(made) == len(set(made)) == 6 + 18  # pack_reference keeps one Result per step: none replaces another
+    assert "scaling-tp1-llama-3.1-8b-bf16-b1" in made and "tp1-llama-3.1-8b-bf16-b1" in made
 
 
 def test_record_scaling_keeps_each_run_as_it_ends_and_a_failing_one_says_why(fake_engine, monkeypatch, tmp_path):
