@@ -69,6 +69,7 @@ from .parallel_recording import (  # noqa: F401 - re-exported, as above
     keeps_as_tp1,
     measure_runs,
     merge_scaling,
+    part_of,
     record,
     record_scaling,
     remaining_runs,

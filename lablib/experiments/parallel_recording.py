@@ -33,7 +33,7 @@ from ..results.store import ResultStore
 from .parallel_runs import LAB, OUTPUT_LEN, PROMPT_LEN, Run, _gpus_here, _too_few, measure, not_measured
 
 TP1 = "tp1"  # step and facts key of the one-GPU baseline
-SCALING, SCALING_STEP = "tp_scaling", "tp-scaling"  # facts key and step (all of SCALING_PARTS) of the multi-GPU runs
+SCALING = "tp_scaling"  # facts key of the multi-GPU runs
 SCALING_PREFIX = "scaling-"  # before a scaling run's Result step: its TP=1 rows are not step tp1's Results
 TP1_RUNS = (("llama-3.1-8b", "bf16"), ("llama-3.1-70b", "fp8"))  # the baseline: what one H200 can hold
 TP1_BATCHES = (1, 8, 64)
@@ -92,6 +92,12 @@ SCALING_PARTS: dict[str, dict[str, Any]] = {
     "tp-scaling-70b-fp8-x4": {"models": (_70B_FP8,), "gpu_counts": (4,), "compared": False},  # TP=4
     "tp-scaling-70b-fp8-x4-compared": {"models": (_70B_FP8,), "gpu_counts": (4,), "compared": True},
 }
+SCALING_STEP = ",".join(SCALING_PARTS)  # the steps that record facts["tp_scaling"] (step tp-scaling: all at once)
+
+
+def part_of(run: Run) -> str:
+    """The step of SCALING_PARTS that records `run`."""
+    return next(name for name, part in SCALING_PARTS.items() if run in scaling_part(**part))
 
 
 def measure_runs(planned: Sequence[Run], batches: tuple[int, ...], store: ResultStore | None = None,
@@ -244,5 +250,5 @@ def remaining_runs(facts: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     for r in scaling_grid():
         g = max(r.gpus, 2)
         out.append({"run": _what(r, SCALING_BATCHES), "needs": f"{g} H200s of one host (nvidia-h200-x{g})",
-                    "step": SCALING_STEP, "status": _status(facts, SCALING, r, SCALING_BATCHES)})
+                    "step": part_of(r), "status": _status(facts, SCALING, r, SCALING_BATCHES)})
     return out

@@ -498,6 +498,43 @@ def test_record_scaling_keeps_the_rows_it_could_not_run(fake_engine, tmp_path, m
     assert eight.stand_ins[key]["asked"] == [["llama-3.1-8b", "bf16", 1, 1, "custom"], ["llama-3.1-8b", "bf16", 8, 1, "custom"]]
 
 
+def test_the_scaling_parts_are_the_grid_each_run_once_a_few_engines_each():
+    parts = {name: exp.scaling_part(**part) for name, part in exp.SCALING_PARTS.items()}
+    every = [r for runs_ in parts.values() for r in runs_]
+    assert sorted(every, key=exp.scaling_grid().index) == exp.scaling_grid() and len(set(every)) == len(every)
+    for name, part in parts.items():  # a 10-minute command: 3 engines of the 8B, 2 of the 70B (~100-150 s a start)
+        assert len(part) <= (3 if "8b" in name else 2), name
+    assert list(parts)[:3] == ["tp-scaling-8b", "tp-scaling-8b-x2", "tp-scaling-8b-x4"]  # 8B first, then the 70B
+    assert [r.name for r in parts["tp-scaling-8b"]] == ["tp1", "tp2", "tp4"]
+    assert [r.name for r in parts["tp-scaling-8b-x2"]] == ["tp2-nccl", "tp1-pp2"]
+    assert exp.part_of(runs.Run("llama-3.1-70b", "fp8", 4, all_reduce="nccl")) == "tp-scaling-70b-fp8-x4-compared"
+    with pytest.raises(ValueError, match=r"scaling_part\.models=\(\('llama-3\.1-8b', 'fp8'\),\): allowed"):
+        exp.scaling_part(models=(("llama-3.1-8b", "fp8"),))
+
+
+def test_record_scaling_records_a_part_and_parts_merge(fake_engine, tmp_path, monkeypatch):
+    store, facts = ResultStore(tmp_path / "ref.jsonl"), {}
+    exp.record_scaling(tmp_path, store, facts, **exp.SCALING_PARTS["tp-scaling-8b"])
+    first = facts["tp_scaling"]
+    assert [(r["run"], r["batch"]) for r in first["rows"]] == [(t, b) for t in ("tp1", "tp2", "tp4") for b in (1, 64)]
+    assert [r.step for r in store.load()][:2] == ["scaling-tp1-llama-3.1-8b-bf16-b1", "scaling-tp1-llama-3.1-8b-bf16-b64"]
+    exp.record_scaling(tmp_path, store, facts, **exp.SCALING_PARTS["tp-scaling-8b-x2"])  # the next step, same command
+    assert [r["run"] for r in facts["tp_scaling"]["rows"]][::2] == ["tp1", "tp2", "tp4", "tp2-nccl", "tp1-pp2"]
+    tp4 = facts["tp_scaling"]["rows"][4]
+    assert tp4["status"] == "not measured: needs 4 GPUs, this machine has 2"
+    # a 4-GPU machine measures TP=4 later: its row replaces the "needs 4 GPUs"; a 2-GPU re-run never hides it again
+    four = exp.merge_scaling(facts["tp_scaling"], {**first, "gpu_count": 4, "date": "2026-12-09",
+                                                   "rows": [{**tp4, "status": "measured", "tpot_ms": 2.0}]})
+    assert four["rows"][4]["tpot_ms"] == 2.0 and four["gpu_count"] == 4 and len(four["rows"]) == 10
+    assert four["dates"] == sorted({first["date"], "2026-12-09"})
+    again = exp.merge_scaling(four, {**first, "rows": [tp4]})
+    assert again["rows"][4]["tpot_ms"] == 2.0 and again["gpu_count"] == 4
+    monkeypatch.setattr(exp, "recorded_facts", lambda key, step: four)
+    machine(monkeypatch, lambda: {"gpu": "NVIDIA H200", "gpu_count": 1})
+    shown = exp.tp_scaling((("llama-3.1-8b", "bf16", (1, 2, 4)),), (1, 64), compared=())
+    assert shown.stand_ins == {} and [r["tpot_ms"] for r in shown.value][4] == 2.0
+
+
 def test_no_scaling_step_is_named_as_a_tp1_step(fake_engine, tmp_path):
     tp1 = {r.step(b) for r in exp.tp1_grid() for b in exp.TP1_BATCHES}
     assert tp1 == {f"tp1-{m}-{s}-b{b}" for m, s in exp.TP1_RUNS for b in (1, 8, 64)}  # step tp1's names, unchanged
@@ -585,7 +622,7 @@ def test_why_not_counts_the_gpus_cuda_visible_devices_leaves(monkeypatch):
 def test_remaining_runs_read_each_rows_status(fake_engine, tmp_path):
     rows = exp.remaining_runs({})
     assert rows and all(r["status"] == "not run yet" for r in rows)
-    assert {r["step"] for r in rows} == {"tp1", "tp-scaling"} and len(rows) == 2 + 16
+    assert {r["step"] for r in rows} == {"tp1", *exp.SCALING_PARTS} and len(rows) == 2 + 16
     assert any("nvidia-h200-x4" in r["needs"] for r in rows)
     assert sum("disable_custom_all_reduce=True" in r["run"] for r in rows) == 4
     assert sum("pipeline_parallel_size=" in r["run"] for r in rows) == 4
