@@ -230,7 +230,8 @@ def _status(facts: dict[str, Any], key: str, run: Run, batches: Sequence[int]) -
 def _what(run: Run, batches: Sequence[int]) -> str:
     on = f"{run.model} {run.scheme}, batch {' and '.join(map(str, batches))}"
     if run.pp > 1:
-        return f"PP={run.pp} (pipeline_parallel_size={run.pp}, TP=1) against TP={run.pp} on as many GPUs: {on}"
+        return (f"PP={run.pp} (pipeline_parallel_size={run.pp}, TP=1; one microbatch in flight) against TP={run.pp} "
+                f"on as many GPUs: {on}")
     if run.all_reduce == "nccl":
         return f"TP={run.t} on NCCL's all-reduce (disable_custom_all_reduce=True) against vLLM's custom one: {on}"
     return f"TP={run.t}{' (the same host, as the baseline)' if run.t == 1 else ''}: {on}"

@@ -73,6 +73,12 @@ def fixed_shapes(n: int, prompt_len: int = PROMPT_LEN, output_len: int = OUTPUT_
 
 ALL_REDUCES = ("custom", "nccl")  # vLLM's own all-reduce kernel (its default), or NCCL's (disable_custom_all_reduce)
 SYMM_MEM = "VLLM_ALLREDUCE_USE_SYMM_MEM"  # "0": no NVLink multicast (off on the lent multi-GPU H200 machines)
+# vLLM 0.26's default optimisation level (-O2) fuses each all-reduce with the RMSNorm after it into one FlashInfer
+# kernel for TP > 1 on Hopper when FlashInfer is installed (vllm/config/vllm.py: OPTIMIZATION_LEVEL_02's
+# fuse_allreduce_rms = enable_allreduce_rms_fusion), whichever all-reduce disable_custom_all_reduce picks: the
+# NCCL-vs-custom rows would then time FlashInfer's kernel in both. Every run turns the pass off, so each arm runs
+# the kernel it names (pinned in both: the same compilation for every run of the lab).
+NO_ALLREDUCE_FUSION = {"pass_config": {"fuse_allreduce_rms": False}}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,11 +121,13 @@ class Run:
         return f"{prefix}{self.name}-{self.model}-{self.scheme}-b{batch}"
 
     def config(self, batches: tuple[int, ...]) -> VLLMConfig:
-        """The engine's knobs: vLLM's multiprocess executor named explicitly for more than one GPU."""
+        """The engine's knobs: vLLM's multiprocess executor named explicitly for more than one GPU, FlashInfer's
+        all-reduce + RMSNorm fusion off (NO_ALLREDUCE_FUSION)."""
         return VLLMConfig(max_num_seqs=max(batches), max_model_len=4096, quantization=QUANTIZATION[self.scheme],
                           tensor_parallel_size=self.t, pipeline_parallel_size=self.pp,
                           disable_custom_all_reduce=self.all_reduce == "nccl",
-                          distributed_executor_backend="mp" if self.gpus > 1 else None)
+                          distributed_executor_backend="mp" if self.gpus > 1 else None,
+                          compilation_config=NO_ALLREDUCE_FUSION)
 
     def fields(self) -> dict[str, Any]:
         return {"model": self.model, "scheme": self.scheme, "t": self.t, "pp": self.pp,
@@ -145,7 +153,12 @@ def worker_env(gpus: int) -> Iterator[None]:
 def predict(model: str, scheme: str, t: int, batch: int, context: float, gpu_name: str | None,
             pp: int = 1) -> dict[str, Any]:
     """The cost model's step for this run on the GPU it ran on (None when the GPU is not in the spec table, or for
-    TP and PP together, which the model does not price): `decode_step` at TP=t, `pipeline_step` at PP=pp (TP=1)."""
+    TP and PP together, which the model does not price): `decode_step` at TP=t, `pipeline_step` at PP=pp (TP=1).
+
+    At PP=pp the run keeps one microbatch in flight: its b requests all fit one scheduler batch (max_num_seqs is
+    the largest batch), so no second batch is there to fill the other stages while one decodes. The predicted
+    throughput is that, b / the step's latency across every stage, not `pipeline_step`'s pp microbatches' b / the
+    slowest stage (what a pipeline kept full would reach)."""
     peak = lookup_gpu(gpu_name)
     if peak is None or not (peak.bf16_flops or peak.fp16_flops) or (pp > 1 and t > 1):
         return {"predicted_ms": None, "predicted_tok_s": None}
@@ -153,7 +166,8 @@ def predict(model: str, scheme: str, t: int, batch: int, context: float, gpu_nam
     shape = model_shape(model, scheme)
     step: Any = (pipeline_step(shape, batch, round(context), pp, gpu, tp.NVLINK4) if pp > 1 else
                  tp.decode_step(shape, batch, round(context), t, gpu, tp.NVLINK4))
-    return {"predicted_ms": step.latency_s * 1e3, "predicted_tok_s": step.throughput_tok_s}
+    tok_s = batch / step.latency_s if pp > 1 else step.throughput_tok_s  # PP: one microbatch in flight
+    return {"predicted_ms": step.latency_s * 1e3, "predicted_tok_s": tok_s}
 
 
 def not_measured(model: str, scheme: str, t: int, batch: int, why: str, pp: int = 1,

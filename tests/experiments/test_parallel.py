@@ -254,12 +254,15 @@ def test_measure_sets_each_batch_beside_the_model(fake_engine, tmp_path):
     two = fake_engine.made[-1]  # more than one GPU: multicast off in the worker's env, vLLM's mp executor named
     assert two.symm_mem == "0" and two.config.tensor_parallel_size == 2 and two.config.distributed_executor_backend == "mp"
     assert not two.config.disable_custom_all_reduce and "VLLM_ALLREDUCE_USE_SYMM_MEM" not in os.environ  # restored
+    # FlashInfer's all-reduce + RMSNorm fusion (on by default in vLLM 0.26 for TP > 1 on Hopper) off in every run
+    assert all(e.config.compilation_config == {"pass_config": {"fuse_allreduce_rms": False}} for e in fake_engine.made)
 
 
 def test_nccl_and_pipeline_runs_pass_their_knobs_and_name_their_steps(fake_engine):
     rows, results = exp.measure("llama-3.1-8b", "bf16", 2, (1,), all_reduce="nccl")
     cfg = fake_engine.made[-1].config
     assert cfg.disable_custom_all_reduce and cfg.distributed_executor_backend == "mp" and cfg.pipeline_parallel_size == 1
+    assert cfg.compilation_config == {"pass_config": {"fuse_allreduce_rms": False}}  # both arms: no FlashInfer fusion
     assert results[0].step == "tp2-nccl-llama-3.1-8b-bf16-b1" and rows[0]["run"] == "tp2-nccl" and rows[0]["gpus"] == 2
     rows, results = exp.measure("llama-3.1-8b", "bf16", 1, (1,), pp=2)
     cfg = fake_engine.made[-1].config
@@ -267,6 +270,9 @@ def test_nccl_and_pipeline_runs_pass_their_knobs_and_name_their_steps(fake_engin
     assert fake_engine.made[-1].symm_mem == "0" and results[0].step == "tp1-pp2-llama-3.1-8b-bf16-b1"
     step = pipeline_step(tp.LLAMA_3_1_8B, 1, round(rows[0]["context"]), 2, tp.H200, tp.NVLINK4)
     assert rows[0]["predicted_ms"] == pytest.approx(step.latency_s * 1e3, rel=1e-12)  # PP's model, not TP's
+    # one microbatch in flight (the run's b requests fill one scheduler batch): b / the latency, not pp x that
+    assert rows[0]["predicted_tok_s"] == pytest.approx(1 / step.latency_s, rel=1e-12)
+    assert rows[0]["predicted_tok_s"] < step.throughput_tok_s
     with pytest.raises(ValueError, match=r"Run\.all_reduce='nccl': allowed 'custom' at t=1"):
         exp.measure("llama-3.1-8b", "bf16", 1, (1,), all_reduce="nccl")
     with pytest.raises(ValueError, match=r"Run\.all_reduce='gloo': allowed 'custom', 'nccl'"):
@@ -569,6 +575,40 @@ def test_record_scaling_keeps_each_run_as_it_ends_and_a_failing_one_says_why(fak
     assert failed[0]["status"] == "not measured: failed: RuntimeError: NCCL error: unhandled system error"
     assert failed[0]["tpot_ms"] is None and any(r["run"] == "tp1-pp2" and r["model"] == "llama-3.1-70b"
                                                 and r["status"] == "measured" for r in rows)  # the next run still ran
+
+
+def test_the_labs_quick_scaling_grid_runs_two_engines_and_keeps_each_run(fake_engine, monkeypatch, tmp_path):
+    from lablib import session
+
+    monkeypatch.setattr(session, "mode", lambda: {"live": True, "gpu": "NVIDIA H200", "why": "", "recorded": ""})
+    store = ResultStore(tmp_path / "09_tensor_parallelism.jsonl")
+    real, kept_before = rec.measure, []
+
+    def measure(m, s, t, batches, **kw):
+        path = store.facts_path("tp_scaling")
+        kept_before.append(len(json.loads(path.read_text())["rows"]) if path.exists() else 0)
+        return real(m, s, t, batches, **kw)
+
+    monkeypatch.setattr(rec, "measure", measure)
+    generate = FakeEngine.generate
+    shown = exp.tp_scaling(store=store, quick=True)
+    assert shown.live and [(r["run"], r["batch"]) for r in shown.value] == [("tp1", 1), ("tp1", 64), ("tp2", 1),
+                                                                            ("tp2", 64)]
+    assert len(fake_engine.made) == 2 and kept_before == [0, 2]  # TP=1's rows were kept before TP=2 started
+    assert [r.step for r in store.load()][0] == "scaling-tp1-llama-3.1-8b-bf16-b1"
+    kept = json.loads(store.facts_path("tp_scaling").read_text())
+    assert [r["run"] for r in kept["rows"]] == ["tp1", "tp1", "tp2", "tp2"] and kept["gpu_count"] == 2
+    tp2 = kept["rows"][2]
+    exp.tp_scaling(store=store, quick=True)  # run again: its rows replaced, not doubled
+    assert len(json.loads(store.facts_path("tp_scaling").read_text())["rows"]) == 4
+    monkeypatch.setattr(FakeEngine, "generate", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("NCCL error")))
+    exp.tp_scaling(store=store, quick=True)  # every run fails now: the measured rows kept before stay
+    again = json.loads(store.facts_path("tp_scaling").read_text())["rows"]
+    assert again[2]["status"] == "measured" and again[2]["tpot_ms"] == tp2["tpot_ms"]
+    monkeypatch.setattr(FakeEngine, "generate", generate)  # engines that work again
+    other = exp.tp_scaling(runs=(("llama-3.1-8b", "bf16", (1,)),), batches=(8,), compared=(), store=store)
+    assert other.live and other.value[0]["status"] == "measured"  # another grid: this user's run, kept nowhere
+    assert len(json.loads(store.facts_path("tp_scaling").read_text())["rows"]) == 4
 
 
 def test_without_two_gpus_scaling_shows_the_recording_or_says_it_is_missing(monkeypatch):
