@@ -523,7 +523,8 @@ def test_record_scaling_records_a_part_and_parts_merge(fake_engine, tmp_path, mo
     exp.record_scaling(tmp_path, store, facts, **exp.SCALING_PARTS["tp-scaling-8b"])
     first = facts["tp_scaling"]
     assert [(r["run"], r["batch"]) for r in first["rows"]] == [(t, b) for t in ("tp1", "tp2", "tp4") for b in (1, 64)]
-    assert [r.step for r in store.load()][:2] == ["scaling-tp1-llama-3.1-8b-bf16-b1", "scaling-tp1-llama-3.1-8b-bf16-b64"]
+    assert [r.step for r in store.load()][:2] == ["scaling-tp1-llama-3.1-8b-bf16-b1",
+                                                  "scaling-tp1-llama-3.1-8b-bf16-b64"]
     exp.record_scaling(tmp_path, store, facts, **exp.SCALING_PARTS["tp-scaling-8b-x2"])  # the next step, same command
     assert [r["run"] for r in facts["tp_scaling"]["rows"]][::2] == ["tp1", "tp2", "tp4", "tp2-nccl", "tp1-pp2"]
     tp4 = facts["tp_scaling"]["rows"][4]
