@@ -125,16 +125,22 @@ class VLLMConfig:
     distributed_executor_backend: str | None = None  # EXECUTOR_BACKENDS: how the workers of a TP/PP engine run
     disable_custom_all_reduce: bool = False  # True: NCCL's all-reduce instead of vLLM's custom kernel (lab 09 compares)
     # vLLM's multiprocess executor across machines (EngineArgs nnodes/node_rank/master_addr/master_port, passed
-    # unchanged): every node starts the same engine with its own node_rank; None: one machine (vLLM's defaults)
+    # unchanged): node 0 runs the engine (this config, node_rank=0), every other node runs `vllm serve MODEL
+    # --headless --nnodes N --node-rank R --master-addr ADDR` (workers only: VLLMEngine refuses node_rank > 0);
+    # None: one machine (vLLM's defaults)
     nnodes: int | None = None  # machines the engine spans; tensor_parallel_size x pipeline_parallel_size across all
     node_rank: int | None = None  # this machine's index, 0..nnodes-1 (node 0 holds the engine core and its API)
     master_addr: str | None = None  # node 0's address, the same on every node (torch.distributed's rendezvous)
-    master_port: int | None = None  # node 0's rendezvous port; None: vLLM's default
+    master_port: int | None = None  # node 0's rendezvous port, 1..65535; None: vLLM's default
     seed: int = 0
     attention_backend: str | None = None  # None: vLLM picks (FLASH_ATTN, i.e. FA3, on an H200); lab 02 sweeps it
     num_gpu_blocks_override: int | None = None  # a KV pool of exactly this many 16-token blocks (one is vLLM's null
     # block), whatever gpu_memory_utilization leaves: lab 07's scarce-memory run; needs max_model_len to fit in it
     load_format: str | None = None  # LOAD_FORMATS; "dummy": vLLM draws random weights (a synthetic shape, no files)
+    # vLLM's CompilationConfig as a dict, passed unchanged (`LLM(compilation_config=...)`); None: vLLM's defaults.
+    # Lab 09 pins {"pass_config": {"fuse_allreduce_rms": False}}: vLLM 0.26's default -O2 fuses all-reduce + RMSNorm
+    # into one FlashInfer kernel for TP > 1 on Hopper (vllm/config/vllm.py, enable_allreduce_rms_fusion)
+    compilation_config: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         validate.fraction("VLLMConfig", "gpu_memory_utilization", self.gpu_memory_utilization,
@@ -171,6 +177,10 @@ class VLLMConfig:
                     "tokens / 16 blocks + 1: a pool that cannot hold one such request never schedules it.")
         validate.choice("VLLMConfig", "dtype", self.dtype, DTYPES)
         validate.choice("VLLMConfig", "load_format", self.load_format, LOAD_FORMATS)
+        if self.compilation_config is not None and not isinstance(self.compilation_config, dict):
+            raise validate.refuse("VLLMConfig", "compilation_config", self.compilation_config,
+                                  "a dict of vLLM's CompilationConfig fields, or None",
+                                  'e.g. {"pass_config": {"fuse_allreduce_rms": False}}.')
         validate.choice("VLLMConfig", "kv_cache_dtype", self.kv_cache_dtype, KV_CACHE_DTYPES)
         validate.choice("VLLMConfig", "quantization", self.quantization, QUANTIZATIONS)
         validate.integer("VLLMConfig", "seed", self.seed, "any integer >= 0, e.g. 0.", 0)
@@ -181,7 +191,8 @@ class VLLMConfig:
         validate.optional_integer("VLLMConfig", "nnodes", self.nnodes, "None for one machine, else how many.")
         validate.optional_integer("VLLMConfig", "node_rank", self.node_rank, "0 on the first node, 1 on the next, ...",
                                   0)
-        validate.optional_integer("VLLMConfig", "master_port", self.master_port, "a TCP port, e.g. 29501.")
+        if self.master_port is not None:
+            validate.integer("VLLMConfig", "master_port", self.master_port, "a TCP port, e.g. 29501.", 1, 65535)
         nodes = self.nnodes or 1
         if nodes == 1:
             if self.node_rank not in (None, 0):

@@ -3,7 +3,8 @@
     python scripts/pack_reference.py RUN_DIR [RUN_DIR ...] [--labs LAB_DIR ...]
 
 The runs are merged onto what data/reference/ already holds (a step recorded again replaces
-the old recording; facts are overlaid key by key), so one GPU session can add to the last.
+the old recording; facts are overlaid key by key, and lab 09's tp_scaling, recorded in parts over several
+commands and machines, row by row: `overlay`), so one GPU session can add to the last.
 Each RUN_DIR is a folder the GPU command wrote ($OUT): reference.jsonl (Results), facts-*.json
 (engine start-up, VRAM, greedy agreement, the gpu_memory_utilization sweep) and
 bench_throughput.json (`vllm bench throughput` on the same shapes). Each LAB_DIR is what
@@ -47,6 +48,17 @@ def existing() -> tuple[list[dict], dict]:
     if (OUT / "facts.json").exists():
         facts = {k: v for k, v in json.loads((OUT / "facts.json").read_text()).items() if k != "headline"}
     return results, facts
+
+
+def overlay(facts: dict, new: dict) -> None:
+    """`new`'s facts onto `facts`, key by key; tp_scaling's rows merged by (model, scheme, t, pp, all_reduce, batch)
+    instead (lablib.experiments.parallel_recording.merge_scaling: its parts are recorded by different commands,
+    on 2- and 4-GPU machines, and a part recorded again replaces only its own rows)."""
+    from lablib.experiments.parallel_recording import SCALING, merge_scaling
+
+    if SCALING in new:
+        new = {**new, SCALING: merge_scaling(facts.get(SCALING), new[SCALING])}
+    facts.update(new)
 
 
 def _bench(path: Path) -> dict:
@@ -222,7 +234,7 @@ def main(dirs: list[Path], labs: list[Path] | None = None) -> None:
     if labs:
         facts["lab_runs"] = lab_runs(labs, facts.get("lab_runs"))
         kept, dates, lab_results = newer_than_packed(*lab_facts(labs), facts.get("recorded_dates", {}))
-        facts.update(kept)
+        overlay(facts, kept)
         facts["recorded_dates"] = {**facts.get("recorded_dates", {}), **dates}
     if labs:
         results += lab_results  # after the old ones: a step recorded again replaces its earlier recording
@@ -244,7 +256,7 @@ def main(dirs: list[Path], labs: list[Path] | None = None) -> None:
                 key = lambda r: (r["max_num_seqs"], r.get("max_num_batched_tokens"))  # noqa: E731
                 merged = {key(r): r for r in facts.get("scheduler_sweep", []) + new["scheduler_sweep"]}
                 new["scheduler_sweep"] = sorted(merged.values(), key=lambda r: (key(r)[0], key(r)[1] or 0))
-            facts.update(new)
+            overlay(facts, new)
         if (d / "bench_throughput.json").exists():
             facts["vllm_bench_throughput"] = json.loads((d / "bench_throughput.json").read_text())
         recompare(d, facts)

@@ -30,7 +30,11 @@ Steps:
            synthetic 8B target and 1B draft with vLLM's synthetic sampler at the loop's acceptance: speed at size)
   tp1      lab 09: TP=1 on one H200 (synthetic 8B bf16, 70B FP8 where disk allows) next to the cost model
   tp-scaling  lab 09: TP=1/2/4, then NCCL's all-reduce against vLLM's and PP at 2 and 4 GPUs (needs 2-4 GPUs of one
-           host; the runs a machine has too few GPUs for are rows that say so; facts kept after every run)
+           host; the runs a machine has too few GPUs for are rows that say so; facts kept after every run). The
+           whole grid is 16 engines, past one 10-minute command: record it in parts, each a step of at most three
+           engines (tp-scaling-8b, tp-scaling-8b-x2, tp-scaling-8b-x4, tp-scaling-70b-bf16, tp-scaling-70b-fp8,
+           tp-scaling-70b-fp8-x2, tp-scaling-70b-fp8-x4, tp-scaling-70b-fp8-x4-compared; x4: 4 GPUs), whose rows
+           merge into facts["tp_scaling"] here and in pack_reference
   attention  lab 02: the attention microbenchmark, HF eager/sdpa/flex prefill on the synthetic 8B, vLLM's backends
   quantization  lab 06: speed and memory per scheme on the synthetic 8B, every scheme that can run (its checkpoints
            first: quantization-prepare, prepare_checkpoints() through the quantizer's environment, LABLIB_QUANT_SITE);
@@ -57,6 +61,7 @@ from lablib.bench.offline import run  # noqa: E402
 from lablib.config import BenchConfig, HFConfig, VLLMConfig  # noqa: E402
 from lablib.engines.hf import HFEngine  # noqa: E402
 from lablib.engines.vllm import VLLMEngine  # noqa: E402
+from lablib.experiments.parallel_recording import SCALING_PARTS  # noqa: E402 (lab 09's grid, a step per part)
 from lablib.experiments.quantization.recording import QUANT_A, QUANT_B  # noqa: E402 (lab 06's speed engines, 2 steps)
 from lablib.experiments.serving import FRACTIONS  # noqa: E402 (what the lab runs live)
 from lablib.results import Result, ResultStore  # noqa: E402
@@ -285,7 +290,9 @@ STEPS = {"smoke": step_smoke, "startup": step_startup, "big": step_big, "big-lab
          "prefix-serve": _lab("prefix_serving", "record"), "prefix-scarce": _lab("prefix_scarce", "record"),
          "speculative": _lab("speculative", "record"), "speculative-8b": _lab("speculative_synthetic", "record"),
          "tp1": _lab("parallel", "record"),
-         "tp-scaling": _lab("parallel", "record_scaling"), "attention": _lab("attention", "record"),
+         "tp-scaling": _lab("parallel", "record_scaling"),
+         **{name: _lab("parallel", "record_scaling", **part) for name, part in SCALING_PARTS.items()},
+         "attention": _lab("attention", "record"),
          "quantization": _lab("quantization", "record"),
          "quantization-prepare": _lab("quantization", "record_checkpoints"),
          "quantization-a": _lab("quantization", "record", schemes=QUANT_A),

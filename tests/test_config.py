@@ -104,7 +104,11 @@ def test_llm_kwargs_leave_vllm_defaults_where_none():
     assert kw["max_model_len"] == 2048 and kw["quantization"] == "fp8" and kw["speculative_config"] == spec
     assert set(kw) | {"max_num_batched_tokens", "attention_backend", "distributed_executor_backend",
                       "num_gpu_blocks_override", "load_format", "nnodes", "node_rank", "master_addr",
-                      "master_port"} == set(VLLMConfig().to_dict())
+                      "master_port", "compilation_config"} == set(VLLMConfig().to_dict())
+    off = {"pass_config": {"fuse_allreduce_rms": False}}  # passed unchanged: vLLM 0.26's own key
+    assert VLLMConfig(compilation_config=off).llm_kwargs()["compilation_config"] == off
+    with pytest.raises(ValueError, match=r"VLLMConfig\.compilation_config='O0': allowed a dict"):
+        VLLMConfig(compilation_config="O0")
 
 
 def test_multi_node_settings_pass_to_vllm_unchanged_and_bad_ones_name_the_fix():
@@ -127,3 +131,7 @@ def test_multi_node_settings_pass_to_vllm_unchanged_and_bad_ones_name_the_fix():
         VLLMConfig(node_rank=1)
     with pytest.raises(ValueError, match=r"VLLMConfig\.nnodes=0: allowed integers >= 1"):
         VLLMConfig(nnodes=0)
+    for port in (0, 65536):
+        with pytest.raises(ValueError, match=rf"VLLMConfig\.master_port={port}: allowed integers 1\.\.65535"):
+            VLLMConfig(master_port=port)
+    assert VLLMConfig(master_port=65535).master_port == 65535

@@ -102,6 +102,13 @@ class VLLMEngine:
     def __init__(self, model: str | ModelSpec = "embedded", config: VLLMConfig = VLLMConfig(),
                  start_timeout_s: float = 900.0):
         """Every check that needs no GPU time (see `preflight`); the worker starts in `start()`."""
+        if (config.node_rank or 0) > 0:  # vLLM's other nodes run workers only, no engine core to send requests to
+            raise ValueError(
+                f"VLLMConfig.node_rank={config.node_rank}: allowed 0 in VLLMEngine (node 0 runs the engine; the "
+                f"other nodes of nnodes={config.nnodes} run only vLLM's workers); Fix: on that machine start "
+                f"`vllm serve MODEL --headless --nnodes {config.nnodes} --node-rank {config.node_rank} --master-addr "
+                f"{config.master_addr} --tensor-parallel-size {config.tensor_parallel_size} --pipeline-parallel-size "
+                f"{config.pipeline_parallel_size}`, and VLLMEngine with node_rank=0 on node 0.")
         self.config = config
         self.spec = model if isinstance(model, ModelSpec) else resolve_model(model)
         self.name = "vllm"

@@ -1,7 +1,8 @@
 """Lab 09's notebook calls: the cost model's line beside vLLM's TP=t runs, live or recorded, and what is refused.
 
 `tp1_baseline` shows vLLM on the synthetic checkpoints at TP=1 on one GPU, b fixed-shape requests at once (b = 1, 8,
-64), beside the model's prediction for t=1 on the GPU it ran on; `tp_scaling` TP=1/2/4 on several GPUs of one host.
+64), beside the model's prediction for t=1 on the GPU it ran on; `tp_scaling` TP=1/2/4 on several GPUs of one host
+(live, the notebook runs only its quick grid, the 8B at TP=1 and 2; the whole grid is the recording steps').
 Each is live where this machine can run it, else the recording (facts["tp1"], facts["tp_scaling"]); a run that
 cannot happen here is a row that says "not measured" and why, never a number; `refusals` lists the bad inputs
 refused outright.
@@ -58,28 +59,37 @@ from .parallel_recording import (  # noqa: F401 - re-exported, as above
     COMPARED_RUNS,
     SCALING,
     SCALING_BATCHES,
+    SCALING_PARTS,
+    SCALING_PREFIX,
     SCALING_RUNS,
     SCALING_STEP,
     TP1,
     TP1_BATCHES,
     TP1_RUNS,
+    _live_keeper,
     keeps_as_tp1,
     measure_runs,
+    merge_scaling,
+    part_of,
     record,
     record_scaling,
     remaining_runs,
     run_facts,
+    run_key,
     scaling_grid,
+    scaling_part,
     tp1_grid,
 )
 from .parallel_runs import (  # noqa: F401 - re-exported, as above
     ALL_REDUCES,
+    DUMMY_SHAPES,
     LAB,
     OUTPUT_LEN,
     PROMPT_LEN,
     QUANTIZATION,
     Run,
     _gpus_here,
+    dummy_weights,
     fixed_shapes,
     measure,
     no_room_on_disk,
@@ -158,15 +168,15 @@ def tp1_baseline(runs: tuple[tuple[str, str], ...] = TP1_RUNS, batches: tuple[in
     """TP=1 on one GPU for each (model, scheme): live with vLLM, else the recording (facts["tp1"], step tp1): the
     asked runs and batches when it holds them all, else every row, and the line under the cell names the stand-ins.
 
-    Live with record's runs and batches (the defaults), a `store` and every row measured, the run is also kept as
-    step tp1's recording (`ResultStore.keep_facts("tp1", ...)`, the facts `record` writes): lab 09 run live on one
-    H200 is its own baseline recording. Any other grid, or a run that failed, stays this user's run."""
+    Live with record's runs and batches (the defaults) and a `store`, the run is also kept as step tp1's recording
+    after every run (`ResultStore.keep_facts("tp1", ...)`, the facts `record` writes, a failed run's rows saying
+    why as record's do): lab 09 run live on one H200 is its own baseline recording, and a 70B that fails or a
+    command cut during it keeps the 8B's rows. Any other grid stays this user's run."""
     planned = tp1_grid(runs)  # bad knobs refused on every machine, before the mode decides
 
     def live() -> list[dict[str, Any]]:
-        rows, results = measure_runs(planned, tuple(batches), store=store)
-        if store is not None and keeps_as_tp1(runs, batches, rows):
-            store.keep_facts(TP1, run_facts(rows, results))
+        keep = _live_keeper(TP1, store) if store is not None and keeps_as_tp1(runs, batches) else None
+        rows, _ = measure_runs(planned, tuple(batches), store=store, on_run=keep)
         return [{**row, "provenance": live_label()} for row in rows]
 
     fields = ("model", "scheme")
@@ -174,20 +184,31 @@ def tp1_baseline(runs: tuple[tuple[str, str], ...] = TP1_RUNS, batches: tuple[in
                             asked=_knobs(fields, runs, batches), recorded_with=_shown(fields))
 
 
+QUICK_SCALING_RUNS = (("llama-3.1-8b", "bf16", (1, 2)),)  # the lab's live grid: two 8B engines, TP=1 and TP=2
+
+
 def tp_scaling(runs: tuple[tuple[str, str, tuple[int, ...]], ...] = SCALING_RUNS,
                batches: tuple[int, ...] = SCALING_BATCHES, force: bool | None = None,
                store: ResultStore | None = None, compared: tuple[tuple[str, str], ...] = COMPARED_RUNS,
-               gpu_counts: tuple[int, ...] = COMPARED_GPUS) -> Shown[list[dict[str, Any]]]:
+               gpu_counts: tuple[int, ...] = COMPARED_GPUS, quick: bool = False) -> Shown[list[dict[str, Any]]]:
     """TP=1/2/4 on one host, then NCCL's all-reduce against vLLM's and PP at the same GPU counts (`scaling_grid`):
     live only where a worker can use 2 or more GPUs and vLLM is installed, else the recording (facts["tp_scaling"],
-    step tp-scaling), picked as tp1_baseline's; a run needing more GPUs than a worker can use is a "not measured" row.
-    A shape a t cannot split is refused before anything runs."""
+    the SCALING_PARTS steps), picked as tp1_baseline's; a run needing more GPUs than a worker can use is a "not
+    measured" row. A shape a t cannot split is refused before anything runs.
+
+    `quick=True` (the notebook's call) runs only QUICK_SCALING_RUNS live at `batches`, the 8B at TP=1 and TP=2 (two
+    engine starts, which fit the lab's 10-minute run beside step 4's two), and, given a `store`, adds their rows to
+    the recording after every run (`ResultStore.keep_facts("tp_scaling", ...)`, merged row by row as the parts'
+    are); the recording shown elsewhere is still the whole grid the other knobs name."""
     planned = scaling_grid(runs, compared, gpu_counts)
     for run in planned:
         check_tp(run.model, run.t)
+    ran = scaling_grid(QUICK_SCALING_RUNS, (), ()) if quick else planned
 
     def live() -> list[dict[str, Any]]:
-        return [{**row, "provenance": live_label()} for row in measure_runs(planned, tuple(batches), store=store)[0]]
+        keep = _live_keeper(SCALING, store, merge=True) if quick and store is not None else None
+        rows, _ = measure_runs(ran, tuple(batches), store=store, on_run=keep, step_prefix=SCALING_PREFIX)
+        return [{**row, "provenance": live_label()} for row in rows]
 
     if force is None and _gpus_here()[0] < 2:
         force = False  # one usable GPU: show what a multi-GPU machine recorded

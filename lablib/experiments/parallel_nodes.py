@@ -2,10 +2,11 @@
 
 How many GPUs one copy of the model needs (its smallest t in `parallel_fit.fit_rows`) decides the engine's
 shape: one GPU (TP=1), one node (vLLM's multiprocess executor, TP=t over NVLink), or several nodes (TP within each
-node, pipeline stages across them: vLLM's Ray executor, or its multiprocess executor started on every node with
-nnodes/node_rank/master_addr). How many copies the traffic needs decides the serving layer in front of them:
-one engine needs none; several replicas want a router (vLLM's production-stack), and a fleet of large replicas
-on Kubernetes gains from KV-cache-aware routing and prefill/decode disaggregation (llm-d) or a standard serving
+node, pipeline stages across them: vLLM's Ray executor, or its multiprocess executor with
+nnodes/node_rank/master_addr: the engine on node 0, `vllm serve --headless` on the others). How many copies the
+traffic needs decides the serving layer in front of them: one engine needs none; several replicas want a router
+(vLLM's production-stack), and a fleet of large replicas on Kubernetes gains from KV-cache-aware routing and
+prefill/decode disaggregation (llm-d) or a standard serving
 API with autoscaling (KServe). The lab's load generator and referee take any OpenAI-compatible base URL, so they
 measure each of these the same way.
 
@@ -83,9 +84,9 @@ PATHS = (
      "distributed_executor_backend='ray': TP within a node, PP across nodes",
      "one copy needs more GPUs than one node has, and a Ray cluster is there or wanted (KubeRay on Kubernetes)",
      {NODES}, "from"),
-    ("vLLM's multiprocess executor across nodes", "the same engine started on every node with nnodes, node_rank, "
-     "master_addr (and master_port): no Ray", "one copy needs several nodes and a job scheduler (Slurm, a "
-     "LeaderWorkerSet) starts one process per node", {NODES}, "from"),
+    ("vLLM's multiprocess executor across nodes", "the engine on node 0 and `vllm serve --headless` (workers only) "
+     "on every other node, each with nnodes, node_rank, master_addr (and master_port): no Ray",
+     "one copy needs several nodes and a job scheduler (Slurm, a LeaderWorkerSet) starts one process per node", {NODES}, "from"),
     ("vLLM production-stack", "vLLM's Helm chart: a router (session and prefix-aware) in front of vLLM replicas "
      "on Kubernetes, with their metrics", "traffic needs a second replica of a one-GPU or one-node engine",
      {ONE_GPU, ONE_NODE}, "from"),

@@ -5,9 +5,9 @@ each batch b (`fixed_shapes`), and sets decode tok/s and the per-token latency (
 prediction for that t on the GPU it ran on (`predict`). Before any engine starts, a run that cannot happen here (a
 t the shape cannot split into, more GPUs than a worker here can use, which is NVML's count cut to
 CUDA_VISIBLE_DEVICES, a configuration that cannot fit) becomes a row that says "not measured" and why, never a
-number (`not_measured`, `why_not`); a synthetic checkpoint larger than the free disk runs on vLLM's dummy weights
-instead (`no_room_on_disk`). The notebook's calls (`lablib.experiments.parallel`) and the recording steps
-(`lablib.experiments.parallel_recording`) both measure through here.
+number (`not_measured`, `why_not`); the 70B shape, and a synthetic checkpoint larger than the free disk, run on
+vLLM's dummy weights instead (`dummy_weights`). The notebook's calls (`lablib.experiments.parallel`) and the
+recording steps (`lablib.experiments.parallel_recording`) both measure through here.
 """
 from __future__ import annotations
 
@@ -49,7 +49,6 @@ def _gpus_here(facts: dict[str, Any] | None = None) -> tuple[int, str]:
     return usable, f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r} of its {facts['gpu_count']} GPUs"
 
 
-
 def fixed_shapes(n: int, prompt_len: int = PROMPT_LEN, output_len: int = OUTPUT_LEN) -> Workload:
     """n distinct prompts of exactly prompt_len tokens (held-out code from the evaluation set, the embedded
     tokenizer's ids, which a synthetic checkpoint takes), output_len tokens each. A synthetic model is sent the
@@ -74,6 +73,12 @@ def fixed_shapes(n: int, prompt_len: int = PROMPT_LEN, output_len: int = OUTPUT_
 
 ALL_REDUCES = ("custom", "nccl")  # vLLM's own all-reduce kernel (its default), or NCCL's (disable_custom_all_reduce)
 SYMM_MEM = "VLLM_ALLREDUCE_USE_SYMM_MEM"  # "0": no NVLink multicast (off on the lent multi-GPU H200 machines)
+# vLLM 0.26's default optimisation level (-O2) fuses each all-reduce with the RMSNorm after it into one FlashInfer
+# kernel for TP > 1 on Hopper when FlashInfer is installed (vllm/config/vllm.py: OPTIMIZATION_LEVEL_02's
+# fuse_allreduce_rms = enable_allreduce_rms_fusion), whichever all-reduce disable_custom_all_reduce picks: the
+# NCCL-vs-custom rows would then time FlashInfer's kernel in both. Every run turns the pass off, so each arm runs
+# the kernel it names (pinned in both: the same compilation for every run of the lab).
+NO_ALLREDUCE_FUSION = {"pass_config": {"fuse_allreduce_rms": False}}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,16 +115,19 @@ class Run:
         return f"tp{self.t}" + (f"-pp{self.pp}" if self.pp > 1 else "") + (
             f"-{self.all_reduce}" if self.all_reduce != "custom" else "")
 
-    def step(self, batch: int) -> str:
-        """The Result's step, unique per run and batch: "tp2-nccl-llama-3.1-8b-bf16-b64"."""
-        return f"{self.name}-{self.model}-{self.scheme}-b{batch}"
+    def step(self, batch: int, prefix: str = "") -> str:
+        """The Result's step, unique per run and batch: "tp2-nccl-llama-3.1-8b-bf16-b64"; `prefix` tells one
+        recording's runs from another's of the same shape ("scaling-tp1-..." is not step tp1's "tp1-...")."""
+        return f"{prefix}{self.name}-{self.model}-{self.scheme}-b{batch}"
 
     def config(self, batches: tuple[int, ...]) -> VLLMConfig:
-        """The engine's knobs: vLLM's multiprocess executor named explicitly for more than one GPU."""
+        """The engine's knobs: vLLM's multiprocess executor named explicitly for more than one GPU, FlashInfer's
+        all-reduce + RMSNorm fusion off (NO_ALLREDUCE_FUSION)."""
         return VLLMConfig(max_num_seqs=max(batches), max_model_len=4096, quantization=QUANTIZATION[self.scheme],
                           tensor_parallel_size=self.t, pipeline_parallel_size=self.pp,
                           disable_custom_all_reduce=self.all_reduce == "nccl",
-                          distributed_executor_backend="mp" if self.gpus > 1 else None)
+                          distributed_executor_backend="mp" if self.gpus > 1 else None,
+                          compilation_config=NO_ALLREDUCE_FUSION)
 
     def fields(self) -> dict[str, Any]:
         return {"model": self.model, "scheme": self.scheme, "t": self.t, "pp": self.pp,
@@ -145,7 +153,12 @@ def worker_env(gpus: int) -> Iterator[None]:
 def predict(model: str, scheme: str, t: int, batch: int, context: float, gpu_name: str | None,
             pp: int = 1) -> dict[str, Any]:
     """The cost model's step for this run on the GPU it ran on (None when the GPU is not in the spec table, or for
-    TP and PP together, which the model does not price): `decode_step` at TP=t, `pipeline_step` at PP=pp (TP=1)."""
+    TP and PP together, which the model does not price): `decode_step` at TP=t, `pipeline_step` at PP=pp (TP=1).
+
+    At PP=pp the run keeps one microbatch in flight: its b requests all fit one scheduler batch (max_num_seqs is
+    the largest batch), so no second batch is there to fill the other stages while one decodes. The predicted
+    throughput is that, b / the step's latency across every stage, not `pipeline_step`'s pp microbatches' b / the
+    slowest stage (what a pipeline kept full would reach)."""
     peak = lookup_gpu(gpu_name)
     if peak is None or not (peak.bf16_flops or peak.fp16_flops) or (pp > 1 and t > 1):
         return {"predicted_ms": None, "predicted_tok_s": None}
@@ -153,7 +166,8 @@ def predict(model: str, scheme: str, t: int, batch: int, context: float, gpu_nam
     shape = model_shape(model, scheme)
     step: Any = (pipeline_step(shape, batch, round(context), pp, gpu, tp.NVLINK4) if pp > 1 else
                  tp.decode_step(shape, batch, round(context), t, gpu, tp.NVLINK4))
-    return {"predicted_ms": step.latency_s * 1e3, "predicted_tok_s": step.throughput_tok_s}
+    tok_s = batch / step.latency_s if pp > 1 else step.throughput_tok_s  # PP: one microbatch in flight
+    return {"predicted_ms": step.latency_s * 1e3, "predicted_tok_s": tok_s}
 
 
 def not_measured(model: str, scheme: str, t: int, batch: int, why: str, pp: int = 1,
@@ -187,6 +201,18 @@ def why_not(model: str, scheme: str, t: int, config: VLLMConfig, facts: dict[str
     return None
 
 
+# shapes whose bf16 checkpoint is never written: vLLM's dummy loader draws their weights at load, in step tp1 and
+# in the scaling runs alike (one weights path for every run of the shape, no minutes spent writing 141 GB, and
+# none of the 235 GiB disk of a 4- or 8-GPU machine)
+DUMMY_SHAPES = {"llama-3.1-70b": "the 70B's 141 GB bf16 checkpoint is never written"}
+
+
+def dummy_weights(model: str) -> str | None:
+    """Why `measure` runs `model` on vLLM's dummy weights (load_format="dummy"), or None for its synthetic
+    checkpoint: always for DUMMY_SHAPES, else only when the checkpoint cannot be written here (`no_room_on_disk`)."""
+    return DUMMY_SHAPES.get(model) or no_room_on_disk(model)
+
+
 def no_room_on_disk(model: str) -> str | None:
     """Why the bf16 synthetic checkpoint of `model` cannot be written here (absent, larger than the free disk), or
     None when it is there or fits. `measure` then runs vLLM's dummy weights instead (`synthetic_spec(weights=False)`)."""
@@ -217,14 +243,17 @@ def _row(r: Result, run: Run, batch: int) -> dict[str, Any]:
 
 def measure(model: str, scheme: str = "bf16", t: int = 1, batches: tuple[int, ...] = (1, 8, 64),
             prompt_len: int = PROMPT_LEN, output_len: int = OUTPUT_LEN, store: ResultStore | None = None,
-            lab: str = LAB, *, pp: int = 1, all_reduce: str = "custom") -> tuple[list[dict[str, Any]], list[Result]]:
+            lab: str = LAB, *, pp: int = 1, all_reduce: str = "custom", step_prefix: str = ""
+            ) -> tuple[list[dict[str, Any]], list[Result]]:
     """vLLM on the synthetic `model` at TP=t x PP=pp: one engine, then b fixed-shape requests at once for each batch.
 
     Refuses a bad t, pp or all_reduce (ValueError) and turns a run this machine cannot make into "not measured"
     rows, both before any engine starts. With more than one GPU the engine runs vLLM's multiprocess executor
     (distributed_executor_backend="mp", named explicitly) and its workers start with NVLink multicast off
     (VLLM_ALLREDUCE_USE_SYMM_MEM=0); all_reduce="nccl" passes disable_custom_all_reduce=True. Each Result's step
-    names the run (`Run.step`), so TP=2 with NCCL and with vLLM's kernel are told apart.
+    names the run (`Run.step`, after `step_prefix`), so TP=2 with NCCL and with vLLM's kernel are told apart. The
+    70B shape always runs on vLLM's dummy weights, another shape only when its checkpoint cannot fit the disk
+    (`dummy_weights`); the `weights` column says which.
     """
     run = Run(model, scheme, t, pp, all_reduce)
     batches = tuple(validate.integers("measure", "batches", batches, "pass batch sizes, e.g. (1, 8, 64)."))
@@ -237,7 +266,7 @@ def measure(model: str, scheme: str = "bf16", t: int = 1, batches: tuple[int, ..
     from ..engines.vllm import VLLMEngine
     from ..models.synthetic import synthetic_spec
 
-    disk = no_room_on_disk(model)
+    disk = dummy_weights(model)
     if disk:  # vLLM draws the weights itself: same shape, same speed, nothing on disk
         config = dataclasses.replace(config, load_format="dummy")
     rows, results = [], []
@@ -245,7 +274,7 @@ def measure(model: str, scheme: str = "bf16", t: int = 1, batches: tuple[int, ..
         for i, b in enumerate(batches):
             try:
                 r = bench_run(eng, fixed_shapes(b, prompt_len, output_len), BenchConfig(progress=False), lab=lab,
-                              step=run.step(b), store=store)
+                              step=run.step(b, step_prefix), store=store)
             except Exception as e:  # the batches before it stay measured; this one and the rest say why not
                 why = f"failed: {type(e).__name__}: {e}"[:400]
                 rows += [not_measured(model, scheme, t, later, why if later == b else f"not run after batch {b} "

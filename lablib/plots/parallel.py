@@ -1,7 +1,8 @@
 """Tensor-parallel pictures: where one decode step's time goes under TP=t, what fits where, and TP=1 measured.
 
-All but the last draw the cost model (tp_scaling adds measured points where it is given them) (`lablib.mechanisms.parallel`, swept by `lablib.experiments.parallel`),
-so their provenance line says "simulated ... a model, not a measurement":
+All but the last draw the cost model (`lablib.mechanisms.parallel`, swept by `lablib.experiments.parallel`; tp_scaling
+adds measured points where it is given them), so their provenance line says "simulated ... a model, not a
+measurement":
 
 - `step_parts`: one decode step's time, stacked: weights and KV read from HBM, compute (drawn only where it,
   not memory, binds), the all-reduces' bandwidth and latency parts, the fixed overhead; per t, per batch.

@@ -599,3 +599,7 @@ def test_preflight_counts_the_gpus_of_one_node_when_the_engine_spans_several(wit
         preflight(spec, VLLMConfig(tensor_parallel_size=4, pipeline_parallel_size=2, nnodes=2, **nodes))
     fake_gpu(count=4)  # 4 of 4 on this node: vLLM's multiprocess executor does the rest across the nodes
     assert preflight(spec, VLLMConfig(tensor_parallel_size=4, pipeline_parallel_size=2, nnodes=2, **nodes))["fits"]
+    other = VLLMConfig(tensor_parallel_size=4, pipeline_parallel_size=2, nnodes=2, **{**nodes, "node_rank": 1})
+    with pytest.raises(ValueError, match=r"VLLMConfig\.node_rank=1: allowed 0 in VLLMEngine .* Fix: on that machine "
+                       r"start `vllm serve MODEL --headless --nnodes 2 --node-rank 1 --master-addr 10\.0\.0\.1"):
+        VLLMEngine(spec, other)  # node 1 runs vLLM's workers only: no engine here to send requests to

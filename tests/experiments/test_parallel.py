@@ -254,12 +254,15 @@ def test_measure_sets_each_batch_beside_the_model(fake_engine, tmp_path):
     two = fake_engine.made[-1]  # more than one GPU: multicast off in the worker's env, vLLM's mp executor named
     assert two.symm_mem == "0" and two.config.tensor_parallel_size == 2 and two.config.distributed_executor_backend == "mp"
     assert not two.config.disable_custom_all_reduce and "VLLM_ALLREDUCE_USE_SYMM_MEM" not in os.environ  # restored
+    # FlashInfer's all-reduce + RMSNorm fusion (on by default in vLLM 0.26 for TP > 1 on Hopper) off in every run
+    assert all(e.config.compilation_config == {"pass_config": {"fuse_allreduce_rms": False}} for e in fake_engine.made)
 
 
 def test_nccl_and_pipeline_runs_pass_their_knobs_and_name_their_steps(fake_engine):
     rows, results = exp.measure("llama-3.1-8b", "bf16", 2, (1,), all_reduce="nccl")
     cfg = fake_engine.made[-1].config
     assert cfg.disable_custom_all_reduce and cfg.distributed_executor_backend == "mp" and cfg.pipeline_parallel_size == 1
+    assert cfg.compilation_config == {"pass_config": {"fuse_allreduce_rms": False}}  # both arms: no FlashInfer fusion
     assert results[0].step == "tp2-nccl-llama-3.1-8b-bf16-b1" and rows[0]["run"] == "tp2-nccl" and rows[0]["gpus"] == 2
     rows, results = exp.measure("llama-3.1-8b", "bf16", 1, (1,), pp=2)
     cfg = fake_engine.made[-1].config
@@ -267,6 +270,9 @@ def test_nccl_and_pipeline_runs_pass_their_knobs_and_name_their_steps(fake_engin
     assert fake_engine.made[-1].symm_mem == "0" and results[0].step == "tp1-pp2-llama-3.1-8b-bf16-b1"
     step = pipeline_step(tp.LLAMA_3_1_8B, 1, round(rows[0]["context"]), 2, tp.H200, tp.NVLINK4)
     assert rows[0]["predicted_ms"] == pytest.approx(step.latency_s * 1e3, rel=1e-12)  # PP's model, not TP's
+    # one microbatch in flight (the run's b requests fill one scheduler batch): b / the latency, not pp x that
+    assert rows[0]["predicted_tok_s"] == pytest.approx(1 / step.latency_s, rel=1e-12)
+    assert rows[0]["predicted_tok_s"] < step.throughput_tok_s
     with pytest.raises(ValueError, match=r"Run\.all_reduce='nccl': allowed 'custom' at t=1"):
         exp.measure("llama-3.1-8b", "bf16", 1, (1,), all_reduce="nccl")
     with pytest.raises(ValueError, match=r"Run\.all_reduce='gloo': allowed 'custom', 'nccl'"):
@@ -311,13 +317,22 @@ def test_a_shape_the_disk_cannot_hold_runs_on_vllms_dummy_weights(fake_engine, m
     specs = []
     monkeypatch.setattr(synthetic, "synthetic_spec", lambda name, root=None, weights=True: specs.append(weights)
                         or exp.shape_spec(name))
-    monkeypatch.setattr(runs, "no_room_on_disk", lambda m: "141 GB, 60 GB free" if "70b" in m else None)
-    rows, _ = exp.measure("llama-3.1-70b", "fp8", 1, (1,))
+    full = {"on": True}  # a disk too small for the 8B's 16 GB checkpoint: vLLM's dummy weights then
+    monkeypatch.setattr(runs, "no_room_on_disk", lambda m: "16 GB, 9 GB free" if full["on"] else None)
+    rows, _ = exp.measure("llama-3.1-8b", "bf16", 1, (1,))
     assert fake_engine.made[-1].config.load_format == "dummy" and specs == [False]
-    assert rows[0]["status"] == "measured" and rows[0]["weights"] == "vLLM dummy weights (141 GB, 60 GB free)"
+    assert rows[0]["status"] == "measured" and rows[0]["weights"] == "vLLM dummy weights (16 GB, 9 GB free)"
+    full["on"] = False
     rows, _ = exp.measure("llama-3.1-8b", "bf16", 1, (1,))
     assert fake_engine.made[-1].config.load_format is None and specs == [False, True]
     assert rows[0]["weights"] == "synthetic checkpoint"
+    # a disk with room for everything (235 GiB, 8 GPUs)
+    for t in (1, 2):  # the 70B still runs on vLLM's dummy weights, at TP=1 (step tp1) and in the scaling runs
+        rows, _ = exp.measure("llama-3.1-70b", "fp8", t, (1,), step_prefix=exp.SCALING_PREFIX)
+        assert fake_engine.made[-1].config.load_format == "dummy" and specs[-1] is False
+        assert rows[0]["weights"] == "vLLM dummy weights (the 70B's 141 GB bf16 checkpoint is never written)"
+    rows, _ = exp.measure("llama-3.1-8b", "bf16", 2, (1,))
+    assert fake_engine.made[-1].config.load_format is None and specs[-1] is True  # the 8B: its bf16 checkpoint
     with pytest.raises(ValueError, match=r"VLLMConfig\.load_format='safetensors'"):
         VLLMConfig(load_format="safetensors")
 
@@ -426,7 +441,7 @@ def test_tp1_live_with_records_grid_is_the_recording(fake_engine, monkeypatch, t
     assert {(r["step"], r["recorded_at"]) for r in kept["rows"]} == {(r.step, r.recorded_at) for r in store.load()}
 
 
-def test_tp1_live_keeps_nothing_off_records_grid_or_with_a_failed_row(fake_engine, monkeypatch, tmp_path):
+def test_tp1_live_keeps_nothing_off_records_grid(fake_engine, monkeypatch, tmp_path):
     from lablib import session
 
     monkeypatch.setattr(session, "mode", lambda: {"live": True, "gpu": "NVIDIA H200", "why": "", "recorded": ""})
@@ -434,20 +449,35 @@ def test_tp1_live_keeps_nothing_off_records_grid_or_with_a_failed_row(fake_engin
     assert exp.tp1_baseline(batches=(1, 8), store=store).live  # another grid: this user's run
     assert exp.tp1_baseline(runs=(("llama-3.1-8b", "bf16"),), store=store).live
     assert not store.facts_path("tp1").exists() and len(store.load()) == 2 * 2 + 3
-    real = FakeEngine.generate
 
-    def generate(self, requests, on_record=None, progress=True):
-        if len(requests) == 64 and "70b" in self.spec.name:
+
+def test_tp1_live_with_a_failing_70b_keeps_what_record_keeps(fake_engine, monkeypatch, tmp_path):
+    """The 70B FP8 engine fails (or the command is cut while it runs): the 8B's rows were kept before it started,
+    and the live lab's tp1 facts equal record's in the same situation, failed rows and all."""
+    from lablib import session
+
+    done, seen = {}, []  # one fake run per (model, scheme): record and the live cell are handed the same measurement
+    real = rec.measure
+
+    def measure(m, s, *a, **kw):
+        seen.append(json.loads(store.facts_path("tp1").read_text())["rows"] if store.facts_path("tp1").exists()
+                    else [])
+        if "70b" in m:
             raise RuntimeError("CUDA out of memory")
-        return real(self, requests, on_record, progress)
+        return done.setdefault((m, s), real(m, s, *a, **kw))
 
-    monkeypatch.setattr(FakeEngine, "generate", generate)
-    shown = exp.tp1_baseline(store=store)  # record's grid, one row failed: not the recording
-    assert shown.value[-1]["status"] == "not measured: failed: RuntimeError: CUDA out of memory"
-    assert not store.facts_path("tp1").exists()
-    monkeypatch.setattr(FakeEngine, "generate", real)
-    exp.tp1_baseline(store=store)  # the same grid, every row measured: now it is
-    assert [r["batch"] for r in json.loads(store.facts_path("tp1").read_text())["rows"]] == [1, 8, 64, 1, 8, 64]
+    monkeypatch.setattr(rec, "measure", measure)
+    monkeypatch.setattr(session, "mode", lambda: {"live": True, "gpu": "NVIDIA H200", "why": "", "recorded": ""})
+    store = ResultStore(tmp_path / "lab" / "09_tensor_parallelism.jsonl")
+    shown = exp.tp1_baseline(store=store)
+    assert [len(rows) for rows in seen] == [0, 3]  # the 8B's three rows were kept before the 70B started
+    assert [r["status"] for r in shown.value[3:]] == ["not measured: failed: RuntimeError: CUDA out of memory"] * 3
+    kept = json.loads(store.facts_path("tp1").read_text())
+    facts = {}
+    exp.record(tmp_path, ResultStore(tmp_path / "ref.jsonl"), facts)
+    assert kept == json.loads(json.dumps(facts["tp1"], default=str))  # exactly what record writes, failure included
+    assert [r["status"] for r in kept["rows"]] == ["measured"] * 3 + [
+        "not measured: failed: RuntimeError: CUDA out of memory"] * 3
 
 
 def test_record_scaling_keeps_the_rows_it_could_not_run(fake_engine, tmp_path, monkeypatch):
@@ -474,6 +504,57 @@ def test_record_scaling_keeps_the_rows_it_could_not_run(fake_engine, tmp_path, m
     assert eight.stand_ins[key]["asked"] == [["llama-3.1-8b", "bf16", 1, 1, "custom"], ["llama-3.1-8b", "bf16", 8, 1, "custom"]]
 
 
+def test_the_scaling_parts_are_the_grid_each_run_once_a_few_engines_each():
+    parts = {name: exp.scaling_part(**part) for name, part in exp.SCALING_PARTS.items()}
+    every = [r for runs_ in parts.values() for r in runs_]
+    assert sorted(every, key=exp.scaling_grid().index) == exp.scaling_grid() and len(set(every)) == len(every)
+    for name, part in parts.items():  # a 10-minute command: 3 engines of the 8B, 2 of the 70B (~100-150 s a start)
+        assert len(part) <= (3 if "8b" in name else 2), name
+    assert list(parts)[:3] == ["tp-scaling-8b", "tp-scaling-8b-x2", "tp-scaling-8b-x4"]  # 8B first, then the 70B
+    assert [r.name for r in parts["tp-scaling-8b"]] == ["tp1", "tp2", "tp4"]
+    assert [r.name for r in parts["tp-scaling-8b-x2"]] == ["tp2-nccl", "tp1-pp2"]
+    assert exp.part_of(runs.Run("llama-3.1-70b", "fp8", 4, all_reduce="nccl")) == "tp-scaling-70b-fp8-x4-compared"
+    with pytest.raises(ValueError, match=r"scaling_part\.models=\(\('llama-3\.1-8b', 'fp8'\),\): allowed"):
+        exp.scaling_part(models=(("llama-3.1-8b", "fp8"),))
+
+
+def test_record_scaling_records_a_part_and_parts_merge(fake_engine, tmp_path, monkeypatch):
+    store, facts = ResultStore(tmp_path / "ref.jsonl"), {}
+    exp.record_scaling(tmp_path, store, facts, **exp.SCALING_PARTS["tp-scaling-8b"])
+    first = facts["tp_scaling"]
+    assert [(r["run"], r["batch"]) for r in first["rows"]] == [(t, b) for t in ("tp1", "tp2", "tp4") for b in (1, 64)]
+    assert [r.step for r in store.load()][:2] == ["scaling-tp1-llama-3.1-8b-bf16-b1",
+                                                  "scaling-tp1-llama-3.1-8b-bf16-b64"]
+    exp.record_scaling(tmp_path, store, facts, **exp.SCALING_PARTS["tp-scaling-8b-x2"])  # the next step, same command
+    assert [r["run"] for r in facts["tp_scaling"]["rows"]][::2] == ["tp1", "tp2", "tp4", "tp2-nccl", "tp1-pp2"]
+    tp4 = facts["tp_scaling"]["rows"][4]
+    assert tp4["status"] == "not measured: needs 4 GPUs, this machine has 2"
+    # a 4-GPU machine measures TP=4 later: its row replaces the "needs 4 GPUs"; a 2-GPU re-run never hides it again
+    four = exp.merge_scaling(facts["tp_scaling"], {**first, "gpu_count": 4, "date": "2026-12-09",
+                                                   "rows": [{**tp4, "status": "measured", "tpot_ms": 2.0}]})
+    assert four["rows"][4]["tpot_ms"] == 2.0 and four["gpu_count"] == 4 and len(four["rows"]) == 10
+    assert four["dates"] == sorted({first["date"], "2026-12-09"})
+    again = exp.merge_scaling(four, {**first, "rows": [tp4]})
+    assert again["rows"][4]["tpot_ms"] == 2.0 and again["gpu_count"] == 4
+    monkeypatch.setattr(exp, "recorded_facts", lambda key, step: four)
+    machine(monkeypatch, lambda: {"gpu": "NVIDIA H200", "gpu_count": 1})
+    shown = exp.tp_scaling((("llama-3.1-8b", "bf16", (1, 2, 4)),), (1, 64), compared=())
+    assert shown.stand_ins == {} and [r["tpot_ms"] for r in shown.value][4] == 2.0
+
+
+def test_no_scaling_step_is_named_as_a_tp1_step(fake_engine, tmp_path):
+    tp1 = {r.step(b) for r in exp.tp1_grid() for b in exp.TP1_BATCHES}
+    assert tp1 == {f"tp1-{m}-{s}-b{b}" for m, s in exp.TP1_RUNS for b in (1, 8, 64)}  # step tp1's names, unchanged
+    scaling = {r.step(b, exp.SCALING_PREFIX) for r in exp.scaling_grid() for b in (*exp.SCALING_BATCHES, 8)}
+    assert not tp1 & scaling and all(s.startswith("scaling-") for s in scaling)
+    store, facts = ResultStore(tmp_path / "ref.jsonl"), {}
+    exp.record(tmp_path, store, facts)
+    exp.record_scaling(tmp_path, store, facts)
+    made = [r.step for r in store.load()]
+    assert len(made) == len(set(made)) == 6 + 18  # pack_reference keeps one Result per step: none replaces another
+    assert "scaling-tp1-llama-3.1-8b-bf16-b1" in made and "tp1-llama-3.1-8b-bf16-b1" in made
+
+
 def test_record_scaling_keeps_each_run_as_it_ends_and_a_failing_one_says_why(fake_engine, monkeypatch, tmp_path):
     real, kept_before = rec.measure, []
 
@@ -495,6 +576,40 @@ def test_record_scaling_keeps_each_run_as_it_ends_and_a_failing_one_says_why(fak
     assert failed[0]["status"] == "not measured: failed: RuntimeError: NCCL error: unhandled system error"
     assert failed[0]["tpot_ms"] is None and any(r["run"] == "tp1-pp2" and r["model"] == "llama-3.1-70b"
                                                 and r["status"] == "measured" for r in rows)  # the next run still ran
+
+
+def test_the_labs_quick_scaling_grid_runs_two_engines_and_keeps_each_run(fake_engine, monkeypatch, tmp_path):
+    from lablib import session
+
+    monkeypatch.setattr(session, "mode", lambda: {"live": True, "gpu": "NVIDIA H200", "why": "", "recorded": ""})
+    store = ResultStore(tmp_path / "09_tensor_parallelism.jsonl")
+    real, kept_before = rec.measure, []
+
+    def measure(m, s, t, batches, **kw):
+        path = store.facts_path("tp_scaling")
+        kept_before.append(len(json.loads(path.read_text())["rows"]) if path.exists() else 0)
+        return real(m, s, t, batches, **kw)
+
+    monkeypatch.setattr(rec, "measure", measure)
+    generate = FakeEngine.generate
+    shown = exp.tp_scaling(store=store, quick=True)
+    assert shown.live and [(r["run"], r["batch"]) for r in shown.value] == [("tp1", 1), ("tp1", 64), ("tp2", 1),
+                                                                            ("tp2", 64)]
+    assert len(fake_engine.made) == 2 and kept_before == [0, 2]  # TP=1's rows were kept before TP=2 started
+    assert [r.step for r in store.load()][0] == "scaling-tp1-llama-3.1-8b-bf16-b1"
+    kept = json.loads(store.facts_path("tp_scaling").read_text())
+    assert [r["run"] for r in kept["rows"]] == ["tp1", "tp1", "tp2", "tp2"] and kept["gpu_count"] == 2
+    tp2 = kept["rows"][2]
+    exp.tp_scaling(store=store, quick=True)  # run again: its rows replaced, not doubled
+    assert len(json.loads(store.facts_path("tp_scaling").read_text())["rows"]) == 4
+    monkeypatch.setattr(FakeEngine, "generate", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("NCCL error")))
+    exp.tp_scaling(store=store, quick=True)  # every run fails now: the measured rows kept before stay
+    again = json.loads(store.facts_path("tp_scaling").read_text())["rows"]
+    assert again[2]["status"] == "measured" and again[2]["tpot_ms"] == tp2["tpot_ms"]
+    monkeypatch.setattr(FakeEngine, "generate", generate)  # engines that work again
+    other = exp.tp_scaling(runs=(("llama-3.1-8b", "bf16", (1,)),), batches=(8,), compared=(), store=store)
+    assert other.live and other.value[0]["status"] == "measured"  # another grid: this user's run, kept nowhere
+    assert len(json.loads(store.facts_path("tp_scaling").read_text())["rows"]) == 4
 
 
 def test_without_two_gpus_scaling_shows_the_recording_or_says_it_is_missing(monkeypatch):
@@ -548,7 +663,7 @@ def test_why_not_counts_the_gpus_cuda_visible_devices_leaves(monkeypatch):
 def test_remaining_runs_read_each_rows_status(fake_engine, tmp_path):
     rows = exp.remaining_runs({})
     assert rows and all(r["status"] == "not run yet" for r in rows)
-    assert {r["step"] for r in rows} == {"tp1", "tp-scaling"} and len(rows) == 2 + 16
+    assert {r["step"] for r in rows} == {"tp1", *exp.SCALING_PARTS} and len(rows) == 2 + 16
     assert any("nvidia-h200-x4" in r["needs"] for r in rows)
     assert sum("disable_custom_all_reduce=True" in r["run"] for r in rows) == 4
     assert sum("pipeline_parallel_size=" in r["run"] for r in rows) == 4

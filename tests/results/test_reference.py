@@ -254,6 +254,50 @@ def test_packing_a_new_run_merges_onto_the_reference(pack, facts, runs, monkeypa
     assert set(steps) - {"serve-rate-99"} == {s for s in runs if not s.startswith("serve-rate-")}
 
 
+def test_packing_scaling_parts_merges_their_rows(pack, facts, monkeypatch, tmp_path, load_script):
+    """Lab 09's tp_scaling is recorded in parts (several commands, 2- and 4-GPU machines): each packed run adds its
+    rows by (model, scheme, t, pp, all_reduce, batch), a part recorded again replaces only its own rows, and a lab
+    folder's facts-tp_scaling.json (the live cell's) merges the same way."""
+    import shutil
+
+    from lablib.experiments.parallel_recording import SCALING_PARTS, scaling_part
+
+    out = tmp_path / "reference"
+    shutil.copytree(REFERENCE_DIR, out)
+    monkeypatch.setattr(pack, "OUT", out)
+
+    def row(run, batch, tpot):
+        return {"model": run.model, "scheme": run.scheme, "t": run.t, "pp": run.pp, "all_reduce": run.all_reduce,
+                "run": run.name, "batch": batch, "status": "measured", "tpot_ms": tpot}
+
+    def part(name, tpot, day, gpus=2):
+        d = tmp_path / f"{name}-{day}"
+        d.mkdir()
+        rows = [row(r, b, tpot) for r in scaling_part(**SCALING_PARTS[name]) for b in (1, 64)]
+        (d / f"facts-{name}.json").write_text(json.dumps({"tp_scaling": {"rows": rows, "gpu": "NVIDIA H200",
+                                                                         "gpu_count": gpus, "date": day}}))
+        return d
+
+    pack.main([part("tp-scaling-8b", 5.0, "2026-12-03"), part("tp-scaling-8b-x2", 6.0, "2026-12-03")])
+    got = json.loads((out / "facts.json").read_text())["tp_scaling"]
+    assert [(r["run"], r["batch"]) for r in got["rows"]] == [
+        (n, b) for n in ("tp1", "tp2", "tp4", "tp2-nccl", "tp1-pp2") for b in (1, 64)]
+    pack.main([part("tp-scaling-8b", 4.0, "2026-12-04", gpus=4)])  # the 8B's plain TP again, on 4 GPUs
+    got = json.loads((out / "facts.json").read_text())["tp_scaling"]
+    assert [r["tpot_ms"] for r in got["rows"]] == [4.0] * 6 + [6.0] * 4  # only that part's rows replaced
+    assert got["gpu_count"] == 4 and got["dates"] == ["2026-12-03", "2026-12-04"]
+    lab = tmp_path / "lab"
+    (lab / "results").mkdir(parents=True)
+    live = {"rows": [row(scaling_part(**SCALING_PARTS["tp-scaling-8b"])[1], 1, 3.0)], "gpu_count": 2,
+            "date": "2026-12-05", "gpu": "NVIDIA H200"}
+    (lab / "results" / "facts-tp_scaling.json").write_text(json.dumps(live))
+    pack.main([], [lab])
+    got = json.loads((out / "facts.json").read_text())["tp_scaling"]
+    assert [r["tpot_ms"] for r in got["rows"]] == [4.0, 4.0, 3.0] + [4.0] * 3 + [6.0] * 4  # TP=2 batch 1 only
+    steps = load_script("record_reference").STEPS
+    assert set(SCALING_PARTS) <= set(steps) and "tp-scaling" in steps
+
+
 def test_recorded_synthetic_runs_say_so_in_every_figure(runs):
     from lablib import plots
     from lablib.experiments.scheduling import scheduler_rows

@@ -24,7 +24,8 @@ ENGINE_ARGS = {"gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens
                "speculative_config", "tensor_parallel_size", "seed", "block_size", "trust_remote_code",
                "attention_backend", "pipeline_parallel_size", "distributed_executor_backend",
                "disable_custom_all_reduce", "async_scheduling", "num_gpu_blocks_override",
-               "load_format", "nnodes", "node_rank", "master_addr", "master_port"}  # all in vLLM 0.26's
+               "load_format", "nnodes", "node_rank", "master_addr", "master_port",
+               "compilation_config"}  # all in vLLM 0.26's
 # vllm/engine/arg_utils.py EngineArgs
 
 # vLLM's EngineCore: prints what vLLM logs at start (to the inherited stderr), says ready, then waits.
