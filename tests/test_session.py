@@ -117,3 +117,13 @@ def test_a_recorded_cell_shows_what_it_asked_or_says_what_stands_in(capsys):
     flipped = kv.gpu_memory_utilization_rows([0.3, 0.1], force=False)
     assert [r["gpu_memory_utilization"] for r in flipped.value] == [0.3, 0.1] and flipped.stand_ins == {}
     assert scheduling.scheduler_rows([64, 8], force=False).stand_ins.keys() == {"model"}
+
+
+def test_a_recording_made_in_parts_names_one_command_per_step():
+    """A key recorded by several steps (lab 09's tp-scaling parts, each under a GPU command's 10 minutes) is not one
+    `--steps a,b,c` command, which would run past that limit: the message names a command for each."""
+    from lablib.results.reference import NotRecorded
+
+    msg = str(NotRecorded("tp_scaling", "tp-scaling-8b,tp-scaling-70b-fp8"))
+    assert "one GPU command for each of tp-scaling-8b, tp-scaling-70b-fp8" in msg and "--steps tp-scaling-8b," not in msg
+    assert "--steps prefix`" in str(NotRecorded("x", "prefix"))

@@ -39,8 +39,10 @@ class NotRecorded(LookupError):
     so the notebook says so instead of failing."""
 
     def __init__(self, what: str, step: str):
-        super().__init__(f"{what} is not recorded yet: a GPU session records it with "
-                         f"`scripts/record_reference.py --steps {step}` (then scripts/pack_reference.py)")
+        how = (f"`scripts/record_reference.py --steps {step}`" if "," not in step else
+               "`scripts/record_reference.py --steps STEP`, one GPU command for each of " + ", ".join(step.split(",")))
+        super().__init__(f"{what} is not recorded yet: a GPU session records it with {how} "
+                         f"(then scripts/pack_reference.py)")
         self.what, self.step = what, step
 
 

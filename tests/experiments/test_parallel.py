@@ -616,7 +616,7 @@ def test_without_two_gpus_scaling_shows_the_recording_or_says_it_is_missing(monk
     machine(monkeypatch, lambda: {"gpu": "NVIDIA H200", "gpu_count": 1})
     shown = exp.tp_scaling()
     assert not shown.live and shown.value is None
-    assert "tp_scaling is not recorded yet" in shown.label and "--steps tp-scaling" in shown.label
+    assert "tp_scaling is not recorded yet" in shown.label and "one GPU command for each of tp-scaling-8b, " in shown.label
     missing = exp.tp1_baseline(force=False)
     assert missing.value is None and "--steps tp1" in missing.label
     for other in (exp.tp1_baseline((("llama-3.1-8b", "fp8"),), (256,), force=False),
