@@ -8,6 +8,7 @@ scripts/pack_reference.py then takes. Record's settings are shrunk here (one sch
 run takes seconds; which settings are compared is what the tests pin down.
 """
 import json
+from pathlib import Path
 
 import pytest
 
@@ -87,7 +88,9 @@ def test_a_run_on_other_settings_is_not_the_recording_and_says_which(on_the_h200
             "greedy": "x 5 tokens", "schemes": "awq-w4a16"}[other] in line
 
 
-def test_a_failing_engine_keeps_no_quality_recording(on_the_h200, tmp_path, monkeypatch):
+def test_a_failing_engine_keeps_the_engines_before_it_as_a_recording_cut_short(on_the_h200, tmp_path, monkeypatch):
+    """On record's settings the facts are kept after every engine, so an engine that dies (or a time limit) leaves
+    the rows of those that ended, "complete": False, as record's own facts are when cut short."""
     import lablib.engines.vllm as engine
 
     qe.quantize_all(("fp8-dynamic",), work_dir=on_the_h200, num_samples=2)
@@ -104,10 +107,12 @@ def test_a_failing_engine_keeps_no_quality_recording(on_the_h200, tmp_path, monk
     store = ResultStore(tmp_path / "r.jsonl")
     with pytest.raises(RuntimeError, match="engine core died"):
         qe.gpu_quality(("fp8-dynamic",), cpu_rows=cpu, work_dir=on_the_h200, eval_texts=2, store=store, force=True)
-    assert len(calls) == 3 and not store.facts_path("quantization_quality").exists()
-    monkeypatch.setattr(engine.VLLMEngine, "prompt_logprobs", real)  # the same settings, every engine running: kept
+    cut = json.loads(store.facts_path("quantization_quality").read_text())
+    assert len(calls) == 3 and not cut["complete"] and [r["scheme"] for r in cut["rows"]] == ["bf16", "bf16-kv-fp8"]
+    monkeypatch.setattr(engine.VLLMEngine, "prompt_logprobs", real)  # the same settings, every engine running
     qe.gpu_quality(("fp8-dynamic",), cpu_rows=cpu, work_dir=on_the_h200, eval_texts=2, store=store, force=True)
-    assert store.facts_path("quantization_quality").exists()
+    whole = json.loads(store.facts_path("quantization_quality").read_text())
+    assert whole["complete"] and [r["scheme"] for r in whole["rows"]] == ["bf16", "bf16-kv-fp8", "fp8-dynamic"]
 
 
 # ------------------------------------------------ the speed step: quantization-a
@@ -148,22 +153,60 @@ def test_the_lab_speed_run_on_quant_a_is_that_recording(quant_a, tmp_path, capsy
     assert {r["provenance"] for r in results} == {"recorded"}
 
 
-@pytest.mark.parametrize("other", ["batches", "schemes", "failure"])
-def test_a_speed_run_off_quant_a_is_not_that_recording(quant_a, tmp_path, capsys, monkeypatch, other):
-    from tests.experiments.test_quantization import fp8_engines_die
-
+@pytest.mark.parametrize("other", ["batches", "schemes"])
+def test_a_speed_run_off_quant_a_is_not_that_recording(quant_a, tmp_path, capsys, other):
     store = ResultStore(tmp_path / "r.jsonl")
     kw = {**quant_a, "batches": (1, 2)} if other == "batches" else quant_a
-    if other == "failure":
-        fp8_engines_die(monkeypatch)
-        with pytest.raises(RuntimeError, match="the engine core died"):
-            qe.speed(force=True, store=store, **kw)
-    else:
-        qe.speed(force=True, store=store, schemes=("bf16", "fp8") if other == "schemes" else None, **kw)
-        line = capsys.readouterr().out
-        assert "Not kept as step quantization-a's recording" in line
-        assert {"batches": "batches=[1, 2] (quantization-a's: [2])", "schemes": "schemes ['bf16', 'fp8']"}[other] in line
+    qe.speed(force=True, store=store, schemes=("bf16", "fp8") if other == "schemes" else None, **kw)
+    line = capsys.readouterr().out
+    assert "Not kept as step quantization-a's recording" in line
+    assert {"batches": "batches=[1, 2] (quantization-a's: [2])", "schemes": "schemes ['bf16', 'fp8']"}[other] in line
     assert not store.facts_path("quantization").exists() and store.load()  # its Results are kept, as any live run's
+
+
+def test_a_speed_run_on_quant_a_cut_by_a_failing_engine_keeps_the_runs_before_it(quant_a, tmp_path, monkeypatch,
+                                                                                 load_script):
+    """The facts are kept after every run on record's grid: an engine that dies leaves the earlier schemes' rows,
+    "complete": False, each naming a Result the store holds, so pack_reference still takes them."""
+    from tests.experiments.test_quantization import fp8_engines_die
+
+    fp8_engines_die(monkeypatch)
+    store = ResultStore(tmp_path / "lab" / "results" / "06_quantization.jsonl")
+    with pytest.raises(RuntimeError, match="the engine core died"):
+        qe.speed(force=True, store=store, **quant_a)
+    cut = json.loads(store.facts_path("quantization").read_text())
+    held = {(r.step, r.recorded_at) for r in store.load()}
+    assert not cut["complete"] and cut["rows"] and "fp8" not in {r["scheme"] for r in cut["rows"]}
+    assert {(r["step"], r["recorded_at"]) for r in cut["rows"]} == held
+    got, _, results = load_script("pack_reference").lab_facts([tmp_path / "lab"])
+    assert got["quantization"] == cut and {(r["step"], r["recorded_at"]) for r in results} == held
+
+
+def test_the_speed_runs_defaults_are_step_quantization_as_grid():
+    """The notebook calls speed() with no knobs, so "ran record's grid" rests on vllm_speed_runs' own defaults being
+    QUANT_A_GRID's: a default changed on one side only would make every live run "not kept"."""
+    import inspect
+
+    from lablib.experiments.quantization.speed_runs import vllm_speed_runs
+
+    defaults = {k: p.default for k, p in inspect.signature(vllm_speed_runs).parameters.items()
+                if p.default is not inspect.Parameter.empty}
+    grid = recording.QUANT_A_GRID
+    assert {k: defaults[k] for k in grid if k != "schemes"} == {k: v for k, v in grid.items() if k != "schemes"}
+
+
+def test_the_notebooks_quality_knobs_are_records():
+    """Lab 06's knobs cell (as committed) asks for exactly RECORD's windows, prompts, tokens and gate, so its live
+    GPU run is the quality recording; a knob changed on one side only would make it "not kept"."""
+    nb = json.loads((Path(__file__).parents[2] / "labs" / "06_quantization.ipynb").read_text())
+    src = next("".join(c["source"]) for c in nb["cells"] if "GATE_PCT =" in "".join(c["source"]))
+    knobs: dict = {}
+    for line in src.splitlines():
+        if line.startswith(("GATE_PCT =", "NUM_SAMPLES, EVAL_TEXTS, PROMPTS, NEW_TOKENS =")):
+            exec(line.split("#")[0], {}, knobs)
+    assert (knobs["NUM_SAMPLES"], knobs["EVAL_TEXTS"], knobs["PROMPTS"], knobs["NEW_TOKENS"], knobs["GATE_PCT"]) == (
+        vllm_ppl.RECORD["num_samples"], vllm_ppl.RECORD["eval_texts"], vllm_ppl.RECORD["prompts"],
+        vllm_ppl.RECORD["max_new_tokens"], vllm_ppl.RECORD["max_increase_pct"])
 
 
 @pytest.mark.parametrize("live", [True, False])

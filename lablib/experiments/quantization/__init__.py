@@ -101,10 +101,10 @@ from .layers import PARTS, attention_more_sensitive, layer_rows, layer_sentence
 from .verdicts import claims, gate_judged, headline, int4_costs_more, kernels_logged, under_one_percent
 
 __all__ = [
-    "KV_FP8", "TOLERANCE_PCT", "bf16_agrees", "differs_from_record", "gpu_quality", "gpu_quality_lines", "quality_facts",
-    "vllm_quality_rows",
+    "CPU_SCHEMES", "KV_FP8", "TOLERANCE_PCT", "bf16_agrees", "default_schemes", "differs_from_record", "gpu_quality",
+    "gpu_quality_lines", "quality_facts", "vllm_quality_rows",
     "BATCHES", "GPU_WORK", "KERNEL_LINE", "KV_LINE", "LAB", "LOAD_LINE", "OWNER", "QUANTIZED_DTYPES", "SPEED_MODEL",
-    "CPU_SCHEMES", "SPEED_SCHEMES", "default_schemes", "VLLM_SWITCHES", "WEIGHT_FORMATS", "Agreement", "Gate", "Perplexity", "agreement",
+    "SPEED_SCHEMES", "VLLM_SWITCHES", "WEIGHT_FORMATS", "Agreement", "Gate", "Perplexity", "agreement",
     "available_speed_schemes", "check_disjoint", "claims", "evaluation_set", "fixed_workload", "from_logprobs",
     "gate_rows", "greedy_tokens", "group_size_rows", "headline", "kv_sentence", "linear_bytes", "linear_shapes",
     "lm_head_rows", "lm_head_sentence", "load_model", "perplexity", "predicted_bytes", "prepare_checkpoints",

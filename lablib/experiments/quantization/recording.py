@@ -178,25 +178,34 @@ def speed(force: bool | None = None, schemes: Sequence[str] | None = None, store
     Recorded, the rows at the asked batches (and schemes, when named) when the recording holds them all, else
     every recorded one; the line under the cell names each knob where the recording ran otherwise
     (`speed_knobs`). With a `store`, each live Result is appended to it as it ends, and a live run of QUANT_A on
-    record's grid (`QUANT_A_GRID`) is also kept as step quantization-a's recording (`keep_facts(KEY, speed_facts(...))`);
-    an engine that fails raises before anything is kept. Any other run stays this user's, and a line says so.
+    record's grid (`QUANT_A_GRID`) is also kept as step quantization-a's recording (`keep_facts(KEY, speed_facts(...))`),
+    after every run ("complete": False until the last, as record's when cut short), so a run cut by a time limit or an
+    engine that fails keeps what ran before it. Any other run stays this user's, and a line says so.
     """
     from ...results.reference import NotRecorded, load_reference
 
     def live() -> list[dict[str, Any]]:
         chosen = schemes if schemes is not None else available_speed_schemes(kw.get("model", SPEED_MODEL),
                                                                              kw.get("work_dir", GPU_WORK))
-        results = vllm_speed_runs(chosen, store=store, **kw)  # raises on an engine that fails: nothing kept then
-        if store is not None:
-            differs = differs_from_quant_a(chosen, kw)
+        differs = differs_from_quant_a(chosen, kw) if store is not None else ["no store"]
+        so_far: list[Result] = []
+
+        def keep(complete: bool) -> Path:  # step quantization-a's facts as they stand (record's, cut short or not)
+            return store.keep_facts(KEY, speed_facts(
+                so_far, asked=QUANT_A_GRID["schemes"], batches=QUANT_A_GRID["batches"], model=QUANT_A_GRID["model"],
+                work=Path(QUANT_A_GRID["work_dir"]) / QUANT_A_GRID["model"], skipped={}, failed={}, complete=complete))
+
+        def ended(r: Result) -> None:  # on record's grid the facts are kept after every run: a cut run keeps what ran
+            so_far.append(r)
             if not differs:
-                path = store.keep_facts(KEY, speed_facts(
-                    results, asked=QUANT_A_GRID["schemes"], batches=QUANT_A_GRID["batches"],
-                    model=QUANT_A_GRID["model"], work=Path(QUANT_A_GRID["work_dir"]) / QUANT_A_GRID["model"],
-                    skipped={}, failed={}, complete=True))
-                print(f"Kept as step quantization-a's recording (record's schemes and grid, every engine ran): {path}")
-            else:
-                print("Not kept as step quantization-a's recording (this is your run): " + "; ".join(differs))
+                keep(False)
+
+        results = vllm_speed_runs(chosen, store=store, on_result=ended, **kw)  # an engine that fails raises here
+        if not differs:
+            print(f"Kept as step quantization-a's recording (record's schemes and grid, every engine ran): "
+                  f"{keep(True)}")
+        elif store is not None:
+            print("Not kept as step quantization-a's recording (this is your run): " + "; ".join(differs))
         return speed_rows(results)
 
     def recorded() -> list[dict[str, Any]]:

@@ -13,8 +13,10 @@ schemes the gap between the two is the kernels' own (their accumulation order an
 asserted: what the lab asserts about a scheme's quality is its change against bf16 measured the same way.
 
 The FP8 KV cache is a vLLM switch, not a checkpoint: the `bf16-kv-fp8` row runs the bf16 weights with
-`kv_cache_dtype="fp8"`, so its change against bf16 is what storing K and V in 8 bits costs (the CPU has no such
-path: its CPU columns stay empty), and its `kv_tokens` beside bf16's is the capacity the halved bytes per token buy
+`kv_cache_dtype="fp8"`, so its change against bf16 is what vLLM's FP8 KV path costs (the CPU has no such path: its
+CPU columns stay empty). That path is more than 8-bit storage: with an FP8 KV cache vLLM 0.26's FlashAttention
+backend (Hopper) also casts the query to FP8 at scale 1.0 (`Attention.query_quant`, `_q_scale` 1.0) and runs
+attention in FP8, so the row measures FP8 attention as served. Its `kv_tokens` beside bf16's is the capacity the halved bytes per token buy
 at the same `gpu_memory_utilization`.
 """
 from __future__ import annotations
@@ -121,6 +123,7 @@ def default_schemes() -> list[str]:
 
     return list(RECORD["schemes"] if mode()["live"] else CPU_SCHEMES)
 
+
 def made_facts(schemes: Sequence[str], work: Path) -> list[dict[str, Any]]:
     """What the recording keeps of each checkpoint it scored, read from the checkpoint's own quantization.json."""
     out = []
@@ -183,9 +186,10 @@ def gpu_quality(schemes: Sequence[str], *, cpu_rows: Sequence[dict[str, Any]], w
     """`vllm_quality_rows` live on a GPU with vLLM (beside this run's CPU rows); else what step
     `quantization-quality` recorded on the H200 (its own CPU rows, made there, beside it).
 
-    With a `store`, a live run on record's settings (`RECORD`: `differs_from_record` finds nothing) in which every
-    engine ran also writes what `record` would (`ResultStore.keep_facts(KEY, quality_facts(...))`): lab 06 run live
-    on the GPU is its own quality recording. Any other run stays this user's, and a line says which setting differs."""
+    With a `store`, a live run on record's settings (`RECORD`: `differs_from_record` finds nothing) also writes what
+    `record` would (`ResultStore.keep_facts(KEY, quality_facts(...))`), after every engine ("complete": False until
+    the last, as record's when cut short): lab 06 run live on the GPU is its own quality recording, and a run cut by
+    a time limit keeps the engines that ended. Any other run stays this user's, and a line says which setting differs."""
     from ...results.reference import recorded_facts
 
     def recorded() -> list[dict[str, Any]]:
@@ -193,16 +197,22 @@ def gpu_quality(schemes: Sequence[str], *, cpu_rows: Sequence[dict[str, Any]], w
 
     def live() -> list[dict[str, Any]]:
         work = work_folder(work_dir)
-        rows = vllm_quality_rows(schemes, work_dir=work, eval_texts=eval_texts, cpu_rows=cpu_rows)
-        if store is None:
+        differs = differs_from_record(schemes, eval_texts, cpu_rows, work) if store is not None else ["no store"]
+        if differs:
+            rows = vllm_quality_rows(schemes, work_dir=work, eval_texts=eval_texts, cpu_rows=cpu_rows)
+            if store is not None:
+                print(f"Not kept as step {STEP}'s recording (this is your run): " + "; ".join(differs))
             return rows
-        differs = differs_from_record(schemes, eval_texts, cpu_rows, work)
-        if len(rows) == len(schemes) + 2 and not differs:  # every engine ran (one raising stops the run before here)
-            path = store.keep_facts(KEY, quality_facts(rows, cpu_rows, made_facts(schemes, work), None,
-                                                       len(evaluation_set(eval_texts)), *_gpu_and_date(), True))
-            print(f"Kept as step {STEP}'s recording (record's settings, every engine ran): {path}")
-        else:
-            print(f"Not kept as step {STEP}'s recording (this is your run): " + "; ".join(differs))
+        made, n, (gpu, date) = made_facts(schemes, work), len(evaluation_set(eval_texts)), _gpu_and_date()
+
+        def keep(rows: list[dict[str, Any]], complete: bool) -> Path:  # what record writes, cut short or not
+            return store.keep_facts(KEY, quality_facts(rows, cpu_rows, made, None, n, gpu, date, complete))
+
+        rows = vllm_quality_rows(schemes, work_dir=work, eval_texts=eval_texts, cpu_rows=cpu_rows,
+                                 on_row=lambda so_far: keep(so_far, False))  # kept after every engine
+        complete = len(rows) == len(schemes) + 2  # every engine ran (one raising stops the run before here)
+        path = keep(rows, complete)
+        print(f"Kept as step {STEP}'s recording (record's settings{', every engine ran' if complete else ''}): {path}")
         return rows
 
     asked = {"schemes": sorted(["bf16", KV_FP8, *schemes]), "eval_texts": len(evaluation_set(eval_texts))}
