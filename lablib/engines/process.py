@@ -9,9 +9,31 @@ leaves no server behind.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
+from collections.abc import Iterator
+
+
+
+@contextlib.contextmanager
+def environ(name: str, value: str | None) -> Iterator[None]:
+    """`name` set to `value` (None: unset) in this process's environment for the block, restored after: what a
+    worker spawned inside it, and every process vLLM starts under that worker, inherits (vLLM reads its switches,
+    e.g. VLLM_USE_V2_MODEL_RUNNER, from the environment of the process that runs it)."""
+    before = os.environ.get(name)
+    if value is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = value
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = before
 
 
 def children(pid: int) -> list:

@@ -16,11 +16,11 @@ import dataclasses
 import os
 import shutil
 import statistics
-from collections.abc import Iterator
 from typing import Any
 
 from .. import validate
 from ..config import BenchConfig, VLLMConfig
+from ..engines.process import environ
 from ..hardware.device import device_facts, nvml_memory, usable_gpu_count
 from ..hardware.fit import check_fit
 from ..hardware.roofline import lookup_gpu
@@ -134,20 +134,10 @@ class Run:
                 "all_reduce": self.all_reduce, "gpus": self.gpus, "run": self.name}
 
 
-@contextlib.contextmanager
-def worker_env(gpus: int) -> Iterator[None]:
+def worker_env(gpus: int) -> contextlib.AbstractContextManager[None]:
     """VLLM_ALLREDUCE_USE_SYMM_MEM=0 while an engine of more than one GPU is spawned and runs (its worker and vLLM's
     own processes inherit it), restored after: the lent multi-GPU machines have NVLink multicast off."""
-    before = os.environ.get(SYMM_MEM)
-    if gpus > 1:
-        os.environ[SYMM_MEM] = "0"
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop(SYMM_MEM, None)
-        else:
-            os.environ[SYMM_MEM] = before
+    return environ(SYMM_MEM, "0") if gpus > 1 else contextlib.nullcontext()
 
 
 def predict(model: str, scheme: str, t: int, batch: int, context: float, gpu_name: str | None,

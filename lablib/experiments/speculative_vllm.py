@@ -21,16 +21,16 @@ import contextlib
 import dataclasses
 import json
 import math
-import os
 import re
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from .. import validate
 from ..config import BenchConfig, VLLMConfig
+from ..engines.process import environ
 from ..hardware.device import device_facts
 from ..mechanisms.speculative import (
     SpecCounters,
@@ -92,21 +92,9 @@ class PinnedVLLMConfig(VLLMConfig):
 RUNNER_ENV = "VLLM_USE_V2_MODEL_RUNNER"
 
 
-@contextlib.contextmanager
-def runner_env(v2: bool | None) -> Iterator[None]:
+def runner_env(v2: bool | None) -> contextlib.AbstractContextManager[None]:
     """VLLM_USE_V2_MODEL_RUNNER set to 1/0 (None: unset, vLLM decides) while a worker is spawned; restored after."""
-    before = os.environ.get(RUNNER_ENV)
-    if v2 is None:
-        os.environ.pop(RUNNER_ENV, None)
-    else:
-        os.environ[RUNNER_ENV] = "1" if v2 else "0"
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop(RUNNER_ENV, None)
-        else:
-            os.environ[RUNNER_ENV] = before
+    return environ(RUNNER_ENV, None if v2 is None else "1" if v2 else "0")
 
 
 def _config(path: str | Path) -> dict[str, Any]:
