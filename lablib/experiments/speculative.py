@@ -1,6 +1,6 @@
 """Lab 08 on the CPU: greedy speculative decoding on the embedded pair, against the formula, and at 8B scale.
 
-The lab's CPU half lives in five modules, and every public name is importable from here (the notebook, the
+The lab's CPU half lives in six modules, and every public name is importable from here (the notebook, the
 tests and scripts/train_eagle.py call `experiments.speculative` for all of them):
 
 - `speculative_loops`: the greedy loops (`greedy`, `greedy_speculative` with the draft model, `greedy_eagle`
@@ -11,6 +11,7 @@ tests and scripts/train_eagle.py call `experiments.speculative` for all of them)
   chi-square tests that it keeps the target's distribution (`rule_test` at one position, `loop_test` end to end);
 - `speculative_study`: the costs c and verify_cost, forward by forward and in the loop, the speed study
   (`cpu_study`) and its tables and lines;
+- `speculative_checks`: the notebook's Checks cell (`checks`), every claim asserted on the run just made;
 - here: the formula's tables (`maths_tables`), the batch model at 8B scale on the H200's spec-sheet roofline
   (`batch_model`: where the verify pass stops being free and the speedup reverses), and `summary_lines`.
 
@@ -70,6 +71,7 @@ from .speculative_sampling import (  # noqa: F401 - re-exported, as above
     sample,
     speculative_sample,
 )
+from .speculative_checks import checks  # noqa: F401 - re-exported, as above: the notebook's Checks cell
 from .speculative_study import (  # noqa: F401 - re-exported, as above
     acceptance_table,
     cost_lines,

@@ -279,6 +279,51 @@ def test_under_one_percent_and_the_claims_verdicts_follow_the_numbers():
         "holds for the data-free part"
 
 
+def test_the_awq_claim_is_read_from_the_recording_when_the_run_left_awq_out_and_labelled_so():
+    from lablib.session import Shown
+
+    quality = _quality({"fp8-dynamic": 0.2, "gptq-w4a16": 1.6})  # a CPU run: no AWQ
+    stored = [{"scheme": s, "vs_bf16": v, "rest_dtypes": "BF16"} for s, v in (("bf16", 1.0), ("fp8-dynamic", 0.61))]
+    lm = [{"scheme": "fp8-dynamic", "lm_head": "kept 16-bit", "ppl_change_pct": 0.2, "size_vs_kept_pct": 0.0,
+           "lm_head_share": 0.22},
+          {"scheme": "fp8-dynamic", "lm_head": "quantized too", "ppl_change_pct": 0.3, "size_vs_kept_pct": 18.2,
+           "lm_head_share": 0.22}]
+    recording = {"gpu": "NVIDIA H200", "date": "2026-12-02",
+                 "cpu_rows": _quality({"gptq-w4a16": 1.6, "awq-w4a16": 2.43}, agree={"gptq-w4a16": 0.61,
+                                                                                     "awq-w4a16": 0.25}),
+                 "rows": [{"scheme": "gptq-w4a16", "ppl_change_pct": 1.61}, {"scheme": "awq-w4a16", "ppl_change_pct": 2.38}]}
+    speed = [{"scheme": s, "batch": b, "decode_tok_s": v} for s, b, v in (("bf16", 1, 205), ("fp8", 1, 289))]
+
+    def claim(rec, name="AWQ keeps more salient weights and suits generation better than GPTQ"):
+        got = qe.claims(quality, stored, lm, qe.weights_alone(), Shown(speed, False, "recorded"), recording=rec)
+        return {c["claim"]: c for c in got}[name]
+
+    awq = claim(recording)
+    assert awq["verdict"] == "does not hold"
+    assert "AWQ +2.43% perplexity, 25% greedy agreement" in awq["evidence"]
+    assert "served by vLLM: AWQ +2.38%, GPTQ +1.61%" in awq["evidence"]
+    assert awq["where"].startswith("recorded on NVIDIA H200, 2026-12-02 (step quantization-quality")
+    better = claim({**recording, "cpu_rows": _quality({"gptq-w4a16": 1.6, "awq-w4a16": 1.2},
+                                                      agree={"gptq-w4a16": 0.5, "awq-w4a16": 0.7})})
+    assert better["verdict"] == "holds"  # the verdict follows the recorded numbers, not a fixed answer
+    for rec in (None, {**recording, "cpu_rows": _quality({"gptq-w4a16": 1.6})}):  # none, or no AWQ recorded either
+        assert claim(rec)["verdict"] == "not measured here"
+    faster = claim(recording, "fewer bytes per weight, faster decode (int4's ~3.5x fewer bytes)")
+    assert faster["verdict"] == "not measured here"
+    assert "not measured yet (step quantization-b)" in faster["evidence"] and "batch 1 x1.41" in faster["evidence"]
+
+
+def test_quality_recording_is_the_packed_quantization_quality_step_or_none(monkeypatch):
+    from lablib.experiments.quantization import vllm_ppl
+    from lablib.results import reference
+
+    facts = {"quantization_quality": {"rows": [], "cpu_rows": []}}
+    monkeypatch.setattr(reference, "reference_facts", lambda: facts)
+    assert vllm_ppl.quality_recording() == facts["quantization_quality"]
+    monkeypatch.setattr(reference, "reference_facts", lambda: {})
+    assert vllm_ppl.quality_recording() is None
+
+
 def test_quiet_progress_disables_bars_only_inside_the_block():
     import io
 
@@ -356,7 +401,10 @@ def test_speed_runs_refuse_before_any_engine(tmp_path, monkeypatch):
         qe.vllm_speed_runs(("bf16",), (0,), model="embedded", work_dir=tmp_path)
 
 
-def test_speed_not_recorded_yet_names_its_step():
+def test_speed_not_recorded_yet_names_its_step(monkeypatch):
+    import lablib.results.reference as reference
+
+    monkeypatch.setattr(reference, "load_reference", lambda *steps, prefix=None: [])  # a tree with no lab 06 runs
     shown = qe.speed(force=False)
     assert shown.value is None and "--steps quantization" in shown.label
     assert qe.kv_sentence(shown.value).startswith("FP8 KV cache: not measured here")
@@ -380,6 +428,9 @@ def test_the_recorded_speed_shows_what_a_cell_asked_or_says_what_stands_in(start
     assert same.stand_ins == {} and len(same.value) == 4 and capsys.readouterr().out == ""
     part = qe.speed(force=False, batches=(4,), **kw)
     assert part.stand_ins == {} and [(r["scheme"], r["batch"]) for r in part.value] == [("bf16", 4), ("fp8", 4)]
+    assert capsys.readouterr().out == (  # every scheme the recording lacks is named, with the step that records it
+        "bf16-kv-fp8: not measured on the 8B yet (step quantization-a); gptq-w4a16, w8a8-int8, awq-w4a16: not "
+        "measured on the 8B yet (step quantization-b, after quantization-prepare makes its checkpoints)\n")
     lab = qe.speed(force=False)  # the notebook's call: the synthetic 8B at BATCHES
     assert lab.stand_ins == {"model": {"asked": "synthetic:llama-3.1-8b", "shown": "embedded"},
                              "batches": {"asked": [1, 8, 64, 256], "shown": [1, 4]}} and len(lab.value) == 4

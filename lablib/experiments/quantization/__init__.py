@@ -40,6 +40,7 @@ from .vllm_ppl import (
     gpu_quality,
     gpu_quality_lines,
     quality_facts,
+    quality_recording,
     vllm_quality_rows,
 )
 from .measures import (
@@ -102,7 +103,7 @@ from .verdicts import claims, gate_judged, headline, int4_costs_more, kernels_lo
 
 __all__ = [
     "CPU_SCHEMES", "KV_FP8", "TOLERANCE_PCT", "bf16_agrees", "default_schemes", "differs_from_record", "gpu_quality",
-    "gpu_quality_lines", "quality_facts", "vllm_quality_rows",
+    "gpu_quality_lines", "quality_facts", "quality_recording", "vllm_quality_rows",
     "BATCHES", "GPU_WORK", "KERNEL_LINE", "KV_LINE", "LAB", "LOAD_LINE", "OWNER", "QUANTIZED_DTYPES", "SPEED_MODEL",
     "SPEED_SCHEMES", "VLLM_SWITCHES", "WEIGHT_FORMATS", "Agreement", "Gate", "Perplexity", "agreement",
     "available_speed_schemes", "check_disjoint", "claims", "evaluation_set", "fixed_workload", "from_logprobs",

@@ -88,13 +88,16 @@ def _verdict(held: Sequence[bool]) -> str:
 
 def claims(quality: Sequence[dict[str, Any]], stored: Sequence[dict[str, Any]], lm_head: Sequence[dict[str, Any]],
            weights: Sequence[dict[str, Any]], speed: Shown | None = None,
-           layers: Sequence[dict[str, Any]] | None = None) -> list[dict[str, str]]:
+           layers: Sequence[dict[str, Any]] | None = None,
+           recording: dict[str, Any] | None = None) -> list[dict[str, str]]:
     """Each seed claim the issue lists: a verdict, the evidence in this run's numbers, and where they come from.
 
     quality: quality_table's rows; stored: storage_rows'; lm_head: lm_head_rows'; weights: weights_alone's (with
     llama-3.1-70b); speed: what `speed()` returned (its rows, or nothing recorded yet); layers: layer_rows'
-    (attention and MLP quantized apart). A claim this machine cannot measure says so ("not measured here") rather
-    than borrow a number.
+    (attention and MLP quantized apart); recording: step quantization-quality's facts (`quality_recording()`),
+    from which AWQ against GPTQ is read, labelled as recorded, when this run did not quantize both (a CPU run leaves
+    AWQ out for time). A claim neither this run nor a recording measured says so ("not measured here") rather than
+    borrow a number.
     """
     here, arith = "live on this CPU (embedded model)", "arithmetic on the published config"
     gpu_where = speed.label if speed is not None else "no speed runs passed"
@@ -128,15 +131,27 @@ def claims(quality: Sequence[dict[str, Any]], stored: Sequence[dict[str, Any]], 
         here)
     gptq, awq_r = (next((r for r in run if r["scheme"] == s), None) for s in ("gptq-w4a16", "awq-w4a16"))
     claim = "AWQ keeps more salient weights and suits generation better than GPTQ"
+    awq_where, vllm_ppl = here, ""
+    if not (gptq and awq_r) and recording:  # this run left one out: the H200 recording has both, scored the same way
+        cpu = {r["scheme"]: r for r in recording.get("cpu_rows") or ()}
+        if "gptq-w4a16" in cpu and "awq-w4a16" in cpu:
+            gptq, awq_r = cpu["gptq-w4a16"], cpu["awq-w4a16"]
+            served = {r["scheme"]: r for r in recording.get("rows") or ()}
+            if "gptq-w4a16" in served and "awq-w4a16" in served:
+                vllm_ppl = (f"; served by vLLM: AWQ {served['awq-w4a16']['ppl_change_pct']:+.2f}%, GPTQ "
+                            f"{served['gptq-w4a16']['ppl_change_pct']:+.2f}% perplexity")
+            awq_where = (f"recorded on {recording.get('gpu')}, {recording.get('date')} (step quantization-quality: "
+                         "checkpoints made there, scored on its CPU and by vLLM)")
     if gptq and awq_r:
         add(claim, _verdict([awq_r["ppl_change_pct"] < gptq["ppl_change_pct"], awq_r["agreement"] > gptq["agreement"]]),
             "; ".join(f"{name} {r['ppl_change_pct']:+.2f}% perplexity, {r['agreement']:.0%} greedy agreement, first "
                       f"divergence {r['mean_first_divergence']:.1f} tokens on average"
                       for name, r in (("AWQ", awq_r), ("GPTQ", gptq))) +
             f" (both group {gptq.get('group_size')}, {(gptq.get('calibration') or {}).get('samples')} calibration "
-            f"windows, a {params / 1e6:.1f}M-parameter model)", here)
+            f"windows, a {params / 1e6:.1f}M-parameter model){vllm_ppl}", awq_where)
     else:
-        add(claim, "not measured here", "needs both 'gptq-w4a16' and 'awq-w4a16' in SCHEMES", here)
+        add(claim, "not measured here", "needs both 'gptq-w4a16' and 'awq-w4a16' in SCHEMES (and no recording "
+            "step quantization-quality has both)", here)
     rows = (speed.value if speed is not None else None) or []
     at = {(r["scheme"], r["batch"]): r for r in rows}
     fp8 = next((r for r in run if r["scheme"] == "fp8-dynamic"), None)
@@ -189,8 +204,11 @@ def claims(quality: Sequence[dict[str, Any]], stored: Sequence[dict[str, Any]], 
         here)
     int4 = [(b, at[("gptq-w4a16", b)]["decode_tok_s"], at[("bf16", b)]["decode_tok_s"])
             for s, b in sorted(at) if s == "gptq-w4a16" and ("bf16", b) in at]
+    evidence = "; ".join(f"batch {b}: GPTQ {x:,.0f} vs bf16 {y:,.0f} decode tok/s" for b, x, y in int4)
+    if not int4:  # FP8's half the bytes, where it ran, says how far bytes turn into speed; int4's own runs are missing
+        evidence = ("int4 on the H200: not measured yet (step quantization-b)" +
+                    ("; for comparison, online fp8 (about half bf16's Linear bytes) over bf16: " +
+                     ", ".join(f"batch {b} x{x / y:.2f}" for b, x, y in online) if online else ""))
     add("fewer bytes per weight, faster decode (int4's ~3.5x fewer bytes)",
-        _verdict([x > y for _, x, y in int4]) if int4 else "not measured here",
-        "; ".join(f"batch {b}: GPTQ {x:,.0f} vs bf16 {y:,.0f} decode tok/s" for b, x, y in int4)
-        or "the H200 speed runs are not recorded yet", gpu_where)
+        _verdict([x > y for _, x, y in int4]) if int4 else "not measured here", evidence, gpu_where)
     return out

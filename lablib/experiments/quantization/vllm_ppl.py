@@ -279,3 +279,14 @@ def record(out_dir: str | Path, store: Any, facts: dict[str, Any], *,
     rows = facts[KEY]["rows"]
     with open(Path(out_dir) / "log.txt", "a") as f:
         f.write(f"quantization-quality: {[(r['scheme'], round(r['ppl_vllm'], 3), r['vllm_vs_cpu_pct']) for r in rows]}\n")
+
+
+def quality_recording() -> dict[str, Any] | None:
+    """Step quantization-quality's facts (every RECORD scheme quantized on the H200 machine, scored on its CPU and by
+    vLLM), or None where it is not recorded: `claims` reads AWQ against GPTQ from it when a run left one out."""
+    from ...results.reference import NotRecorded, recorded_facts
+
+    try:
+        return recorded_facts(KEY, STEP)
+    except NotRecorded:
+        return None

@@ -1,0 +1,48 @@
+"""Lab 08's Checks cell: the CPU loop's claims asserted on this run, vLLM's claims when its grid ran live.
+
+`checks` takes what the lab's cells computed (the CPU study, transformers' assisted generation, the harness
+runs, both drafters' acceptance, the two chi-square tests, the batch model, the vLLM study) and asserts each
+claim on them: exactness of the greedy loops, the counters' consistency, the formula within three standard
+errors, the distribution kept at temperature T, the batch model's reversal; vLLM's counters, starts, cross-check
+and the speedup falling with batch only where `gpu` was measured on this machine (`Checks.live`).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+
+def checks(study: dict[str, Any], hf: dict[str, Any], harness: dict[str, Any], drafters: list[dict[str, Any]],
+           sampling_rule: list[dict[str, Any]], sampling_loop: list[dict[str, Any]], model: dict[str, Any],
+           gpu: Any) -> None:
+    """Lab 08's Checks cell. Prints what ran and what did not (and returns nothing, so the cell shows it once)."""
+    from ..session import Checks
+    from .speculative import pays_then_reverses, speedup_falls_with_batch
+    from .speculative_sampling import distribution_kept
+    from .speculative_study import acceptance_table
+
+    c = Checks("08_speculative_decoding")
+    acc = acceptance_table(study)
+    c.that("the loop emits exactly the target's greedy tokens, every k", all(r["identical_to_greedy"] for r in acc))
+    c.that("the loop's counters are consistent (vLLM's definitions)", all(r["counters_consistent"] for r in acc))
+    c.that("transformers' assisted generation keeps naive generate's tokens, draft and n-gram, through the harness",
+           all(r["identical_to_naive"] for r in harness["rows"]))
+    c.that("mean acceptance length within 3 standard errors of E(alpha, k), every k",
+           all(abs(r["gap_in_stderrs"]) <= 3 for r in acc), [round(r["gap_in_stderrs"], 2) for r in acc])
+    c.that("transformers' assisted generation gives the same tokens", hf["all_identical"], hf)
+    c.that("the EAGLE loop emits the target's greedy tokens, its counters consistent, every k",
+           all(r["identical_to_greedy"] and r["counters_consistent"] for r in drafters if r["drafter"] == "eagle"))
+    c.that("speculative sampling keeps the target's distribution (chi-square at level 0.01, the rule and the loop), "
+           "and the test rejects both wrong rules", distribution_kept(sampling_rule, sampling_loop),
+           [round(r["p_value"], 3) for r in sampling_rule + sampling_loop if r["rule"] == "leviathan"])
+    c.that("the batch model: every drafter pays at batch 1 and reverses at a larger batch", pays_then_reverses(model),
+           model["reversal"])
+    c.live(gpu, "vLLM's counters are consistent in every speculative run",
+           lambda v: all(r["counters_consistent"] for r in v["rows"] if r["method"] != "baseline"))
+    c.live(gpu, "every setting's engine started and served every batch", lambda v: not v.get("failed"),
+           lambda v: v.get("failed"))
+    c.live(gpu, "vLLM's mean acceptance length within 3 standard errors of the loop's, same drafter and prompts",
+           lambda v: bool(v["cross_check"]) and all(x["within_3_stderrs"] for x in v["cross_check"]),
+           lambda v: [round(x["gap_in_stderrs"], 2) for x in v["cross_check"]])
+    c.live(gpu, "every speculative setting pays less at the largest batch than at batch 1", speedup_falls_with_batch)
+    c.live(gpu, "VRAM back to baseline after every engine", lambda v: all(r["back_to_baseline"] for r in v["rows"]))
+    c.done()
