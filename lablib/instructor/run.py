@@ -20,15 +20,16 @@ top linking to the cell. The last stdout line is one JSON document (ok, the summ
 from __future__ import annotations
 
 import argparse
+import contextlib
 import html
 import json
-import os
 import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..engines.process import environ
 from ..validate import refuse
 from .notebooks import LABS_DIR, lab_notebooks
 
@@ -107,18 +108,10 @@ def _banner(nb: Any) -> str:
     return ""
 
 
-def run_lab(path: Path, out: Path, *, env: dict[str, str], cell_timeout_s: float | None) -> LabRun:
-    """Execute one notebook with papermill (working directory: its folder), then write its HTML."""
-    import nbformat
+def _execute(path: Path, out: Path, run: LabRun, cell_timeout_s: float | None) -> None:
+    """papermill on one notebook (working directory: its folder); a failure is noted on `run`, never raised."""
     import papermill
 
-    from .export import to_html
-
-    run = LabRun(lab=path.stem, source=str(path), notebook=f"{path.stem}.ipynb", html=f"{path.stem}.html")
-    source = nbformat.read(path, as_version=4)
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    t0 = time.perf_counter()
     try:
         papermill.execute_notebook(str(path), str(out / run.notebook), cwd=str(path.parent), progress_bar=False,
                                    log_output=False, execution_timeout=cell_timeout_s, kernel_name="python3",
@@ -128,13 +121,22 @@ def run_lab(path: Path, out: Path, *, env: dict[str, str], cell_timeout_s: float
         run.status = "failed"
         if not (out / run.notebook).exists():
             run.failure = {"cell": -1, "code_cell": -1, "first_line": "", "error": f"{type(e).__name__}: {e}"[:300]}
-    finally:
+
+
+def run_lab(path: Path, out: Path, *, env: dict[str, str], cell_timeout_s: float | None) -> LabRun:
+    """Execute one notebook with papermill (working directory: its folder), then write its HTML."""
+    import nbformat
+
+    from .export import to_html
+
+    run = LabRun(lab=path.stem, source=str(path), notebook=f"{path.stem}.ipynb", html=f"{path.stem}.html")
+    source = nbformat.read(path, as_version=4)
+    t0 = time.perf_counter()
+    with contextlib.ExitStack() as scope:  # the kernel inherits env; this process's own is put back after
+        for k, v in env.items():
+            scope.enter_context(environ(k, v))
+        _execute(path, out, run, cell_timeout_s)
         run.wall_s = round(time.perf_counter() - t0, 2)
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
     if (out / run.notebook).exists():
         executed = nbformat.read(out / run.notebook, as_version=4)
         if run.status == "failed" and not run.failure:
