@@ -592,3 +592,29 @@ def test_the_scarce_recording_step_keeps_rows_and_recorded_results(start, tmp_pa
     saved = store.load()
     assert [r.step for r in saved] == ["prefix-scarce-grouped-48"] and saved[0].provenance == "recorded"
     assert saved[0].lab == "reference"
+
+
+def test_the_agreement_line_names_the_explanation_the_numbers_leave():
+    """Three cases the H200 recorded: reuse alone moves tokens (control and run-twice quiet); the control moves while
+    one engine run twice does not (the second engine's doing, 2026-12-02's embedded model); one engine run twice
+    already moves (random weights, the synthetic 8B): then on against off cannot single out the cache."""
+    from lablib.session import Shown
+
+    def rows(model, reused, control, twice):
+        sets = [f"shared-prefix-{n}" for n in (128, 512)] + ["shared-prefix-512-shared-after"]
+        return [{"model": model, "workload": w, "identical": same, "of": 32, "off_twice": t,
+                 "diverged": [{"first_divergence": 5}] * (32 - same)}
+                for w, same, t in zip(sets, [*reused, control], twice)]
+
+    def line(*args):
+        return prefix.agreement_lines(Shown({"agreement": rows(*args)}, False, "recorded"))
+
+    reuse = line("embedded", (30, 28), 32, ["32 of 32"] * 3)
+    assert "so the differences come with reused blocks" in reuse and "58 of 64 requests identical" in reuse
+    engine = line("embedded", (30, 28), 24, ["32 of 32"] * 3)
+    assert "they come with the second engine, the one with caching on" in engine and "the control, which reuses " \
+        "nothing: 24 of 32" in engine
+    noise = line("synthetic:llama-3.1-8b", (30, 5), 32, ["30 of 32", "7 of 32", "32 of 32"])
+    assert "cannot single out the cache here: random weights" in noise and "reused blocks" not in noise
+    old = line("embedded", (30, 28), 24, [None] * 3)  # a recording made before the run twice: no claim about it
+    assert "two engines of the same configuration already part" in old and "run twice" not in old
