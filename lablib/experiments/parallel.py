@@ -73,6 +73,7 @@ from .parallel_recording import (  # noqa: F401 - re-exported, as above
     part_of,
     record,
     record_scaling,
+    recorded_label,
     remaining_runs,
     run_facts,
     run_key,
@@ -134,15 +135,6 @@ RUN_DEFAULTS = {"pp": 1, "all_reduce": "custom"}  # what a row without the field
 
 def _field(row: dict[str, Any], name: str) -> Any:
     return row[name] if name in row else RUN_DEFAULTS[name]
-
-
-def recorded_label(facts: dict[str, Any]) -> str:
-    """How a recording is labelled: "recorded on 2 x NVIDIA H200, 2026-12-02" (the GPUs a worker could use there,
-    where the facts say more than one; "recorded on NVIDIA H200, ..." for one, as every one-GPU recording is labelled,
-    so that a figure merges their dates into one phrase)."""
-    n = facts.get("gpu_count")
-    return (f"recorded on {f'{n} x ' if n and n > 1 else ''}{facts.get('gpu') or 'a GPU'}, "
-            f"{facts.get('date') or 'date unknown'}")
 
 
 def _recorded(key: str, step: str, fields: tuple[str, ...], points: list[tuple], batches: tuple[int, ...]

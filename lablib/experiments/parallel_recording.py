@@ -214,6 +214,15 @@ def _key(row: dict[str, Any]) -> tuple:
     return row["model"], row["scheme"], row["t"], row.get("pp", 1), row.get("all_reduce", "custom")
 
 
+def recorded_label(facts: dict[str, Any]) -> str:
+    """How a recording is labelled: "recorded on 2 x NVIDIA H200, 2026-12-02" (the GPUs a worker could use there,
+    where the facts say more than one; "recorded on NVIDIA H200, ..." for one, as every one-GPU recording is labelled,
+    so that a figure merges their dates into one phrase)."""
+    n = facts.get("gpu_count")
+    return (f"recorded on {f'{n} x ' if n and n > 1 else ''}{facts.get('gpu') or 'a GPU'}, "
+            f"{facts.get('date') or 'date unknown'}")
+
+
 def _status(facts: dict[str, Any], key: str, run: Run, batches: Sequence[int]) -> str:
     """What the recording `facts[key]` holds of `run`: "recorded", a row's "not measured: why", or "not run yet"."""
     want = (run.model, run.scheme, run.t, run.pp, run.all_reduce)
@@ -223,7 +232,7 @@ def _status(facts: dict[str, Any], key: str, run: Run, batches: Sequence[int]) -
     missing = [rows[b]["status"] if b in rows else "not run yet" for b in batches
                if b not in rows or rows[b]["status"] != "measured"]
     if not missing:
-        return f"recorded on {(facts[key].get('gpu_count') or '?')} x {facts[key].get('gpu')}, {facts[key].get('date')}"
+        return recorded_label(facts[key])
     return missing[0]
 
 

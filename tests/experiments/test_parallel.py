@@ -617,10 +617,15 @@ def test_without_two_gpus_scaling_shows_the_recording_or_says_it_is_missing(monk
     shown = exp.tp_scaling()
     assert not shown.live and shown.value is None
     assert "tp_scaling is not recorded yet" in shown.label and "one GPU command for each of tp-scaling-8b, " in shown.label
+    from lablib.results import reference
+
     recorded = exp.tp1_baseline(force=False)  # step tp1 is packed (H200, 2026-12-02): its rows, labelled recorded
     assert not recorded.live and recorded.label.startswith("recorded on ")
+    day = reference.reference_facts()["tp1"]["date"]
+    assert {r["provenance"] for r in recorded.value} == {f"recorded on NVIDIA H200, {day}"}  # one GPU: no "1 x"
+    assert exp.recorded_label({"gpu": "NVIDIA H200", "gpu_count": 2, "date": day}) == f"recorded on 2 x NVIDIA H200, {day}"
+    assert exp.recorded_label({}) == "recorded on a GPU, date unknown"
     assert {(r["model"], r["batch"]) for r in recorded.value} == {(m, b) for m, _ in exp.TP1_RUNS for b in exp.TP1_BATCHES}
-    from lablib.results import reference
     facts = reference.reference_facts()
     monkeypatch.setattr(reference, "reference_facts", lambda: {k: v for k, v in facts.items() if k != "tp1"})
     missing = exp.tp1_baseline(force=False)  # a tree without it: nothing shown, and the command that records it

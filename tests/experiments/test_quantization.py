@@ -298,11 +298,19 @@ def test_the_awq_claim_is_read_from_the_recording_when_the_run_left_awq_out_and_
         got = qe.claims(quality, stored, lm, qe.weights_alone(), Shown(speed, False, "recorded"), recording=rec)
         return {c["claim"]: c for c in got}[name]
 
+    both = qe.claims(_quality({"gptq-w4a16": 1.6, "awq-w4a16": 1.0}, agree={"gptq-w4a16": 0.5, "awq-w4a16": 0.7}),
+                     stored, lm, qe.weights_alone(), Shown(speed, False, "recorded"), recording=recording)
+    mine = {c["claim"]: c for c in both}["AWQ keeps more salient weights and suits generation better than GPTQ"]
+    assert mine["verdict"] == "holds" and mine["where"] == "live on this CPU (embedded model)"  # the run's own first
     awq = claim(recording)
     assert awq["verdict"] == "does not hold"
     assert "AWQ +2.43% perplexity, 25% greedy agreement" in awq["evidence"]
     assert "served by vLLM: AWQ +2.38%, GPTQ +1.61%" in awq["evidence"]
     assert awq["where"].startswith("recorded on NVIDIA H200, 2026-12-02 (step quantization-quality")
+    assert "scored on its CPU and by vLLM" in awq["where"]
+    unserved = claim({**recording, "rows": [], "gpu": None})
+    assert "served by vLLM" not in unserved["evidence"] and "and by vLLM" not in unserved["where"]
+    assert unserved["where"].startswith("recorded on a GPU, 2026-12-02")
     better = claim({**recording, "cpu_rows": _quality({"gptq-w4a16": 1.6, "awq-w4a16": 1.2},
                                                       agree={"gptq-w4a16": 0.5, "awq-w4a16": 0.7})})
     assert better["verdict"] == "holds"  # the verdict follows the recorded numbers, not a fixed answer
@@ -311,6 +319,9 @@ def test_the_awq_claim_is_read_from_the_recording_when_the_run_left_awq_out_and_
     faster = claim(recording, "fewer bytes per weight, faster decode (int4's ~3.5x fewer bytes)")
     assert faster["verdict"] == "not measured here"
     assert "not measured yet (step quantization-b)" in faster["evidence"] and "batch 1 x1.41" in faster["evidence"]
+    live = {c["claim"]: c for c in qe.claims(quality, stored, lm, qe.weights_alone(), Shown(speed, True, "live on X"))}
+    assert live["fewer bytes per weight, faster decode (int4's ~3.5x fewer bytes)"]["evidence"].startswith(
+        "GPTQ is not among this run's speed schemes")  # live without its checkpoint: the fix, not a recording step
 
 
 def test_quality_recording_is_the_packed_quantization_quality_step_or_none(monkeypatch):
@@ -429,8 +440,11 @@ def test_the_recorded_speed_shows_what_a_cell_asked_or_says_what_stands_in(start
     part = qe.speed(force=False, batches=(4,), **kw)
     assert part.stand_ins == {} and [(r["scheme"], r["batch"]) for r in part.value] == [("bf16", 4), ("fp8", 4)]
     assert capsys.readouterr().out == (  # every scheme the recording lacks is named, with the step that records it
-        "bf16-kv-fp8: not measured on the 8B yet (step quantization-a); gptq-w4a16, w8a8-int8, awq-w4a16: not "
-        "measured on the 8B yet (step quantization-b, after quantization-prepare makes its checkpoints)\n")
+        "bf16-kv-fp8: not measured on embedded yet (step quantization-a); gptq-w4a16, w8a8-int8, awq-w4a16: not "
+        "measured on embedded yet (step quantization-b, after quantization-prepare makes its checkpoints)\n")
+    only_b1 = [r for r in qe.speed_rows(runs) if r["batch"] == 1]  # a scheme recorded at another batch is there
+    assert qe.recording.missing_line(only_b1 + [{**only_b1[0], "scheme": "gptq-w4a16", "batch": 4}],
+                                     ("bf16", "gptq-w4a16")) == ""
     lab = qe.speed(force=False)  # the notebook's call: the synthetic 8B at BATCHES
     assert lab.stand_ins == {"model": {"asked": "synthetic:llama-3.1-8b", "shown": "embedded"},
                              "batches": {"asked": [1, 8, 64, 256], "shown": [1, 4]}} and len(lab.value) == 4

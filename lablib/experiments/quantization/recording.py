@@ -212,9 +212,10 @@ def speed(force: bool | None = None, schemes: Sequence[str] | None = None, store
         runs = load_reference(prefix="quant-")
         if not runs:
             raise NotRecorded("lab 06's speed and memory per scheme on the synthetic 8B", "quantization")
-        rows = asked_rows(speed_rows(runs), "batch", kw.get("batches", BATCHES))
-        if missing := missing_line(rows, schemes):
+        every = speed_rows(runs)
+        if missing := missing_line(every, schemes):  # what the recording lacks at any batch, not only the asked ones
             print(missing)
+        rows = asked_rows(every, "batch", kw.get("batches", BATCHES))
         return rows if schemes is None else asked_rows(rows, "scheme", schemes)
 
     return live_or_recorded(live, recorded, force=force, asked=speed_knobs(schemes, kw), recorded_with=ran_with)
@@ -224,7 +225,8 @@ def missing_line(rows: Sequence[dict[str, Any]], schemes: Sequence[str] | None =
     """What the recorded speed rows lack of the two steps' schemes (or of `schemes`), and the steps that record it
     ("" when nothing): a scheme never run on the 8B is named as not measured, never left out without a word."""
     have = {r["scheme"] for r in rows}
-    lines = [f"{', '.join(gone)}: not measured on the 8B yet (step {step}"
+    model = ran_with(rows)["model"] if rows else base_model(SPEED_MODEL)
+    lines = [f"{', '.join(gone)}: not measured on {model} yet (step {step}"
              f"{', after quantization-prepare makes its checkpoints' if step == 'quantization-b' else ''})"
              for step, wanted in (("quantization-a", QUANT_A), ("quantization-b", QUANT_B))
              if (gone := [x for x in wanted if x not in have and (schemes is None or x in schemes)])]

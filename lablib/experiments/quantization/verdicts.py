@@ -2,8 +2,9 @@
 
 `claims` takes what the notebook measured (the quality table, the storage rows, lm_head both ways, the
 8B and 70B weights alone, the GPU speed runs when there are any, attention and MLP quantized apart) and
-gives each claim a verdict, the evidence in numbers and where they were measured; a claim this machine
-cannot measure says so rather than borrow a number. `under_one_percent` and `headline` say the same in one
+gives each claim a verdict, the evidence in numbers and where they were measured; a claim this run did not
+measure is read from the H200's recording where one holds it, labelled so, or says "not measured here", never a
+borrowed number without its label. `under_one_percent` and `headline` say the same in one
 line; `gate_judged`, `int4_costs_more` and `kernels_logged` are the Checks cell's claims about this run.
 """
 from __future__ import annotations
@@ -140,8 +141,9 @@ def claims(quality: Sequence[dict[str, Any]], stored: Sequence[dict[str, Any]], 
             if "gptq-w4a16" in served and "awq-w4a16" in served:
                 vllm_ppl = (f"; served by vLLM: AWQ {served['awq-w4a16']['ppl_change_pct']:+.2f}%, GPTQ "
                             f"{served['gptq-w4a16']['ppl_change_pct']:+.2f}% perplexity")
-            awq_where = (f"recorded on {recording.get('gpu')}, {recording.get('date')} (step quantization-quality: "
-                         "checkpoints made there, scored on its CPU and by vLLM)")
+            awq_where = (f"recorded on {recording.get('gpu') or 'a GPU'}, {recording.get('date') or 'date unknown'} "
+                         f"(step quantization-quality: checkpoints made there, scored on its CPU"
+                         f"{' and by vLLM' if vllm_ppl else ''}, on {gptq.get('eval') or 'its evaluation set'})")
     if gptq and awq_r:
         add(claim, _verdict([awq_r["ppl_change_pct"] < gptq["ppl_change_pct"], awq_r["agreement"] > gptq["agreement"]]),
             "; ".join(f"{name} {r['ppl_change_pct']:+.2f}% perplexity, {r['agreement']:.0%} greedy agreement, first "
@@ -150,8 +152,9 @@ def claims(quality: Sequence[dict[str, Any]], stored: Sequence[dict[str, Any]], 
             f" (both group {gptq.get('group_size')}, {(gptq.get('calibration') or {}).get('samples')} calibration "
             f"windows, a {params / 1e6:.1f}M-parameter model){vllm_ppl}", awq_where)
     else:
-        add(claim, "not measured here", "needs both 'gptq-w4a16' and 'awq-w4a16' in SCHEMES (and no recording "
-            "step quantization-quality has both)", here)
+        add(claim, "not measured here", "needs both 'gptq-w4a16' and 'awq-w4a16' in SCHEMES" +
+            (" (the recording of step quantization-quality does not hold both either)" if recording else
+             " (or a recording of step quantization-quality holding both: recording=quality_recording())"), here)
     rows = (speed.value if speed is not None else None) or []
     at = {(r["scheme"], r["batch"]): r for r in rows}
     fp8 = next((r for r in run if r["scheme"] == "fp8-dynamic"), None)
@@ -206,7 +209,10 @@ def claims(quality: Sequence[dict[str, Any]], stored: Sequence[dict[str, Any]], 
             for s, b in sorted(at) if s == "gptq-w4a16" and ("bf16", b) in at]
     evidence = "; ".join(f"batch {b}: GPTQ {x:,.0f} vs bf16 {y:,.0f} decode tok/s" for b, x, y in int4)
     if not int4:  # FP8's half the bytes, where it ran, says how far bytes turn into speed; int4's own runs are missing
-        evidence = ("int4 on the H200: not measured yet (step quantization-b)" +
+        evidence = (("GPTQ is not among this run's speed schemes (its 8B checkpoint is made by prepare_checkpoints)"
+                     if speed is not None and speed.live else
+                     "int4 on the H200: not measured yet (step quantization-b)" if rows else
+                     "the H200 speed runs are not recorded yet (steps quantization-a and quantization-b)") +
                     ("; for comparison, online fp8 (about half bf16's Linear bytes) over bf16: " +
                      ", ".join(f"batch {b} x{x / y:.2f}" for b, x, y in online) if online else ""))
     add("fewer bytes per weight, faster decode (int4's ~3.5x fewer bytes)",
