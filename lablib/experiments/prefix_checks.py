@@ -85,13 +85,14 @@ def agreement_lines(shown: Any) -> str:
             text += f"; caching off, the same run twice: {', '.join(twice)}"
         quiet = control_identical(rows, model)
         steady = all(_all_identical(t) for t in twice)  # one engine, caching off, run twice: nothing moved
-        if twice and not steady and same < sum(a["of"] for a in reused):
+        moved = same < sum(a["of"] for a in reused)  # on against off parted somewhere the cache reused blocks
+        if twice and not steady and moved:
             text += (". One engine with caching off, run twice on the same sets, already parts, so on against off "
                      "cannot single out the cache here: " +
                      ("random weights give flat logits, where near-ties are everywhere and bf16's last bits decide."
                       if model.startswith("synthetic") else "bf16's last bits move between runs and greedy decoding "
                       "flips at near-ties."))
-        elif quiet and same < sum(a["of"] for a in reused):
+        elif quiet and moved:
             text += (". Without reuse on and off agree exactly, so the differences come with reused blocks: K/V "
                      "computed in another request's prefill, in another batch shape, differ in bf16's last bits, "
                      "and greedy decoding flips where two tokens are nearly tied.")

@@ -284,9 +284,6 @@ def record(out_dir: str | Path, store: Any, facts: dict[str, Any], *,
 def quality_recording() -> dict[str, Any] | None:
     """Step quantization-quality's facts (every RECORD scheme quantized on the H200 machine, scored on its CPU and by
     vLLM), or None where it is not recorded: `claims` reads AWQ against GPTQ from it when a run left one out."""
-    from ...results.reference import NotRecorded, recorded_facts
+    from ...results.reference import reference_facts
 
-    try:
-        return recorded_facts(KEY, STEP)
-    except NotRecorded:
-        return None
+    return reference_facts().get(KEY)
