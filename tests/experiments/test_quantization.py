@@ -820,3 +820,25 @@ def test_a_quality_recording_cut_short_keeps_the_checkpoints_it_scored(start, tm
     assert got["rows"][0]["ppl_vllm"] > 1 and got["rows"][0]["provenance"].startswith("recorded on ")
     assert got["cpu_error"] == "not run: the step was cut short" and later == []
     assert "step quantization-quality INTERRUPTED" in (tmp_path / "run" / "log.txt").read_text()
+
+
+def test_the_int4_speed_claim_on_the_shipped_recording_says_how_far_bytes_turned_into_speed():
+    """Step quantization-b (H200, 2026-12-02) recorded GPTQ on the synthetic 8B: the claim's verdict follows the
+    rows at every batch, and its evidence sets the weights' ratio against the speed's and each step's time against
+    the time reading its weights would take."""
+    sp = qe.speed(force=False)
+    at = {(r["scheme"], r["batch"]): r for r in sp.value}
+    batches = sorted(b for s, b in at if s == "gptq-w4a16" and ("bf16", b) in at)
+    assert batches == [1, 8, 64, 256]
+    stored = [{"scheme": s, "vs_bf16": v, "rest_dtypes": "BF16"} for s, v in (("bf16", 1.0), ("fp8-dynamic", 0.61))]
+    lm = [{"scheme": "fp8-dynamic", "lm_head": h, "ppl_change_pct": p, "size_vs_kept_pct": z, "lm_head_share": 0.22}
+          for h, p, z in (("kept 16-bit", 0.2, 0.0), ("quantized too", 0.3, 18.2))]
+    got = {c["claim"]: c for c in qe.claims(_quality({"gptq-w4a16": 1.6}), stored, lm, qe.weights_alone(), sp)}
+    faster = got["fewer bytes per weight, faster decode (int4's ~3.5x fewer bytes)"]
+    wins = [at[("gptq-w4a16", b)]["decode_tok_s"] > at[("bf16", b)]["decode_tok_s"] for b in batches]
+    assert faster["verdict"] == ("holds" if all(wins) else "does not hold" if not any(wins) else "holds only in part")
+    g, b16 = at[("gptq-w4a16", 1)], at[("bf16", 1)]
+    assert f"(x{g['decode_tok_s'] / b16['decode_tok_s']:.2f})" in faster["evidence"]
+    assert f"x{b16['weight_gib'] / g['weight_gib']:.2f} fewer bytes" in faster["evidence"]
+    assert f"would take {1e3 / g['roofline_tok_s']:.2f} ms a step for GPTQ" in faster["evidence"]
+    assert "Machete" in faster["evidence"] and faster["where"] == sp.label
