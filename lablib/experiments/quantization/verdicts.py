@@ -209,20 +209,22 @@ def claims(quality: Sequence[dict[str, Any]], stored: Sequence[dict[str, Any]], 
             for s, b in sorted(at) if s == "gptq-w4a16" and ("bf16", b) in at]
     evidence = "; ".join(f"batch {b}: GPTQ {x:,.0f} vs bf16 {y:,.0f} decode tok/s (x{x / y:.2f})" for b, x, y in int4)
     if int4:  # how far the bytes turned into speed: the weights' ratio against the speed's, and why it fades
-        g, b16 = at[("gptq-w4a16", int4[0][0])], at[("bf16", int4[0][0])]
+        b = int4[0][0]
+        g, b16 = at[("gptq-w4a16", b)], at[("bf16", b)]
         if g.get("weight_gib") and b16.get("weight_gib"):
-            evidence += (f"; weights {b16['weight_gib']:.2f} -> {g['weight_gib']:.2f} GiB (x{b16['weight_gib'] / g['weight_gib']:.2f} "
-                         f"fewer bytes with the 16-bit embeddings and lm_head)")
+            evidence += (f"; weights {b16['weight_gib']:.2f} -> {g['weight_gib']:.2f} GiB "
+                         f"(x{b16['weight_gib'] / g['weight_gib']:.2f} fewer bytes with the 16-bit embeddings and "
+                         "lm_head)")
         if g.get("roofline_tok_s") and b16.get("roofline_tok_s") and g.get("tpot_ms") and b16.get("tpot_ms"):
-            b = int4[0][0]
-            evidence += (f"; at batch {b} reading its bytes (weights and KV cache) at peak bandwidth would take {1e3 * b / g['roofline_tok_s']:.2f} ms a step "
-                         f"for GPTQ and {1e3 * b / b16['roofline_tok_s']:.2f} ms for bf16, the steps took "
+            evidence += (f"; at batch {b} reading its bytes (weights and KV cache) at peak bandwidth would take "
+                         f"{1e3 * b / g['roofline_tok_s']:.2f} ms a step for GPTQ and "
+                         f"{1e3 * b / b16['roofline_tok_s']:.2f} ms for bf16, the steps took "
                          f"{g['tpot_ms']:.2f} and {b16['tpot_ms']:.2f} ms ({g['of_roofline']:.0%} and "
                          f"{b16['of_roofline']:.0%} of each roofline): what does not shrink with the weights (the "
                          f"int4 kernel, {g.get('linear_kernels') or 'unnamed'}, unpacking as it multiplies; attention; "
                          "the rest of the step) takes most of int4's step, and once batched the GEMM turns "
                          "compute-bound, where 4-bit weights save nothing and unpacking them still costs")
-    if not int4:  # FP8's half the bytes, where it ran, says how far bytes turn into speed; int4's own runs are missing
+    else:  # FP8's half the bytes, where it ran, says how far bytes turn into speed; int4's own runs are missing
         evidence = (("GPTQ is not among this run's speed schemes (its 8B checkpoint is made by prepare_checkpoints)"
                      if speed is not None and speed.live else
                      "int4 on the H200: not measured yet (step quantization-b)" if rows else
