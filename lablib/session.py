@@ -232,6 +232,7 @@ LABS = [
      "vllm"),
     ("08_speculative_decoding", "draft, n-gram and EAGLE: acceptance maths, the loop, where it stops paying", "vllm"),
     ("09_tensor_parallelism", "the TP cost model, what fits on 1/2/4/8 GPUs, TP=1 measured as the baseline", "vllm"),
+    ("10_the_whole_journey", "every rung on one workload, each lab's gain, and the tuning advisor", "vllm"),
 ]
 LABS.sort(key=lambda lab: lab[0])  # in the labs' order
 

@@ -196,7 +196,7 @@ def _prefix_row(goal: Goal) -> dict[str, Any]:
     why = (f"{reused} of each prompt's {goal.prompt_tokens} tokens are whole shared blocks: their prefill is "
            "skipped after the first request" if reused else
            "no whole 16-token block is shared here: nothing to reuse, so expect no gain (vLLM 0.26 turns it on "
-           "by default, at no measurable cost)")
+           "by default; its cost without sharing is not measured here)")
     return _row("enable_prefix_caching", True, why, evidence, on["label"] if on else "not measured")
 
 
@@ -231,3 +231,23 @@ def engine_kwargs(goal: Goal, rows: list[dict[str, Any]] | None = None) -> dict[
             "kv_cache_dtype": got["kv_cache_dtype"], "max_num_seqs": got["max_num_seqs"] or 1,
             "max_model_len": goal.context, "enable_prefix_caching": got["enable_prefix_caching"],
             "speculative_config": got["speculative_config"]}  # a draft's "model" path still to add where it pays
+
+
+def lines(goals: list[Goal]) -> list[str]:
+    """One sentence per goal: the settings advised, then each lever left off and the measurement that says why."""
+    out = []
+    for goal in goals:
+        rows = {r["knob"]: r for r in advise(goal)}
+        cfg = engine_kwargs(goal, list(rows.values()))
+        scheme = rows["quantization"]["why"].split(":")[0]
+        text = (f"{goal.model}, {goal.concurrency} in flight on {goal.gpu}: {scheme} weights on "
+                f"{cfg['tensor_parallel_size']} GPU(s), max_num_seqs {rows['max_num_seqs']['setting']}, KV "
+                f"{cfg['kv_cache_dtype']}")
+        if "replicas" in rows and rows["replicas"]["setting"]:
+            text += f", {rows['replicas']['setting']} replicas"
+        if "w4a16" in allowed_schemes(goal) and scheme != "w4a16":
+            text += f"; W4A16 was allowed and not picked ({rows['quantization']['evidence']})"
+        if rows["speculative_config"]["setting"] is None:
+            text += f"; no draft model ({rows['speculative_config']['evidence']})"
+        out.append(text + ".")
+    return out

@@ -313,3 +313,9 @@ def journey_gain(results: list[Result], like: Result) -> float | None:
 def default_store(folder: str | Path | None = None, lab: str = "journey") -> ResultStore:
     """The main job's store: `<folder>/<lab>.jsonl`, in the one results folder (`results_dir()`) by default."""
     return ResultStore.for_lab(lab) if folder is None else ResultStore(Path(folder) / f"{lab}.jsonl")
+
+
+def labs_on_road(results: list[Result], batch_sizes: list[int] = (1, 4, 16)) -> set[str]:
+    """The labs with a rung among `results`, run or recorded (a rung's own name or one of its recordings)."""
+    steps = {r.step for r in results}
+    return {s.lab for s in ladder(list(batch_sizes)) if s.name in steps or steps & set(s.recorded)}

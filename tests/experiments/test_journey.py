@@ -138,3 +138,11 @@ def test_a_rung_for_one_model_knows_it_by_any_name():
     draft = next(s for s in jx.ladder([1]) if s.name == "hf-naive-draft-k4")
     assert jx.available(draft, "embedded-target")[0] and jx.available(draft, resolve_model("embedded"))[0]
     assert not jx.available(draft, resolve_model("embedded-draft"))[0]
+
+
+def test_labs_on_road_counts_a_lab_by_its_rung_run_or_recorded():
+    from lablib.experiments.journey import labs_on_road, road
+
+    recorded = road([], [1, 8])  # the shipped recordings alone, as a CPU shows the vLLM rungs
+    assert labs_on_road(recorded, [1, 8]) == {"02", "03", "05", "06", "07", "08"}  # 02: the H200's HF sdpa run
+    assert labs_on_road(recorded[:1], [1, 8]) == {"02"} and labs_on_road([], [1, 8]) == set()
