@@ -1,7 +1,7 @@
-"""Labs 01 and 03-09 rehearsed live on this CPU against a fake H200 and the fake vLLM (tests/rehearsal.py): every cell
+"""Labs 01 and 03-10 rehearsed live on this CPU against a fake H200 and the fake vLLM (tests/rehearsal.py): every cell
 runs on its live path without raising, and every live claim of the Checks cell has live data and evaluates (lab 09's
 TP=2 has none on one GPU, as on the real machine). Lab 02's live cells are CUDA kernels, which no fake stands in for;
-lab 00 has no vLLM cell. Labs 01 and 03-05 passed live on the H200, 07 and 02 nearly (README): the rehearsal keeps
+lab 00 has no vLLM cell. Labs 00-09 passed live on the H200, lab 10 not yet (README): the rehearsal keeps
 their live paths from breaking between GPU sessions. About a minute a lab."""
 import json
 
@@ -14,7 +14,7 @@ pytest.importorskip("nbclient")
 
 @pytest.mark.parametrize("lab", ["01_batching", "03_kv_cache", "04_continuous_batching", "05_serving",
                                  "06_quantization", "07_prefix_caching", "08_speculative_decoding",
-                                 "09_tensor_parallelism"])
+                                 "09_tensor_parallelism", "10_the_whole_journey"])
 def test_the_lab_runs_its_live_path_end_to_end(lab, tmp_path):
     one_gpu = ("TP=2",) if lab == "09_tensor_parallelism" else ()  # TP=2 needs 2 GPUs: none live on one, as there
     assert rehearse(f"labs/{lab}.ipynb", tmp_path, not_live_ok=one_gpu) == []
