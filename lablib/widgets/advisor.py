@@ -1,6 +1,6 @@
 """Lab 10's panel: describe a deployment with the controls, read the advisor's settings and what each rests on.
 
-Every change builds one `experiments.advisor.Goal` from the controls and shows `advise(goal)` as a table (knob,
+Every change builds one `experiments.advisor.Goal` from the controls and shows `plan(goal)`'s rows as a table (knob,
 setting, why, evidence, source) with the settings as the `VLLMConfig(...)` to paste. A goal the advisor refuses
 (a shared prefix longer than the prompt, a model that fits no GPUs allowed) shows its message in place of the
 table, in lablib's one message shape, rather than raising inside a widget callback.
@@ -12,7 +12,7 @@ from typing import Any
 
 import ipywidgets as widgets
 
-from ..experiments.advisor import GPUS, SCHEMES, Goal, advise, engine_kwargs
+from ..experiments.advisor import GPUS, MAX_GPUS, SCHEMES, Goal, config_text, plan
 from ..models import architectures
 
 CONCURRENCY = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
@@ -21,19 +21,19 @@ COLUMNS = ("knob", "setting", "why", "evidence", "source")
 
 
 def view(goal: dict[str, Any]) -> dict[str, Any]:
-    """What the panel shows for these Goal fields: {"rows", "config", "html"}; {"error", "html"} if refused."""
+    """What the panel shows for these Goal fields: {"rows", "config" (its text), "html"}; {"error", "html"} if refused."""
     try:
         g = Goal(**goal)
-        rows = advise(g)
+        advice = plan(g)
     except ValueError as e:
         return {"error": str(e), "html": f"<p style='color:#b00020'>{html.escape(str(e))}</p>"}
-    config = engine_kwargs(g, rows)
+    rows = advice["rows"]
     cells = "".join("<tr>" + "".join(f"<td style='padding:2px 6px;vertical-align:top'>{html.escape(str(r[c]))}</td>"
                                      for c in COLUMNS) + "</tr>" for r in rows)
     head = "".join(f"<th style='text-align:left;padding:2px 6px'>{c}</th>" for c in COLUMNS)
-    args = ", ".join(f"{k}={v!r}" for k, v in config.items())
+    config = config_text(g, advice)
     return {"rows": rows, "config": config,
-            "html": f"<table>{head}{cells}</table><p><code>VLLMConfig({html.escape(args)})</code></p>"}
+            "html": f"<table>{head}{cells}</table><p><code>{html.escape(config)}</code></p>"}
 
 
 class AdvisorPanel:
@@ -54,7 +54,7 @@ class AdvisorPanel:
                                               value=start.output_tokens, description="output tokens", **style)
         self.shared = widgets.IntText(value=start.shared_prefix_tokens, description="shared prefix tokens", **style)
         self.slo = widgets.FloatText(value=start.tpot_slo_ms or 0.0, description="TPOT SLO ms (0: none)", **style)
-        self.gpus = widgets.IntSlider(value=start.max_gpus, min=1, max=8, description="max GPUs", **style)
+        self.gpus = widgets.IntSlider(value=start.max_gpus, min=1, max=MAX_GPUS, description="max GPUs", **style)
         self.table = widgets.HTML()
         controls = (self.model, self.gpu, self.precision, self.concurrency, self.prompt, self.output, self.shared,
                     self.slo, self.gpus)
