@@ -319,3 +319,15 @@ def labs_on_road(results: list[Result], batch_sizes: list[int] = (1, 4, 16)) -> 
     """The labs with a rung among `results`, run or recorded (a rung's own name or one of its recordings)."""
     steps = {r.step for r in results}
     return {s.lab for s in ladder(list(batch_sizes)) if s.name in steps or steps & set(s.recorded)}
+
+
+def vllm_gain(results: list[Result]) -> Any:
+    """vLLM's journey rung over the fastest HF rung, both run on this machine now (a Shown: live only where vLLM
+    ran here; on a machine without it, not measured, and the recorded road says the rest)."""
+    from ..session import Shown, live_label, mode
+
+    here = [r for r in results if r.provenance == "live" and r.workload.get("name") == "journey"]
+    vllm, hf = next((r for r in here if r.step == "vllm"), None), [r for r in here if r.engine.startswith("hf")]
+    if vllm is None or not hf:
+        return Shown(None, False, f"vLLM's rung did not run here ({mode()['why']})", mode()["why"])
+    return Shown(vllm.summary["output_tok_s"] / max(r.summary["output_tok_s"] for r in hf), True, live_label())

@@ -146,3 +146,13 @@ def test_labs_on_road_counts_a_lab_by_its_rung_run_or_recorded():
     recorded = road([], [1, 8])  # the shipped recordings alone, as a CPU shows the vLLM rungs
     assert labs_on_road(recorded, [1, 8]) == {"02", "03", "05", "06", "07", "08"}  # 02: the H200's HF sdpa run
     assert labs_on_road(recorded[:1], [1, 8]) == {"02"} and labs_on_road([], [1, 8]) == set()
+
+
+def test_vllm_gain_is_live_only_where_vllms_rung_ran_here():
+    from lablib.experiments.journey import vllm_gain
+
+    ran = [run_of("hf-naive", "hf-naive", 0.4), run_of("hf-static-b8", "hf-static", 0.2), run_of("vllm", "vllm", 0.01)]
+    got = vllm_gain(ran)
+    assert got.live and got.value == pytest.approx(20.0, rel=0.01)  # the faster HF rung: 0.2 s against 0.01 s
+    missing = vllm_gain(ran[:2] + [run_of("vllm-8b-journey", "vllm", 0.01, provenance="recorded")])
+    assert not missing.live and missing.value is None and "did not run here" in missing.label
