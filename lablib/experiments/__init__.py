@@ -17,6 +17,8 @@
   `speculative_sampling`, `speculative_synthetic`): lab 08,
   the greedy loops on the embedded pair against the formula, the CPU costs, the batch model, vLLM's methods by batch.
 - `parallel` (+ `parallel_model`, `parallel_fit`): lab 09, the TP cost model swept, the fit, TP runs.
+- `advisor` (+ `advisor_latency`): lab 10, a deployment's goal to vLLM's settings, each on a recorded run or the
+  cost model, with per-token latency predicted by the cost model calibrated per batch on lab 06's 8B runs.
 
 A lab's module keeps what its notebook calls and re-exports the parts beside it, so `experiments.<lab>.name`
 is always the name to use.

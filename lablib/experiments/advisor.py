@@ -12,38 +12,32 @@ embedded trained models for quality. A deployment meets the levers in one order,
 4. `enable_prefix_caching` (lab 07) and `speculative_config` (lab 08): what the recorded pairs nearest the goal
    bought.
 
-Per-token latency is predicted as lab 09's cost model (the step's bytes at HBM peak, its FLOPs, the all-reduces)
-plus what the recorded 8B step of the same scheme spent beyond that bound at the same batch (log-interpolated
-between lab 06's batches 1, 8, 64 and 256): exact on those runs, an assumption for any other model or GPU. The
-model alone misses most of a large batch's step (at batch 256 the 8B's bf16 step took 1.7x its bound: per-sequence
-work the bytes do not count), which is why the calibration is per batch. Each row names its source: a run recorded
-on the H200 (with its date), or the cost model; a lever measured on the H200 only, or only at TP=1, says so.
+Per-token latency comes from `advisor_latency`: lab 09's cost model plus what lab 06's recorded 8B step spent
+beyond it at the same batch. Each row names its source: a run recorded on the H200 (with its date), or the cost
+model; a lever measured on the H200 only, or only at TP=1, says so.
 This is advice: run the configuration under lab 05's load generator before trusting it.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Any
 
 from .. import validate
 from ..mechanisms import parallel as tp
 from ..models.architecture import architectures
-from ..results.reference import load_reference, reference_facts, reference_steps
+from ..results.reference import reference_facts
+from .advisor_latency import (  # noqa: F401 - re-exported: the notebook and the tests read them here
+    GPUS, MODEL, QUANT_BATCHES, RECORDED, SCHEMES, beyond_bound_ms, calibration, calibration_rows, predicted_tpot_ms,
+    summary_of)
 from .parallel_model import model_shape
 
-GPUS = {"H200": tp.H200, "H100": tp.H100_SXM, "A100": tp.A100_80GB, "L40S": tp.L40S}
 FP8_GPUS = ("H200", "H100", "L40S")  # compute capability 8.9 or 9.0: FP8 tensor cores for weights and KV
-SCHEMES = ("bf16", "fp8", "w4a16")  # cheapest last; Goal.lowest_precision allows those up to it
-RECORDED = {"bf16": "quant-bf16", "fp8": "quant-fp8", "w4a16": "quant-gptq-w4a16"}  # lab 06's steps, -b{batch}
 QUALITY_ROW = {"bf16": "bf16", "fp8": "fp8-dynamic", "w4a16": "gptq-w4a16"}  # facts["quantization_quality"] rows
-QUANT_BATCHES = (1, 8, 64, 256)
 SPEC_BATCHES = (1, 4, 16, 64)
 PREFIXES = (128, 200, 512, 1024)  # lab 07's on/off pairs on the 8B, prefix-{on,off}-shared-prefix-N-llama-3.1-8b
 BLOCK = 16  # vLLM's KV block: a shared prefix shorter than one block is never reused
 MAX_GPUS = 8  # one host
-MODEL = "cost model (lablib.mechanisms.parallel) + the 8B's recorded step beyond it at that batch (lab 06's runs)"
 
 
 @dataclass(frozen=True)
@@ -98,60 +92,6 @@ def _nearest(value: int, options: tuple[int, ...]) -> int:
     return min(options, key=lambda o: abs(math.log(o) - math.log(max(value, 1))))
 
 
-def _summary(step: str) -> dict[str, Any] | None:
-    """A recorded run's summary with its label, or None where it is not shipped."""
-    if step not in reference_steps():
-        return None
-    r = load_reference(step)[0]
-    return {**r.summary, "label": r.label, "roofline": r.roofline}
-
-
-def _bound_ms(model: str, scheme: str, t: int, batch: int, context: int, gpu: str, kv: str = "auto") -> float:
-    shape = model_shape(model, scheme, 1 if kv == "fp8" else 2)
-    return tp.decode_step(shape, batch, context, t, GPUS[gpu]).latency_s * 1e3
-
-
-@lru_cache(maxsize=None)
-def calibration(scheme: str) -> tuple[tuple[int, float], ...]:
-    """(batch, ms the 8B's recorded TPOT spent beyond the cost model's bound) at lab 06's batches, for `scheme`."""
-    points = []
-    for b in QUANT_BATCHES:
-        s = _summary(f"{RECORDED[scheme]}-b{b}")
-        if s:
-            bound = _bound_ms("llama-3.1-8b", scheme, 1, b, round(s["roofline"]["context_len"]), "H200")
-            points.append((b, max(0.0, s["tpot_s"]["p50"] * 1e3 - bound)))
-    return tuple(points)
-
-
-def beyond_bound_ms(scheme: str, batch: int) -> float:
-    """`calibration`, log-interpolated in batch and held flat beyond its ends (0 where nothing is recorded)."""
-    pts = calibration(scheme)
-    if not pts:
-        return 0.0
-    if batch <= pts[0][0] or batch >= pts[-1][0]:
-        return pts[0][1] if batch <= pts[0][0] else pts[-1][1]
-    (b0, x0), (b1, x1) = next((p, q) for p, q in zip(pts, pts[1:]) if p[0] <= batch <= q[0])
-    return x0 + (x1 - x0) * math.log(batch / b0) / math.log(b1 / b0)
-
-
-def calibration_rows() -> list[dict[str, Any]]:
-    """Per scheme and recorded batch: the 8B's measured TPOT, the cost model's bound, and what the bound misses."""
-    rows = []
-    for scheme in SCHEMES:
-        for (b, beyond), run in zip(calibration(scheme), (_summary(f"{RECORDED[scheme]}-b{b}") for b in QUANT_BATCHES)):
-            measured = run["tpot_s"]["p50"] * 1e3
-            rows.append({"scheme": scheme, "batch": b, "measured_ms": measured, "bound_ms": measured - beyond,
-                         "beyond_bound_ms": beyond, "measured_over_bound": measured / (measured - beyond),
-                         "provenance": run["label"]})
-    return rows
-
-
-def predicted_tpot_ms(goal: Goal, scheme: str, t: int, batch: int, kv: str = "auto") -> float:
-    """Per-token latency at `batch` (mean context: the prompt and half the output), TP=t: bound + beyond_bound."""
-    context = goal.prompt_tokens + goal.output_tokens // 2
-    return _bound_ms(goal.model, scheme, t, batch, context, goal.gpu, kv) + beyond_bound_ms(scheme, batch)
-
-
 def _row(knob: str, setting: Any, why: str, evidence: str, source: str) -> dict[str, Any]:
     return {"knob": knob, "setting": setting, "why": why, "evidence": evidence, "source": source}
 
@@ -204,7 +144,7 @@ def plan(goal: Goal) -> dict[str, Any]:
                               f"to {MAX_GPUS}), or span nodes (lab 09).")
     batch = _nearest(goal.concurrency, QUANT_BATCHES)
     fewest = min(f[0] for f in fits.values() if f)
-    speed = {s: _summary(f"{RECORDED[s]}-b{batch}") for s, f in fits.items() if f and f[0] == fewest}
+    speed = {s: summary_of(f"{RECORDED[s]}-b{batch}") for s, f in fits.items() if f and f[0] == fewest}
     scheme = max(speed, key=lambda s: speed[s]["output_tok_s"] if speed[s] else 0)
     (t0, kv), on_h200 = fits[scheme], goal.gpu == "H200"
     t, cap, replicas = _load(goal, scheme, t0, kv)
@@ -246,7 +186,7 @@ def _kv_row(kv: str, batch: int) -> dict[str, Any]:
     schemes = reference_facts().get("quantization", {}).get("schemes", {})
     held = (schemes["bf16-kv-fp8"]["kv_tokens"] / schemes["bf16"]["kv_tokens"]) if {"bf16", "bf16-kv-fp8"} <= set(
         schemes) else None
-    off, on = _summary(f"quant-bf16-b{batch}"), _summary(f"quant-bf16-kv-fp8-b{batch}")
+    off, on = summary_of(f"quant-bf16-b{batch}"), summary_of(f"quant-bf16-kv-fp8-b{batch}")
     evidence = "; ".join(x for x in (f"FP8 KV held {held:.2f}x bf16 KV's tokens on the 8B (lab 06)" if held else "",
                                      f"and ran at {on['output_tok_s'] / off['output_tok_s']:.2f}x its tok/s at batch "
                                      f"{batch}" if on and off else "") if x) or "not measured"
@@ -257,7 +197,7 @@ def _kv_row(kv: str, batch: int) -> dict[str, Any]:
 
 def _prefix_row(goal: Goal) -> dict[str, Any]:
     n = _nearest(goal.shared_prefix_tokens or 512, PREFIXES)
-    off, on = (_summary(f"prefix-{w}-shared-prefix-{n}-llama-3.1-8b") for w in ("off", "on"))
+    off, on = (summary_of(f"prefix-{w}-shared-prefix-{n}-llama-3.1-8b") for w in ("off", "on"))
     evidence = (f"{off['requests']} requests sharing a {n}-token header on the 8B: TTFT p50 "
                 f"{off['ttft_s']['p50'] * 1e3:.0f} -> {on['ttft_s']['p50'] * 1e3:.0f} ms, output tok/s "
                 f"x{on['output_tok_s'] / off['output_tok_s']:.2f} (lab 07)") if off and on else "not measured"
@@ -270,7 +210,7 @@ def _prefix_row(goal: Goal) -> dict[str, Any]:
 
 def _speculative_row(goal: Goal) -> dict[str, Any]:
     batch = _nearest(goal.concurrency, SPEC_BATCHES)
-    base, draft = _summary(f"spec-8b-baseline-b{batch}"), _summary(f"spec-8b-draft_model-k4-b{batch}")
+    base, draft = summary_of(f"spec-8b-baseline-b{batch}"), summary_of(f"spec-8b-draft_model-k4-b{batch}")
     if not (base and draft):
         return _row("speculative_config", None, "lab 08's 8B pair is not recorded", "", "not measured")
     facts = reference_facts().get("speculative-8b", {})

@@ -139,13 +139,13 @@ def test_speculation_is_advised_exactly_where_lab_08s_8b_pair_paid(concurrency, 
 
 
 def test_a_draft_that_paid_is_advised_and_the_config_says_what_it_still_needs(monkeypatch):
-    real = adv._summary
+    real = adv.summary_of
 
     def paying(step):  # the shipped 8B pair never paid: a stand-in recording where the draft doubled the rate
         got = real(step)
         return {**got, "output_tok_s": got["output_tok_s"] * 2} if step.startswith("spec-8b-draft_model") else got
 
-    monkeypatch.setattr(adv, "_summary", paying)
+    monkeypatch.setattr(adv, "summary_of", paying)
     goal = Goal(concurrency=1)
     p = adv.plan(goal)
     assert adv.engine_kwargs(goal, p)["speculative_config"] == {"method": "draft_model", "num_speculative_tokens": 4}

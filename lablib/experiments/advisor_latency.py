@@ -1,0 +1,80 @@
+"""Lab 10's per-token latency prediction: lab 09's cost model, calibrated per batch on lab 06's recorded 8B runs.
+
+The cost model (`lablib.mechanisms.parallel.decode_step`) bounds a decode step by its bytes at HBM peak, its FLOPs
+and its all-reduces. A real step takes longer, and by how much depends on the batch: at batch 1 the 8B's bf16 step
+on the H200 took 1.56x its bound (launches, sampling, kernels below peak bandwidth), at batch 256 2.40x (what a
+large batch adds per sequence is not in the bytes). `predicted_tpot_ms` is the bound for the goal's model, GPU,
+TP size and lengths plus what the recorded 8B step of the same weight scheme spent beyond its own bound at that
+batch, log-interpolated between lab 06's batches 1, 8, 64 and 256 and held flat beyond them: exact on those runs,
+an assumption for any other model, GPU or TP size, and labelled so wherever the advisor uses it.
+"""
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+from typing import Any
+
+from ..mechanisms import parallel as tp
+from ..results.reference import load_reference, reference_steps
+from .parallel_model import model_shape
+
+GPUS = {"H200": tp.H200, "H100": tp.H100_SXM, "A100": tp.A100_80GB, "L40S": tp.L40S}
+SCHEMES = ("bf16", "fp8", "w4a16")  # cheapest last
+RECORDED = {"bf16": "quant-bf16", "fp8": "quant-fp8", "w4a16": "quant-gptq-w4a16"}  # lab 06's steps, -b{batch}
+QUANT_BATCHES = (1, 8, 64, 256)
+MODEL = "cost model (lablib.mechanisms.parallel) + the 8B's recorded step beyond it at that batch (lab 06's runs)"
+
+
+def summary_of(step: str) -> dict[str, Any] | None:
+    """A recorded run's summary with its label, or None where it is not shipped."""
+    if step not in reference_steps():
+        return None
+    r = load_reference(step)[0]
+    return {**r.summary, "label": r.label, "roofline": r.roofline}
+
+
+def _bound_ms(model: str, scheme: str, t: int, batch: int, context: int, gpu: str, kv: str = "auto") -> float:
+    shape = model_shape(model, scheme, 1 if kv == "fp8" else 2)
+    return tp.decode_step(shape, batch, context, t, GPUS[gpu]).latency_s * 1e3
+
+
+@lru_cache(maxsize=None)
+def calibration(scheme: str) -> tuple[tuple[int, float], ...]:
+    """(batch, ms the 8B's recorded TPOT spent beyond the cost model's bound) at lab 06's batches, for `scheme`."""
+    points = []
+    for b in QUANT_BATCHES:
+        s = summary_of(f"{RECORDED[scheme]}-b{b}")
+        if s:
+            bound = _bound_ms("llama-3.1-8b", scheme, 1, b, round(s["roofline"]["context_len"]), "H200")
+            points.append((b, max(0.0, s["tpot_s"]["p50"] * 1e3 - bound)))
+    return tuple(points)
+
+
+def beyond_bound_ms(scheme: str, batch: int) -> float:
+    """`calibration`, log-interpolated in batch and held flat beyond its ends (0 where nothing is recorded)."""
+    pts = calibration(scheme)
+    if not pts:
+        return 0.0
+    if batch <= pts[0][0] or batch >= pts[-1][0]:
+        return pts[0][1] if batch <= pts[0][0] else pts[-1][1]
+    (b0, x0), (b1, x1) = next((p, q) for p, q in zip(pts, pts[1:]) if p[0] <= batch <= q[0])
+    return x0 + (x1 - x0) * math.log(batch / b0) / math.log(b1 / b0)
+
+
+def calibration_rows() -> list[dict[str, Any]]:
+    """Per scheme and recorded batch: the 8B's measured TPOT, the cost model's bound, and what the bound misses."""
+    rows = []
+    for scheme in SCHEMES:
+        for b, beyond in calibration(scheme):
+            run = summary_of(f"{RECORDED[scheme]}-b{b}")
+            measured = run["tpot_s"]["p50"] * 1e3
+            rows.append({"scheme": scheme, "batch": b, "measured_ms": measured, "bound_ms": measured - beyond,
+                         "beyond_bound_ms": beyond, "measured_over_bound": measured / (measured - beyond),
+                         "provenance": run["label"]})
+    return rows
+
+
+def predicted_tpot_ms(goal: Any, scheme: str, t: int, batch: int, kv: str = "auto") -> float:
+    """Per-token latency at `batch` (mean context: the prompt and half the output), TP=t: bound + beyond_bound."""
+    context = goal.prompt_tokens + goal.output_tokens // 2
+    return _bound_ms(goal.model, scheme, t, batch, context, goal.gpu, kv) + beyond_bound_ms(scheme, batch)
