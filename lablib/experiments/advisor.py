@@ -55,7 +55,8 @@ class Goal:
     max_gpus: int = MAX_GPUS  # GPUs of one host the deployment may use
 
     def __post_init__(self) -> None:
-        validate.choice("Goal", "model", self.model, tuple(architectures()), "one of the shipped shapes, e.g. 'llama-3.1-8b'.")
+        validate.choice("Goal", "model", self.model, tuple(architectures()),
+                        "one of the shipped shapes, e.g. 'llama-3.1-8b'.")
         validate.choice("Goal", "gpu", self.gpu, tuple(GPUS))
         for name in ("concurrency", "prompt_tokens", "output_tokens"):
             validate.integer("Goal", name, getattr(self, name), "a whole number >= 1.")
@@ -122,9 +123,10 @@ def _load(goal: Goal, scheme: str, t: int, kv: str) -> tuple[int, int, int]:
             options.append((replicas * u, replicas, u, lo))
     within = [o for o in options if o[0] <= goal.max_gpus]
     if not within:
+        largest = max(u for u in tp.valid_tp_sizes(model_shape(goal.model, scheme)) if u <= goal.max_gpus)
         need = (f"{min(options)[0]} {goal.gpu}s ({min(options)[1]} replicas of TP={min(options)[2]}, up to "
                 f"{min(options)[3]} requests each)") if options else (
-            f"more than one engine can give: at best {at(max(u for u in tp.valid_tp_sizes(model_shape(goal.model, scheme)) if u <= goal.max_gpus), 1):.2f} ms, one request on the largest TP")
+            f"more than one engine can give: at best {at(largest, 1):.2f} ms, one request on TP={largest}")
         raise validate.refuse("Goal", "tpot_slo_ms", goal.tpot_slo_ms,
                               f"what max_gpus={goal.max_gpus} can carry; {goal.concurrency} in flight at {scheme} "
                               f"needs {need}", "relax the SLO, lower concurrency, raise max_gpus, or allow cheaper "
@@ -153,11 +155,13 @@ def plan(goal: Goal) -> dict[str, Any]:
     fit_text = "; ".join(f"{s}: {f[0]} GPU{'s' if f[0] > 1 else ''}{' with FP8 KV' if f[1] == 'fp8' else ''}" if f
                          else f"{s}: more than {goal.max_gpus}" for s, f in fits.items())
     if goal.gpu not in FP8_GPUS and goal.lowest_precision != "bf16":
-        fit_text += f"; fp8 not tried: the {goal.gpu} has no FP8 tensor cores (vLLM runs FP8 there weight-only, not measured here)"
-    rows = [_row("tensor_parallel_size", t, (f"the fewest {goal.gpu}s holding {scheme} weights and {goal.concurrency} x "
-                 f"{goal.context} tokens of KV (lab 09)") if t == t0 else (f"the latency target needs TP={t}: on "
-                 f"TP={t0} too few requests per engine meet it"), fit_text + ("; TP>1 speed is predicted, not "
-                 "measured yet (lab 09)" if t > 1 else ""), "lablib.mechanisms.parallel (a model)"),
+        fit_text += (f"; fp8 not tried: the {goal.gpu} has no FP8 tensor cores (vLLM runs FP8 there weight-only, "
+                     "not measured here)")
+    tp_why = (f"the fewest {goal.gpu}s holding {scheme} weights and {goal.concurrency} x {goal.context} tokens of "
+              "KV (lab 09)") if t == t0 else (f"the latency target needs TP={t}: on TP={t0} too few requests per "
+                                             "engine meet it")
+    tp_note = "; TP>1 speed is predicted, not measured yet (lab 09)" if t > 1 else ""
+    rows = [_row("tensor_parallel_size", t, tp_why, fit_text + tp_note, "lablib.mechanisms.parallel (a model)"),
             _row("quantization", {"bf16": None, "fp8": "fp8", "w4a16": "w4a16 (a checkpoint made in lab 06)"}[scheme],
                  f"{scheme}: the " + (f"fastest allowed scheme on {t0} GPU{'s' if t0 > 1 else ''}, by the synthetic "
                                       f"8B's speed at batch {batch} (lab 06)" if len(speed) > 1 else
@@ -165,7 +169,8 @@ def plan(goal: Goal) -> dict[str, Any]:
                  ("" if on_h200 else f"; measured on the H200, not on the {goal.gpu}"),
                  f"the synthetic 8B's decode output tok/s at batch {batch}: " + (", ".join(
                      f"{s} {v['output_tok_s']:,.0f}" for s, v in speed.items() if v) or "not measured") +
-                 (f"; perplexity {quality['ppl_change_pct']:+.2f}% against bf16 on the embedded model" if quality else ""),
+                 (f"; perplexity {quality['ppl_change_pct']:+.2f}% against bf16 on the embedded model" if quality
+                  else ""),
                  speed[scheme]["label"] if speed[scheme] else "not measured: no recorded run of this scheme"),
             _kv_row(kv, batch)]
     tpot = predicted_tpot_ms(goal, scheme, t, cap, kv)
@@ -245,7 +250,8 @@ def config_text(goal: Goal, advice: dict[str, Any] | None = None) -> str:
     text = "VLLMConfig(" + ", ".join(f"{k}={v!r}" for k, v in engine_kwargs(goal, p).items()) + ")"
     notes = [f"model: a W4A16 checkpoint of {goal.model} (lab 06 makes one with llm-compressor)"
              if p["scheme"] == "w4a16" else "", f"x {p['replicas']} replicas" if p["replicas"] > 1 else "",
-             "speculative_config needs the draft's 'model' path" if engine_kwargs(goal, p)["speculative_config"] else ""]
+             "speculative_config needs the draft's 'model' path" if engine_kwargs(goal, p)["speculative_config"]
+             else ""]
     return text + "".join(f"  # {n}" for n in notes if n)
 
 

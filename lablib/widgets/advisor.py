@@ -21,7 +21,7 @@ COLUMNS = ("knob", "setting", "why", "evidence", "source")
 
 
 def view(goal: dict[str, Any]) -> dict[str, Any]:
-    """What the panel shows for these Goal fields: {"rows", "config" (its text), "html"}; {"error", "html"} if refused."""
+    """What the panel shows for these Goal fields: {"rows", "config" (its text), "html"}, or {"error", "html"}."""
     try:
         g = Goal(**goal)
         advice = plan(g)

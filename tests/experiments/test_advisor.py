@@ -126,13 +126,15 @@ def test_prefix_caching_cites_lab_07s_pair_nearest_the_shared_prefix(shared, pai
     off, on = (_run(f"prefix-{w}-shared-prefix-{pair}-llama-3.1-8b") for w in ("off", "on"))
     row = next(r for r in adv.advise(Goal(prompt_tokens=1024, shared_prefix_tokens=shared))
                if r["knob"] == "enable_prefix_caching")
-    assert f"a {pair}-token header" in row["evidence"] and f"x{on['output_tok_s'] / off['output_tok_s']:.2f}" in row["evidence"]
+    gain = on["output_tok_s"] / off["output_tok_s"]
+    assert f"a {pair}-token header" in row["evidence"] and f"x{gain:.2f}" in row["evidence"]
     assert ("nothing to reuse" in row["why"]) == (shared < adv.BLOCK)
 
 
 @pytest.mark.parametrize("concurrency, batch", [(1, 1), (5, 4), (20, 16), (300, 64)])
 def test_speculation_is_advised_exactly_where_lab_08s_8b_pair_paid(concurrency, batch):
-    ratio = _run(f"spec-8b-draft_model-k4-b{batch}")["output_tok_s"] / _run(f"spec-8b-baseline-b{batch}")["output_tok_s"]
+    draft, base = (_run(f"spec-8b-{m}-b{batch}")["output_tok_s"] for m in ("draft_model-k4", "baseline"))
+    ratio = draft / base
     row = next(r for r in adv.advise(Goal(concurrency=concurrency)) if r["knob"] == "speculative_config")
     assert (row["setting"] is not None) == (ratio > 1) and f"x{ratio:.2f}" in row["evidence"]
     assert "recorded on NVIDIA H200" in row["source"] and "synthetic acceptance" in row["source"]
