@@ -121,14 +121,16 @@ def test_fp8_kv_where_it_saves_gpus_and_a_load_nothing_holds_is_refused():
         adv.plan(Goal(concurrency=1024, prompt_tokens=8192, lowest_precision="bf16", max_gpus=1))
 
 
-@pytest.mark.parametrize("shared, pair", [(0, 512), (200, 200), (150, 128), (900, 1024)])
+@pytest.mark.parametrize("shared, pair", [(0, "512-shared-after"), (8, "512-shared-after"), (200, "200"), (150, "128"),
+                                          (900, "1024")])
 def test_prefix_caching_cites_lab_07s_pair_nearest_the_shared_prefix(shared, pair):
     off, on = (_run(f"prefix-{w}-shared-prefix-{pair}-llama-3.1-8b") for w in ("off", "on"))
     row = next(r for r in adv.advise(Goal(prompt_tokens=1024, shared_prefix_tokens=shared))
                if r["knob"] == "enable_prefix_caching")
     gain = on["output_tok_s"] / off["output_tok_s"]
-    assert f"a {pair}-token header" in row["evidence"] and f"x{gain:.2f}" in row["evidence"]
-    assert ("nothing to reuse" in row["why"]) == (shared < adv.BLOCK)
+    assert f"x{gain:.2f}" in row["evidence"] and row["source"] == load_reference(
+        f"prefix-on-shared-prefix-{pair}-llama-3.1-8b")[0].label
+    assert ("nothing to reuse" in row["why"]) == (shared < adv.BLOCK) == ("0% hits" in row["evidence"])
 
 
 @pytest.mark.parametrize("concurrency, batch", [(1, 1), (5, 4), (20, 16), (300, 64)])
