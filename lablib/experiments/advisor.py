@@ -207,7 +207,8 @@ def _prefix_row(goal: Goal) -> dict[str, Any]:
     n = _nearest(goal.shared_prefix_tokens or 512, PREFIXES)
     workload = f"shared-prefix-{n}" if reused else "shared-prefix-512-shared-after"
     off, on = (summary_of(f"prefix-{w}-{workload}-llama-3.1-8b") for w in ("off", "on"))
-    what = f"sharing a {n}-token header" if reused else "reusing nothing (the header behind a per-request line: 0% hits)"
+    what = (f"sharing a {n}-token header" if reused else
+            "reusing nothing (the header behind a per-request line: 0% hits)")
     evidence = (f"{off['requests']} requests {what} on the 8B, off -> on: TTFT p50 {off['ttft_s']['p50'] * 1e3:.0f} -> "
                 f"{on['ttft_s']['p50'] * 1e3:.0f} ms, output tok/s x{on['output_tok_s'] / off['output_tok_s']:.2f}, "
                 "one run each (lab 07)") if off and on else "not measured"
