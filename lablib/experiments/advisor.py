@@ -81,12 +81,17 @@ def allowed_schemes(goal: Goal) -> list[str]:
     return [s for s in schemes if s != "fp8" or goal.gpu in FP8_GPUS]
 
 
+def _tp_sizes(goal: Goal, scheme: str) -> tuple[int, ...]:
+    """The TP sizes vLLM accepts for the goal's model (its heads divide by them), up to max_gpus."""
+    return tuple(t for t in tp.valid_tp_sizes(model_shape(goal.model, scheme)) if t <= goal.max_gpus)
+
+
 def fit(goal: Goal, scheme: str, kv: str = "auto", batch: int | None = None) -> int | None:
-    """The fewest GPUs (a TP size the model's heads allow, up to max_gpus) holding the weights and the KV of
-    `batch` (default: concurrency) requests of full context (lab 09's memory model), or None when none does."""
+    """The fewest GPUs (one of `_tp_sizes`) holding the weights and the KV of `batch` (default: concurrency)
+    requests of full context (lab 09's memory model), or None when none does."""
     shape = model_shape(goal.model, scheme, 1 if kv == "fp8" else 2)
-    sizes = tuple(t for t in tp.valid_tp_sizes(shape) if t <= goal.max_gpus)
-    return tp.smallest_fitting_tp(shape, batch or goal.concurrency, goal.context, GPUS[goal.gpu], sizes)
+    return tp.smallest_fitting_tp(shape, batch or goal.concurrency, goal.context, GPUS[goal.gpu],
+                                  _tp_sizes(goal, scheme))
 
 
 def _nearest(value: int, options: tuple[int, ...]) -> int:
@@ -113,7 +118,7 @@ def _load(goal: Goal, scheme: str, t: int, kv: str) -> tuple[int, int, int]:
     if goal.tpot_slo_ms is None or at(t, goal.concurrency) <= goal.tpot_slo_ms:
         return t, goal.concurrency, 1
     options = []  # (GPUs, replicas, TP, batch) for each TP size with a batch meeting the SLO
-    for u in (u for u in tp.valid_tp_sizes(model_shape(goal.model, scheme)) if t <= u <= goal.max_gpus):
+    for u in (u for u in _tp_sizes(goal, scheme) if u >= t):
         lo, hi = 0, goal.concurrency  # the largest batch meeting the SLO: TPOT grows with the batch
         while lo < hi:
             mid = (lo + hi + 1) // 2
@@ -123,7 +128,7 @@ def _load(goal: Goal, scheme: str, t: int, kv: str) -> tuple[int, int, int]:
             options.append((replicas * u, replicas, u, lo))
     within = [o for o in options if o[0] <= goal.max_gpus]
     if not within:
-        largest = max(u for u in tp.valid_tp_sizes(model_shape(goal.model, scheme)) if u <= goal.max_gpus)
+        largest = max(_tp_sizes(goal, scheme))
         need = (f"{min(options)[0]} {goal.gpu}s ({min(options)[1]} replicas of TP={min(options)[2]}, up to "
                 f"{min(options)[3]} requests each)") if options else (
             f"more than one engine can give: at best {at(largest, 1):.2f} ms, one request on TP={largest}")
@@ -252,11 +257,11 @@ def engine_kwargs(goal: Goal, advice: dict[str, Any] | None = None) -> dict[str,
 def config_text(goal: Goal, advice: dict[str, Any] | None = None) -> str:
     """`VLLMConfig(...)` to paste, and what it cannot say: the checkpoint, the draft's path, the replicas."""
     p = advice or plan(goal)
-    text = "VLLMConfig(" + ", ".join(f"{k}={v!r}" for k, v in engine_kwargs(goal, p).items()) + ")"
+    kwargs = engine_kwargs(goal, p)
+    text = "VLLMConfig(" + ", ".join(f"{k}={v!r}" for k, v in kwargs.items()) + ")"
     notes = [f"model: a W4A16 checkpoint of {goal.model} (lab 06 makes one with llm-compressor)"
              if p["scheme"] == "w4a16" else "", f"x {p['replicas']} replicas" if p["replicas"] > 1 else "",
-             "speculative_config needs the draft's 'model' path" if engine_kwargs(goal, p)["speculative_config"]
-             else ""]
+             "speculative_config needs the draft's 'model' path" if kwargs["speculative_config"] else ""]
     return text + "".join(f"  # {n}" for n in notes if n)
 
 

@@ -329,5 +329,6 @@ def vllm_gain(results: list[Result]) -> Any:
     here = [r for r in results if r.provenance == "live" and r.workload.get("name") == "journey"]
     vllm, hf = next((r for r in here if r.step == "vllm"), None), [r for r in here if r.engine.startswith("hf")]
     if vllm is None or not hf:
-        return Shown(None, False, f"vLLM's rung did not run here ({mode()['why']})", mode()["why"])
+        why = mode()["why"]
+        return Shown(None, False, f"vLLM's rung did not run here ({why})", why)
     return Shown(vllm.summary["output_tok_s"] / max(r.summary["output_tok_s"] for r in hf), True, live_label())

@@ -11,5 +11,5 @@ from .quantization import QuantizationExplorer
 from .speculative import SpeedupExplorer
 from .text import code_sample
 
-__all__ = ["AdvisorPanel", "BatchingPanel", "FigureArea", "KVCalculator", "QuantizationExplorer", "SpeedupExplorer", "VRAMChart",
-           "code_sample"]
+__all__ = ["AdvisorPanel", "BatchingPanel", "FigureArea", "KVCalculator", "QuantizationExplorer", "SpeedupExplorer",
+           "VRAMChart", "code_sample"]
