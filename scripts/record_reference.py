@@ -40,7 +40,7 @@ Steps:
            first: quantization-prepare, prepare_checkpoints() through the quantizer's environment, LABLIB_QUANT_SITE);
            the same split over two commands: quantization-a (bf16, bf16-kv-fp8, fp8: vLLM switches, no checkpoint)
            and quantization-b (gptq-w4a16, w8a8-int8, awq-w4a16; facts key quantization-2); the lab shows both
-           (lablib.experiments.quantization.record); quantization-quality: the embedded target's checkpoints made
+           (lablib.experiments.quantization.recording.record); quantization-quality: the embedded target's checkpoints made
            there, perplexity through vLLM beside the CPU's
   journey-fp8  the journey's quantized rung: vLLM with FP8 weights on the synthetic 8B, as `big` runs bf16
 """
@@ -61,7 +61,7 @@ from lablib.bench.offline import run  # noqa: E402
 from lablib.config import BenchConfig, HFConfig, VLLMConfig  # noqa: E402
 from lablib.engines.hf import HFEngine  # noqa: E402
 from lablib.engines.vllm import VLLMEngine  # noqa: E402
-from lablib.experiments.parallel_recording import SCALING_PARTS  # noqa: E402 (lab 09's grid, a step per part)
+from lablib.experiments.parallel.record import SCALING_PARTS  # noqa: E402 (lab 09's grid, a step per part)
 from lablib.experiments.quantization.recording import QUANT_A, QUANT_B  # noqa: E402 (lab 06's speed engines, 2 steps)
 from lablib.experiments.serving import FRACTIONS  # noqa: E402 (what the lab runs live)
 from lablib.results import Result, ResultStore  # noqa: E402
@@ -242,17 +242,17 @@ def step_serve_check(out: Path, store: ResultStore, facts: dict, model: str = BI
 
 def step_prefix(out: Path, store: ResultStore, facts: dict, max_num_seqs: int = 1) -> None:
     """Lab 07: the embedded model with prefix caching on, each workload from a reset cache, vLLM's num_cached_tokens and
-    counter deltas next to the simulator's prediction (lablib.experiments.prefix.measure); one request at a time
+    counter deltas next to the simulator's prediction (lablib.experiments.prefix.runs.measure); one request at a time
     (exact by construction) or, as prefix-batch, 32 at once (where the schedule decides what is cached when)."""
-    from lablib.experiments import prefix
+    from lablib.experiments.prefix import runs, workloads
 
     rows = []
     with VLLMEngine("embedded", VLLMConfig(gpu_memory_utilization=0.3, max_num_seqs=max_num_seqs,
                                            enable_prefix_caching=True)) as eng:
-        sets = [load_workload(n) for n in prefix.SHARED_SETS]
-        sets += [prefix.variant(k, "shared-prefix-512", eng.tokenizer) for k in ("shared-after", "multi-turn")]
+        sets = [load_workload(n) for n in workloads.SHARED_SETS]
+        sets += [workloads.variant(k, "shared-prefix-512", eng.tokenizer) for k in ("shared-after", "multi-turn")]
         for wl in sets:
-            got = prefix.measure(eng, wl, lab=LAB, step=f"prefix-{wl.name}-seqs-{max_num_seqs}")
+            got = runs.measure(eng, wl, lab=LAB, step=f"prefix-{wl.name}-seqs-{max_num_seqs}")
             store.append(recorded(got.pop("result")))
             got.pop("predicted")
             rows.append({"workload": wl.name, "max_num_seqs": max_num_seqs, **got})
@@ -286,17 +286,17 @@ STEPS = {"smoke": step_smoke, "startup": step_startup, "big": step_big, "big-lab
          "knobs": step_knobs, "knobs-budget": lambda o, s, f: step_knobs(o, s, f, KNOBS_BUDGET), "serve": step_serve,
          "serve-wide": lambda o, s, f: step_serve(o, s, f, WIDE), "serve-check": step_serve_check,
          "serve-check-embedded": lambda o, s, f: step_serve_check(o, s, f, "embedded"), "prefix": step_prefix,
-         "prefix-batch": lambda o, s, f: step_prefix(o, s, f, 32), "prefix-on-off": _lab("prefix", "record"),
-         "prefix-serve": _lab("prefix_serving", "record"), "prefix-scarce": _lab("prefix_scarce", "record"),
-         "speculative": _lab("speculative", "record"), "speculative-8b": _lab("speculative_synthetic", "record"),
-         "tp1": _lab("parallel", "record"),
-         "tp-scaling": _lab("parallel", "record_scaling"),
-         **{name: _lab("parallel", "record_scaling", **part) for name, part in SCALING_PARTS.items()},
-         "attention": _lab("attention", "record"),
-         "quantization": _lab("quantization", "record"),
-         "quantization-prepare": _lab("quantization", "record_checkpoints"),
-         "quantization-a": _lab("quantization", "record", schemes=QUANT_A),
-         "quantization-b": _lab("quantization", "record", schemes=QUANT_B, key="quantization-2"),
+         "prefix-batch": lambda o, s, f: step_prefix(o, s, f, 32), "prefix-on-off": _lab("prefix.runs", "record"),
+         "prefix-serve": _lab("prefix.serving", "record"), "prefix-scarce": _lab("prefix.scarce", "record"),
+         "speculative": _lab("speculative.vllm_runs", "record"), "speculative-8b": _lab("speculative.synthetic", "record"),
+         "tp1": _lab("parallel.record", "record"),
+         "tp-scaling": _lab("parallel.record", "record_scaling"),
+         **{name: _lab("parallel.record", "record_scaling", **part) for name, part in SCALING_PARTS.items()},
+         "attention": _lab("attention.study", "record"),
+         "quantization": _lab("quantization.recording", "record"),
+         "quantization-prepare": _lab("quantization.recording", "record_checkpoints"),
+         "quantization-a": _lab("quantization.recording", "record", schemes=QUANT_A),
+         "quantization-b": _lab("quantization.recording", "record", schemes=QUANT_B, key="quantization-2"),
          "quantization-quality": _lab("quantization.vllm_ppl", "record"), "journey-fp8": step_journey_fp8}
 
 

@@ -48,7 +48,7 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from lablib.experiments import speculative as spec
+from lablib.experiments.speculative import acceptance as speculative_acceptance, loops
 from lablib.hardware.device import device_facts
 from lablib.models import eagle, load_hf_model, load_tokenizer, resolve_model
 from lablib.workloads import load_workload
@@ -170,15 +170,15 @@ def held_out(target, draft, head, tok, args) -> dict:
     """The greedy loop with the head and with the embedded draft on the same journey prompts: vLLM's counters."""
     prompts = load_workload("journey", limit=args.eval_prompts).prompt_ids(tok)
     t0 = time.time()
-    runs = {"eagle": [spec.greedy_eagle(target, head, p, args.eval_tokens, args.k) for p in prompts],
-            "draft_model": [spec.greedy_speculative(target, draft, p, args.eval_tokens, args.k) for p in prompts]}
-    greedy = [spec.greedy(target, p, args.eval_tokens) for p in prompts]
+    runs = {"eagle": [loops.greedy_eagle(target, head, p, args.eval_tokens, args.k) for p in prompts],
+            "draft_model": [loops.greedy_speculative(target, draft, p, args.eval_tokens, args.k) for p in prompts]}
+    greedy = [loops.greedy(target, p, args.eval_tokens) for p in prompts]
     out = {"workload": "journey", "prompts": len(prompts), "max_new_tokens": args.eval_tokens, "k": args.k,
            "seconds": round(time.time() - t0, 1)}
     for name, rs in runs.items():
-        rep = spec.acceptance_report(rs)
+        rep = speculative_acceptance.acceptance_report(rs)
         out[name] = {**rep.row(), "identical_to_greedy": sum(r.tokens == g for r, g in zip(rs, greedy)),
-                     "counters_consistent": spec.counters_consistent(rep.counters, args.k)[0]}
+                     "counters_consistent": speculative_acceptance.counters_consistent(rep.counters, args.k)[0]}
         print(f"{name}: mean acceptance length {rep.measured_length:.3f} +/- {rep.length_stderr:.3f}, per position "
               f"{[round(x, 3) for x in rep.measured_per_position]}, identical to greedy "
               f"{out[name]['identical_to_greedy']}/{len(prompts)}", flush=True)

@@ -90,6 +90,84 @@ def test_every_import_runs_down_the_layers():
     assert not upward, "imports that run back up the layers:\n" + "\n".join(upward)
 
 
+def _resolve(target: str, mods: dict[str, Path]) -> str:
+    """The module an import names: `experiments.speculative.loops` itself, or for a name imported from a module
+    (`experiments.speculative.loops.greedy`) the module it comes from."""
+    while target and target not in mods:
+        target = target.rpartition(".")[0]
+    return target
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Every lablib module's lablib imports, inner (function-local) ones included, as module -> modules."""
+    mods = modules()
+    return {name: {t for t in (_resolve(x, mods) for x, _ in imports(name, path)) if t and t != name}
+            for name, path in mods.items()}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan): each is an import cycle."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                found.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_import_cycle_anywhere():
+    """Within a layer and within a package too, function-local imports counted: a cycle hidden behind an import
+    inside a function still breaks whichever module is imported first."""
+    found = cycles(import_graph())
+    assert not found, "import cycles (each line one cycle's modules):\n" + "\n".join(" <-> ".join(c) for c in found)
+
+
+def test_the_cycle_finder_finds_a_cycle_through_an_inner_import():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_module_imports_its_own_package_or_anothers_private_names():
+    """A package's __init__ is its docstring: its modules import each other, never the package front; a helper
+    two modules need is public in the lower one, never `from .x import _helper`."""
+    mods, bad = modules(), []
+    for name, path in sorted(mods.items()):
+        pkg = name.rpartition(".")[0] if path.name != "__init__.py" else None
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            private = [a.name for a in node.names if a.name.startswith("_") and not a.name.startswith("__")]
+            if private and (node.level or (node.module or "").startswith("lablib")):
+                bad.append(f"lablib/{path.relative_to(PKG)}:{node.lineno}: imports private {private}")
+            if pkg and node.level == 1 and node.module is None and path.name != "__init__.py":
+                continue  # `from . import sibling`: a module, not the front
+            if pkg and node.level == 1 and not node.module:
+                bad.append(f"lablib/{path.relative_to(PKG)}:{node.lineno}: imports its own package's __init__")
+    assert not bad, "\n".join(bad)
+
+
 def test_the_walker_sees_relative_and_inner_imports(tmp_path):
     f = tmp_path / "offline.py"
     f.write_text("from ..engines.base import X\nfrom . import loadgen\ndef g():\n    from ...session import mode\n")
@@ -137,7 +215,7 @@ def test_the_sse_stub_needs_only_the_standard_library():
 
 
 def test_every_module_imports_first_in_a_fresh_interpreter():
-    """An import cycle only shows when its module is imported first (lablib.experiments.speculative_synthetic once
+    """An import cycle only shows when its module is imported first (lablib.experiments.speculative.synthetic once
     broke `lablab` that way while every test that had imported `speculative` before passed): each module is
     imported with no lablib module loaded, in one subprocess (third-party packages stay cached between them)."""
     import subprocess

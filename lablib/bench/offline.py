@@ -34,7 +34,7 @@ from typing import Any, Callable
 
 from ..config import BenchConfig
 from ..engines.base import Engine, PreparedRequest
-from ..hardware.device import device_facts, library_versions
+from ..hardware.device import device_facts, library_versions, torch_threads
 from ..hardware.memory import MemoryMonitor
 from ..results.record import RequestRecord, Result
 from ..results.store import ResultStore
@@ -207,3 +207,16 @@ def merge_last_run(parts: list[dict[str, Any]]) -> dict[str, Any]:
 
 def _config_dict(config: Any) -> dict[str, Any]:
     return config.to_dict() if hasattr(config, "to_dict") else dict(vars(config))
+
+
+def run_step(step: Any, model: Any, workload: Workload, bench: BenchConfig, *, lab: str,
+             store: ResultStore | None = None, threads: int | None = None) -> Result:
+    """One named rung on `workload`: `step.make_engine(model)`, the run (named `step.name`, torch on `threads`
+    in this process), the engine closed whatever happens. The journey's ladder and the labs that run a few
+    rungs of their own (02's attention pair, 08's harness) call this."""
+    engine = step.make_engine(model)
+    try:
+        with torch_threads(threads):
+            return run(engine, workload, bench, lab=lab, step=step.name, store=store)
+    finally:
+        engine.close()

@@ -69,7 +69,7 @@ def exact_draft_length(assistant_config: Any, k: int) -> Any:
     return assistant_config
 
 
-def _progress_bar(total: int, enabled: bool, desc: str):
+def progress_bar(total: int, enabled: bool, desc: str):
     if not enabled:
         return None
     from tqdm.auto import tqdm
@@ -137,7 +137,7 @@ class HFEngine:
         b = self.config.batch_size
         self._steps = 0
         t0 = time.perf_counter()
-        bar = _progress_bar(len(requests), progress, self.name)
+        bar = progress_bar(len(requests), progress, self.name)
         records: list[RequestRecord] = []
         try:
             for i in range(0, len(requests), b):

@@ -30,14 +30,14 @@ from ..hardware.fit import check_fit
 from ..models import ModelSpec, embedded_path, prompt_tokenizer, resolve_model
 from ..results.record import RequestRecord
 from .base import OnRecord, PreparedRequest
-from .hf import _progress_bar
+from .hf import progress_bar
 from .process import children, kill_tree
 
 SETTLE_S = 60.0  # how long close() waits for the GPU to return to its baseline
 SETTLE_SLACK = 256 * 2**20  # bytes above baseline still counted as "back"
 
 
-_nvml_used = nvml_memory  # this module's name for it: the engine tests replace it with a fake GPU's
+nvml_used = nvml_memory  # this module's name for it: the engine tests replace it with a fake GPU's
 
 
 def preflight(spec: ModelSpec, config: VLLMConfig) -> dict[str, Any]:
@@ -45,7 +45,7 @@ def preflight(spec: ModelSpec, config: VLLMConfig) -> dict[str, Any]:
     if importlib.util.find_spec("vllm") is None:
         raise ValueError("vLLM is not installed in this environment. Fix: pip install 'lablib[gpu]' on a machine "
                          "with an NVIDIA GPU; without one, the labs show runs recorded on an H200 (data/reference/).")
-    mem = _nvml_used()
+    mem = nvml_used()
     if mem is None:
         raise ValueError("no NVIDIA GPU is visible (NVML found none), and vLLM needs one. Fix: run on a GPU machine "
                          "(Colab: Runtime → Change runtime type → GPU); without one, the labs show recorded runs.")
@@ -130,7 +130,7 @@ class VLLMEngine:
                 raise RuntimeError("this vLLM engine is closed. Fix: make a new VLLMEngine.")
             return self
         synthetic = self.spec.source == "synthetic"
-        self.baseline = _nvml_used()
+        self.baseline = nvml_used()
         self.log_path = tempfile.NamedTemporaryFile(prefix="lablib-vllm-", suffix=".log", delete=False).name
         ctx = mp.get_context("spawn")
         self._conn, child = ctx.Pipe()
@@ -200,7 +200,7 @@ class VLLMEngine:
         self.start()
         self._conn.send(("generate", [{"request_id": r.request_id, "prompt_ids": list(r.prompt_ids),
                                        "max_new_tokens": r.max_new_tokens} for r in requests]))
-        bar = _progress_bar(len(requests), progress, "vllm")
+        bar = progress_bar(len(requests), progress, "vllm")
         got: dict[str, RequestRecord] = {}
         try:
             while True:
@@ -261,10 +261,10 @@ class VLLMEngine:
         self.facts = getattr(self, "facts", {})
         if self.baseline:
             deadline = time.monotonic() + SETTLE_S
-            used = _nvml_used()
+            used = nvml_used()
             while used and used[0] > self.baseline[0] + SETTLE_SLACK and time.monotonic() < deadline:
                 time.sleep(0.5)
-                used = _nvml_used()
+                used = nvml_used()
             self.facts["vram_after_close_bytes"] = used[0] if used else None
             self.facts["vram_back_to_baseline"] = bool(used and used[0] <= self.baseline[0] + SETTLE_SLACK)
 

@@ -26,10 +26,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .. import validate
-from ..bench.offline import run
+from ..bench.offline import run_step
 from ..config import BenchConfig, HFConfig
 from ..engines.hf import HFEngine
-from ..hardware.device import torch_threads
 from ..results.record import Result
 from ..results.reference import load_reference, reference_steps
 from ..results.store import ResultStore
@@ -106,7 +105,7 @@ def ladder(batch_sizes: list[int]) -> list[Step]:
     from ..config import VLLMConfig
     from ..engines.server import ServerEngine
     from ..engines.vllm import VLLMEngine
-    from .speculative_vllm import speculative_config
+    from .speculative.vllm_runs import speculative_config
 
     gpu = "gpu+vllm"
 
@@ -218,19 +217,6 @@ def run_journey(model: str = "embedded", workload: str = "journey", requests: in
             f"wall {r.wall_s:.1f} s")
         results.append(r)
     return results, skipped
-
-
-def run_step(step: Step, model: Any, workload: Any, bench: BenchConfig, *, lab: str, store: ResultStore | None = None,
-             threads: int | None = None) -> Result:
-    """One rung on `workload`: its engine made for `model`, the run (`bench.offline.run`, named after the rung,
-    torch on `threads` in this process), the engine closed whatever happens. Labs that run a few rungs of
-    their own (02's attention pair, 08's harness) call this too."""
-    engine = step.make_engine(model)
-    try:
-        with torch_threads(threads):
-            return run(engine, workload, bench, lab=lab, step=step.name, store=store)
-    finally:
-        engine.close()
 
 
 def road(results: list[Result], batch_sizes: list[int] = (1, 4, 16)) -> list[Result]:

@@ -28,12 +28,12 @@ def config_sweep(configs: list[VLLMConfig], model: str | ModelSpec = "embedded",
     """One vLLM engine per configuration (each in its own worker), the workload on each, one row per engine:
     KV capacity, throughput, latency and GPU memory before start and after close. `on_row(row)` is
     called as each engine closes (a live figure marks it)."""
-    from ..engines.vllm import VLLMEngine, _nvml_used
+    from ..engines.vllm import VLLMEngine, nvml_used
 
     wl = load_workload(workload)
     rows, results = [], []
     for cfg in configs:
-        before = _nvml_used()
+        before = nvml_used()
         with VLLMEngine(model, cfg) as eng:
             r = run(eng, wl, bench, lab=lab, step=step(cfg), store=store)
         results.append(r)

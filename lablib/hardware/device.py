@@ -26,7 +26,7 @@ def _text(value: object) -> str | None:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def _try(fn: Callable[..., Any], *args: object) -> Any:
+def try_query(fn: Callable[..., Any], *args: object) -> Any:
     """fn(*args), or None when the driver does not support the query."""
     try:
         return fn(*args)
@@ -77,7 +77,7 @@ def _cpu_facts() -> dict:
 
         ram, physical = psutil.virtual_memory().total, psutil.cpu_count(logical=False)
     except ImportError:
-        ram, physical = _try(lambda: os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")), None
+        ram, physical = try_query(lambda: os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")), None
     return {"cpu": model, "cpu_cores_logical": os.cpu_count(), "cpu_cores_physical": physical,
             "ram_bytes": ram, "platform": platform.platform()}
 
@@ -102,14 +102,14 @@ def device_facts(import_torch: bool = False) -> dict:
 
         pynvml.nvmlInit()
         try:
-            facts["driver_version"] = _text(_try(pynvml.nvmlSystemGetDriverVersion))
-            facts["nvml_version"] = _text(_try(pynvml.nvmlSystemGetNVMLVersion))
+            facts["driver_version"] = _text(try_query(pynvml.nvmlSystemGetDriverVersion))
+            facts["nvml_version"] = _text(try_query(pynvml.nvmlSystemGetNVMLVersion))
             for i in range(pynvml.nvmlDeviceGetCount()):
                 handle = pynvml.nvmlDeviceGetHandleByIndex(i)
                 facts["gpu_names"].append(_text(pynvml.nvmlDeviceGetName(handle)))
                 facts["gpu_memory_bytes"].append(int(pynvml.nvmlDeviceGetMemoryInfo(handle).total))
             if facts["gpu_names"]:
-                cc = _try(pynvml.nvmlDeviceGetCudaComputeCapability, pynvml.nvmlDeviceGetHandleByIndex(0))
+                cc = try_query(pynvml.nvmlDeviceGetCudaComputeCapability, pynvml.nvmlDeviceGetHandleByIndex(0))
                 facts["cuda_compute_capability"] = "{}.{}".format(*cc) if cc else None
             facts["source"] = "nvml" if facts["gpu_names"] else None
         finally:

@@ -35,7 +35,7 @@ import threading
 import time
 from typing import Any, Callable
 
-from .device import _try
+from .device import try_query
 
 _PID_REFRESH_S = 0.5  # how often the set of child processes is re-read (it scans /proc)
 
@@ -128,8 +128,8 @@ class MemoryMonitor:
 
         pids = {os.getpid(), *self._extra_pids}
         for root in list(pids):
-            pids.update(child.pid for child in _try(lambda: psutil.Process(root).children(recursive=True)) or [])
-        self._procs = {pid: self._procs.get(pid) or _try(psutil.Process, pid) for pid in pids}
+            pids.update(child.pid for child in try_query(lambda: psutil.Process(root).children(recursive=True)) or [])
+        self._procs = {pid: self._procs.get(pid) or try_query(psutil.Process, pid) for pid in pids}
         self._pids = pids
 
     def _read(self) -> tuple[int, float | None, int | None]:
@@ -143,7 +143,7 @@ class MemoryMonitor:
             ours = [p.usedGpuMemory or 0 for p in procs if p.pid in self._pids]
             return used, (None if util is None else float(util.gpu)), (int(sum(ours)) if ours else None)
         # a child that exited since the last refresh reads as None and counts 0
-        rss = sum(getattr(_try(p.memory_info), "rss", 0) for p in self._procs.values() if p is not None)
+        rss = sum(getattr(try_query(p.memory_info), "rss", 0) for p in self._procs.values() if p is not None)
         return rss, None, rss
 
     def _optional(self, query: str, fn: Callable[..., Any], *args: object) -> Any:

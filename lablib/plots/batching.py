@@ -31,8 +31,8 @@ import plotly.graph_objects as go
 from ..results.record import Result
 from .style import (
     ROOFLINE_UNKNOWN,
-    _batch,
-    _require,
+    batch_of,
+    require_results,
     colour,
     finish,
     is_mixed,
@@ -60,12 +60,12 @@ def throughput_vs_batch(results: list[Result],
     batch_keys=("batch_size", "max_num_seqs") (the cap, not the batch it actually reached).
     Live and recorded runs of one engine are separate lines (the recorded one marked), in the engine's colour.
     """
-    results = _require(results, "throughput_vs_batch")
+    results = require_results(results, "throughput_vs_batch")
     mixed = is_mixed(results)
     groups: dict[str, list[Result]] = defaultdict(list)
     skipped = []
     for r in results:
-        if _batch(r, batch_keys) is None:
+        if batch_of(r, batch_keys) is None:
             skipped.append(r.step)
         else:
             groups[trace_name(r, r.engine, mixed)].append(r)
@@ -73,11 +73,11 @@ def throughput_vs_batch(results: list[Result],
     unknown = False
     ys: list[float] = []
     for name, rs in groups.items():
-        rs = sorted(rs, key=lambda r: _batch(r, batch_keys))
+        rs = sorted(rs, key=lambda r: batch_of(r, batch_keys))
         recorded = rs[0].provenance == "recorded" and mixed
         y = [r.summary["output_tok_s"] for r in rs]
         ys += y
-        fig.add_scatter(x=[_batch(r, batch_keys) for r in rs], y=y, mode="lines+markers", name=name,
+        fig.add_scatter(x=[batch_of(r, batch_keys) for r in rs], y=y, mode="lines+markers", name=name,
                         text=[r.step for r in rs], line={"color": colour(name), "dash": "dot" if recorded else None},
                         marker={"symbol": "diamond" if recorded else "circle", "size": 8},
                         hovertemplate="%{text}<br>batch %{x}: %{y:,.1f} tok/s<extra></extra>")
@@ -86,7 +86,7 @@ def throughput_vs_batch(results: list[Result],
         if ceil:
             gpu = ceil[0].roofline.get("gpu_peak_entry") or ceil[0].hardware.get("gpu")
             ys += [r.roofline["ceiling_tok_s"] for r in ceil]
-            fig.add_scatter(x=[_batch(r, batch_keys) for r in ceil], y=[r.roofline["ceiling_tok_s"] for r in ceil],
+            fig.add_scatter(x=[batch_of(r, batch_keys) for r in ceil], y=[r.roofline["ceiling_tok_s"] for r in ceil],
                             mode="lines+markers", line={"dash": "dash", "color": colour(name)},
                             marker={"symbol": "line-ew-open", "size": 14},
                             name=trace_name(rs[0], f"{rs[0].engine} roofline ({gpu})", mixed),
@@ -94,7 +94,7 @@ def throughput_vs_batch(results: list[Result],
     notes = [ROOFLINE_UNKNOWN] if unknown else []
     if skipped:
         notes.append(f"not drawn (no {' or '.join(batch_keys)} in config): {', '.join(skipped)}")
-    batches = sorted({b for rs in groups.values() for b in (_batch(r, batch_keys) for r in rs)})
+    batches = sorted({b for rs in groups.values() for b in (batch_of(r, batch_keys) for r in rs)})
     fig.update_xaxes(type="log", tickvals=batches, title_text="batch size (sequences decoding together)")
     if spans_decades(ys):
         fig.update_yaxes(type="log", title_text="output throughput (tok/s, log scale)")
@@ -119,7 +119,7 @@ def latency_cdf(results: list[Result], metric: str = "ttft") -> go.Figure:
     """
     if metric not in LATENCY_METRICS:
         raise ValueError(f"latency_cdf: metric={metric!r}; allowed {', '.join(map(repr, LATENCY_METRICS))}.")
-    results = _require(results, "latency_cdf")
+    results = require_results(results, "latency_cdf")
     mixed = is_mixed(results)
     values = {id(r): sorted(_latency_values(r, metric)) for r in results}
     unit, scale, log = time_axis(v for vs in values.values() for v in vs)
@@ -149,7 +149,7 @@ _SOURCES = {"nvml": "GPU memory used (whole device, NVML)",
 
 def memory_timeline(results: list[Result]) -> go.Figure:
     """Memory used over each run's time, in GiB or MiB; the title says GPU (NVML) or process RSS."""
-    results = _require(results, "memory_timeline")
+    results = require_results(results, "memory_timeline")
     mixed = is_mixed(results)
     has = [bool(r.memory.get("t_s") and r.memory.get("used_bytes")) for r in results]
     drawn = [r for r, ok in zip(results, has) if ok]
@@ -176,7 +176,7 @@ def memory_timeline(results: list[Result]) -> go.Figure:
 def phase_breakdown(results: list[Result]) -> go.Figure:
     """Stacked bars of total prefill and decode seconds per Result (summed over its requests), each labelled with
     its share of the run's summed time. Stacked, so linear: a log axis cannot stack."""
-    results = _require(results, "phase_breakdown")
+    results = require_results(results, "phase_breakdown")
     labels = step_labels(results)
     fig = go.Figure()
     totals = [(r.summary.get("prefill_s") or 0.0) + (r.summary.get("decode_s") or 0.0) for r in results]

@@ -15,7 +15,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from ..results.record import Result
-from .style import (_require, colour, finish, is_synthetic, provenance, series_name, step_labels, synthetic_note,
+from .style import (require_results, colour, finish, is_synthetic, provenance, series_name, step_labels, synthetic_note,
                     trace_name)
 
 
@@ -69,7 +69,7 @@ def whole_road(results: list[Result]) -> go.Figure:
     hatched. The legend groups the bars by where they were measured, each group titled with it
     ("live on this machine (CPU: ...)", "recorded on NVIDIA H200, <date>"), and every bar's hover repeats it.
     """
-    results = _require(results, "whole_road")
+    results = require_results(results, "whole_road")
     ticks, mixed = _ticks(results), len({r.provenance for r in results}) > 1
     fig = go.Figure()
     for i, r in enumerate(results):
@@ -96,7 +96,7 @@ def whole_road(results: list[Result]) -> go.Figure:
 
 def journey(results: list[Result]) -> go.Figure:
     """Output tok/s per step on top, TTFT p50 and p99 (ms) below, steps in the given order."""
-    results = _require(results, "journey")
+    results = require_results(results, "journey")
     labels = step_labels(results)
     fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08,
                         subplot_titles=("output throughput (higher is better)",

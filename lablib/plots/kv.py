@@ -26,7 +26,7 @@ from plotly.subplots import make_subplots
 
 from ..mechanisms.kv import FragmentationReport
 from ..mechanisms.paging import AllocatorSnapshot
-from .style import _rows_synthetic, colour, finish, rows_provenance
+from .style import rows_synthetic, colour, finish, rows_provenance
 
 SIMULATED_KV = "simulated on this machine (lablib.mechanisms.kv, the workload's lengths: no engine ran)"
 SIMULATED_PAGING = "simulated on this machine (lablib.mechanisms.paging: no engine ran)"
@@ -158,7 +158,7 @@ def gpu_memory_utilization_figure(rows: list[dict[str, Any]]) -> go.Figure:
     fig.update_yaxes(title_text="peak used (GiB)", rangemode="tozero", row=1, col=2)
     fig.update_yaxes(title_text="GPU memory used (MiB)", row=1, col=3)
     return finish(fig, "gpu_memory_utilization (gmu) sweep: one engine per value", rows_provenance(rows),
-                  synthetic=_rows_synthetic(rows), height=440, legend_below=True)
+                  synthetic=rows_synthetic(rows), height=440, legend_below=True)
 
 
 def _bytes(v: Any, unit: int) -> float | None:

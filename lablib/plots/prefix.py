@@ -218,7 +218,7 @@ COUNTED, PREDICTED = "hit rate: the server's counters", "hit rate: the simulator
 def serve_figure(data: Shown | Sequence[Mapping[str, Any]], where: str = "") -> go.Figure:
     """The server's hit rate (its /metrics counters) beside the simulator's, and TTFT p50 and p99, against the rate.
 
-    `data`: `experiments.prefix_serving.serve(...)` (a Shown; not recorded yet draws the empty axes under its label)
+    `data`: `experiments.prefix.serving.serve(...)` (a Shown; not recorded yet draws the empty axes under its label)
     or its rows with `where` saying where they were measured."""
     if isinstance(data, Shown):
         rows, where = list(data.value or []), data.label

@@ -26,7 +26,7 @@ import plotly.graph_objects as go
 
 from ..results.record import Result
 from .style import (
-    _rows_synthetic,
+    rows_synthetic,
     colour,
     finish,
     ordered_colours,
@@ -172,4 +172,4 @@ def scheduler_figure(rows: list[dict[str, Any]], ttft_target_s: float | None = N
     fig.update_xaxes(title_text=f"p99 TTFT ({unit}{', log scale' if log else ''})", type="log" if log else "linear")
     fig.update_yaxes(title_text="output throughput (tok/s)")
     return finish(fig, "Scheduler knobs on vLLM: throughput vs tail latency", rows_provenance(rows),
-                  synthetic=_rows_synthetic(rows), legend_below=True)
+                  synthetic=rows_synthetic(rows), legend_below=True)

@@ -219,7 +219,7 @@ def time_axis(seconds: Iterable[float | None]) -> tuple[str, float, bool]:
     return unit, scale, spans_decades(vals)
 
 
-def _require(results: list[Result], what: str) -> list[Result]:
+def require_results(results: list[Result], what: str) -> list[Result]:
     results = list(results)
     if not results:
         raise ValueError(f"{what}: no Results to draw. Fix: pass the list bench.run returned or load_results(...).")
@@ -246,7 +246,7 @@ def _unique(labels: list[str]) -> list[str]:
     return out
 
 
-def _batch(r: Result, keys: tuple[str, ...]) -> int | None:
+def batch_of(r: Result, keys: tuple[str, ...]) -> int | None:
     return next((r.config[k] for k in keys if isinstance(r.config.get(k), int)), None)
 
 
@@ -256,8 +256,8 @@ def _note(fig: go.Figure, text: str, y: float = 1.02) -> None:
 
 
 def _synthetic(rows: list[dict[str, Any]]) -> str:
-    return synthetic_line(_rows_synthetic(rows))
+    return synthetic_line(rows_synthetic(rows))
 
 
-def _rows_synthetic(rows: list[dict[str, Any]]) -> bool:
+def rows_synthetic(rows: list[dict[str, Any]]) -> bool:
     return any(str(r.get("model", "")).startswith("synthetic:") for r in rows)

@@ -12,7 +12,8 @@ from typing import Any
 
 import ipywidgets as widgets
 
-from ..experiments.advisor import GPUS, MAX_GPUS, SCHEMES, Goal, config_text, plan
+from ..experiments.advisor.latency import GPUS, SCHEMES
+from ..experiments.advisor.plan import MAX_GPUS, Goal, config_text, plan
 from ..models import architectures
 
 CONCURRENCY = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)

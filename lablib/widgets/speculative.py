@@ -27,7 +27,8 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from .. import validate
-from ..experiments.speculative import MODEL_BATCHES, roofline_of, study_row
+from ..experiments.speculative.maths import MODEL_BATCHES, roofline_of
+from ..experiments.speculative.study import study_row
 from ..mechanisms import speculative as maths
 from ..mechanisms.gpus import GPU_PEAKS
 from ..models.architecture import architectures
@@ -267,7 +268,7 @@ class SpeedupExplorer(Explorer):
         `runs` defaults to vLLM's recording (`gpu_study(..., force=False)`: no engine starts), or "not recorded yet".
         """
         if runs is None:
-            from ..experiments.speculative import gpu_study
+            from ..experiments.speculative.vllm_runs import gpu_study
 
             runs = gpu_study(batches=(1, 4, 16, 64), ks=(2, 4), force=False)
         if study and study.get("rows"):

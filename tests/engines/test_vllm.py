@@ -298,7 +298,7 @@ def test_engine_starts_in_a_worker_and_reports_facts(start):
     assert f["vram_baseline_bytes"] == BASE_USED  # measured before the worker started
     json.dumps(f)
     worker, core = _worker_and_core(engine, start.marker)
-    assert worker != os.getpid() and vllm_engine._nvml_used()[0] == BASE_USED + CORE_BYTES
+    assert worker != os.getpid() and vllm_engine.nvml_used()[0] == BASE_USED + CORE_BYTES
 
 
 def test_generate_streams_records_as_they_finish(start, monkeypatch):
@@ -442,7 +442,7 @@ def test_close_ends_worker_and_engine_core(start):
     engine = start(FAKE_VLLM_ORPHAN_WATCH=0)  # the EngineCore ends only if someone ends it
     worker, core = _worker_and_core(engine, start.marker)
     engine.generate(_requests([2]), progress=False)
-    assert vllm_engine._nvml_used()[0] == BASE_USED + CORE_BYTES
+    assert vllm_engine.nvml_used()[0] == BASE_USED + CORE_BYTES
     engine.close()
     assert not _alive(worker) and not _alive(core)
     assert engine.facts["vram_back_to_baseline"] is True and engine.facts["vram_after_close_bytes"] == BASE_USED
@@ -463,7 +463,7 @@ def test_vram_that_does_not_come_back_is_reported(start, monkeypatch):
     engine = start()
     monkeypatch.setattr(vllm_engine, "SETTLE_S", 1.0)
     stuck = BASE_USED + 2 * GiB  # from now on NVML says 2 GiB more than the baseline stay in use
-    monkeypatch.setattr(vllm_engine, "_nvml_used", lambda index=0: (stuck, 10 * GiB, 140 * GiB))
+    monkeypatch.setattr(vllm_engine, "nvml_used", lambda index=0: (stuck, 10 * GiB, 140 * GiB))
     t0 = time.monotonic()
     engine.close()
     assert time.monotonic() - t0 >= 1.0  # it waited for the GPU to settle
@@ -511,7 +511,7 @@ def test_prompt_logprobs_score_every_token_after_the_first_and_the_engine_goes_o
     the first (vLLM's prompt_logprobs[1:]); the engine then serves generate as before."""
     import math
 
-    from lablib.experiments.quantization import from_logprobs
+    from lablib.experiments.quantization.measures import from_logprobs
 
     fake_logprob = fake_scores()
 
@@ -570,7 +570,7 @@ def test_the_worker_keeps_the_per_position_vector_and_its_growth_over_a_run():
     from types import SimpleNamespace as NS
 
     from lablib.engines.vllm_worker import _metrics, _minus
-    from lablib.experiments.speculative_vllm import counters_from_delta
+    from lablib.experiments.speculative.vllm_runs import counters_from_delta
 
     name = "vllm:spec_decode_num_accepted_tokens_per_pos"
     reads = iter([[NS(name="vllm:spec_decode_num_drafts", value=10.0), NS(name=name, values=[8, 5, 3])],

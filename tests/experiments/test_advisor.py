@@ -8,8 +8,8 @@ import math
 import pytest
 
 from lablib.config import VLLMConfig
-from lablib.experiments import advisor as adv
-from lablib.experiments.advisor import Goal
+from lablib.experiments.advisor import latency, plan
+from lablib.experiments.advisor.plan import Goal
 from lablib.mechanisms import parallel as tp
 from lablib.results.reference import load_reference
 
@@ -19,7 +19,7 @@ def _run(step: str) -> dict:
 
 
 def _settings(goal: Goal) -> dict:
-    return {r["knob"]: r["setting"] for r in adv.advise(goal)}
+    return {r["knob"]: r["setting"] for r in plan.advise(goal)}
 
 
 @pytest.mark.parametrize("field, value, words", [
@@ -33,135 +33,135 @@ def test_a_bad_goal_is_refused_naming_the_field_and_what_is_allowed(field, value
 
 
 def test_the_quality_budget_and_the_gpu_decide_the_schemes_tried():
-    assert adv.allowed_schemes(Goal(lowest_precision="bf16")) == ["bf16"]
-    assert adv.allowed_schemes(Goal(lowest_precision="w4a16")) == ["bf16", "fp8", "w4a16"]
-    assert adv.allowed_schemes(Goal(gpu="A100", lowest_precision="w4a16")) == ["bf16", "w4a16"]  # no FP8 on 8.0
-    row = adv.advise(Goal(model="llama-3.1-70b", gpu="A100", lowest_precision="w4a16"))[0]
+    assert plan.allowed_schemes(Goal(lowest_precision="bf16")) == ["bf16"]
+    assert plan.allowed_schemes(Goal(lowest_precision="w4a16")) == ["bf16", "fp8", "w4a16"]
+    assert plan.allowed_schemes(Goal(gpu="A100", lowest_precision="w4a16")) == ["bf16", "w4a16"]  # no FP8 on 8.0
+    row = plan.advise(Goal(model="llama-3.1-70b", gpu="A100", lowest_precision="w4a16"))[0]
     assert "fp8 not tried: the A100 has no FP8 tensor cores" in row["evidence"]
 
 
 def test_the_fit_is_lab_09s_one_long_sequence_of_the_70b():
     one = dict(model="llama-3.1-70b", concurrency=1, prompt_tokens=8000, output_tokens=192)
-    assert adv.fit(Goal(**one), "bf16") == 2 and adv.fit(Goal(**one), "fp8") == 1  # lab 09's fit check
-    assert adv.fit(Goal(**one, max_gpus=1), "bf16") is None
+    assert plan.fit(Goal(**one), "bf16") == 2 and plan.fit(Goal(**one), "fp8") == 1  # lab 09's fit check
+    assert plan.fit(Goal(**one, max_gpus=1), "bf16") is None
 
 
 @pytest.mark.parametrize("concurrency, batch", [(1, 1), (6, 8), (64, 64), (200, 256)])
 def test_the_weights_are_the_fastest_recorded_scheme_at_the_nearest_batch(concurrency, batch):
     goal = Goal(concurrency=concurrency, lowest_precision="w4a16", prompt_tokens=128, output_tokens=128)
-    speeds = {s: _run(f"{adv.RECORDED[s]}-b{batch}")["output_tok_s"] for s in ("bf16", "fp8", "w4a16")}
-    rows = {r["knob"]: r for r in adv.advise(goal)}
+    speeds = {s: _run(f"{latency.RECORDED[s]}-b{batch}")["output_tok_s"] for s in ("bf16", "fp8", "w4a16")}
+    rows = {r["knob"]: r for r in plan.advise(goal)}
     assert rows["quantization"]["setting"] == max(speeds, key=speeds.get) == "fp8"  # the int4 seed claim, tested
     assert rows["quantization"]["source"] == load_reference(f"quant-fp8-b{batch}")[0].label  # the chosen run's label
 
 
 def test_fewer_gpus_beat_a_faster_scheme_that_needs_more():
-    p = adv.plan(Goal(model="llama-3.1-70b", concurrency=8, lowest_precision="fp8"))
+    p = plan.plan(Goal(model="llama-3.1-70b", concurrency=8, lowest_precision="fp8"))
     assert (p["t"], p["scheme"]) == (1, "fp8") and p["rows"][0]["evidence"] == "bf16: 2 GPUs; fp8: 1 GPU"
 
 
 @pytest.mark.parametrize("scheme", ["bf16", "fp8", "w4a16"])
 def test_the_prediction_reproduces_lab_06s_recorded_tpot_at_every_recorded_batch(scheme):
     goal = Goal(prompt_tokens=128, output_tokens=128, lowest_precision="w4a16")  # the recorded runs' lengths
-    for b in adv.QUANT_BATCHES:
-        measured = _run(f"{adv.RECORDED[scheme]}-b{b}")["tpot_s"]["p50"] * 1e3
-        assert adv.predicted_tpot_ms(goal, scheme, 1, b) == pytest.approx(measured, rel=0.02)
-    between = adv.predicted_tpot_ms(goal, scheme, 1, 24)  # log-interpolated between batch 8 and 64
-    assert adv.predicted_tpot_ms(goal, scheme, 1, 8) < between < adv.predicted_tpot_ms(goal, scheme, 1, 64)
+    for b in latency.QUANT_BATCHES:
+        measured = _run(f"{latency.RECORDED[scheme]}-b{b}")["tpot_s"]["p50"] * 1e3
+        assert latency.predicted_tpot_ms(goal, scheme, 1, b) == pytest.approx(measured, rel=0.02)
+    between = latency.predicted_tpot_ms(goal, scheme, 1, 24)  # log-interpolated between batch 8 and 64
+    assert latency.predicted_tpot_ms(goal, scheme, 1, 8) < between < latency.predicted_tpot_ms(goal, scheme, 1, 64)
 
 
 def test_the_bare_cost_model_misses_most_of_a_large_batchs_step_which_is_why_it_is_calibrated_per_batch():
     run = load_reference("quant-bf16-b256")[0]
-    bound = tp.decode_step(adv.model_shape("llama-3.1-8b", "bf16"), 256, round(run.roofline["context_len"]), 1,
+    bound = tp.decode_step(plan.model_shape("llama-3.1-8b", "bf16"), 256, round(run.roofline["context_len"]), 1,
                            tp.H200).latency_s * 1e3
     assert run.summary["tpot_s"]["p50"] * 1e3 / bound > 1.6
-    assert adv.beyond_bound_ms("bf16", 256) > 3 * adv.beyond_bound_ms("bf16", 1)
-    rows = [r for r in adv.calibration_rows() if r["scheme"] == "bf16"]  # the table lab 10 shows
-    assert [r["batch"] for r in rows] == list(adv.QUANT_BATCHES) and rows[-1]["measured_over_bound"] > 1.6
+    assert latency.beyond_bound_ms("bf16", 256) > 3 * latency.beyond_bound_ms("bf16", 1)
+    rows = [r for r in latency.calibration_rows() if r["scheme"] == "bf16"]  # the table lab 10 shows
+    assert [r["batch"] for r in rows] == list(latency.QUANT_BATCHES) and rows[-1]["measured_over_bound"] > 1.6
     assert rows[-1]["measured_ms"] == pytest.approx(run.summary["tpot_s"]["p50"] * 1e3)
     assert rows[-1]["bound_ms"] == pytest.approx(bound, rel=1e-3) and rows[-1]["provenance"] == run.label
 
 
 def test_a_tpot_slo_caps_the_batch_at_the_largest_that_meets_it_and_replicas_carry_the_rest():
     goal = Goal(concurrency=256, tpot_slo_ms=6.0, lowest_precision="bf16")
-    p = adv.plan(goal)
+    p = plan.plan(goal)
     cap, t = p["max_num_seqs"], p["t"]
-    one = max(b for b in range(1, 257) if adv.predicted_tpot_ms(goal, "bf16", 1, b) <= 6.0)  # TP=1's own cap
+    one = max(b for b in range(1, 257) if latency.predicted_tpot_ms(goal, "bf16", 1, b) <= 6.0)  # TP=1's own cap
     assert 1 <= cap < 256 and p["replicas"] * t <= math.ceil(256 / one)  # no more GPUs than replicas of TP=1
-    assert adv.predicted_tpot_ms(goal, "bf16", t, cap) <= 6.0 < adv.predicted_tpot_ms(goal, "bf16", t, cap + 1)
+    assert latency.predicted_tpot_ms(goal, "bf16", t, cap) <= 6.0 < latency.predicted_tpot_ms(goal, "bf16", t, cap + 1)
     assert p["replicas"] == math.ceil(256 / cap) and p["replicas"] * t <= goal.max_gpus
-    assert f"x {p['replicas']} replicas" in adv.config_text(goal, p)
+    assert f"x {p['replicas']} replicas" in plan.config_text(goal, p)
 
 
 def test_a_latency_target_one_gpu_cannot_meet_raises_the_tp_size():
     goal = Goal(model="llama-3.1-70b", concurrency=64, tpot_slo_ms=8)
-    p = adv.plan(goal)
-    assert adv.fit(goal, "fp8") == 1 and adv.predicted_tpot_ms(goal, "fp8", 1, 1) > 8  # one GPU holds it, too slowly
+    p = plan.plan(goal)
+    assert plan.fit(goal, "fp8") == 1 and latency.predicted_tpot_ms(goal, "fp8", 1, 1) > 8  # one GPU holds it, too slowly
     assert p["t"] > 1 and p["replicas"] * p["t"] <= 8
-    assert adv.predicted_tpot_ms(goal, "fp8", p["t"], p["max_num_seqs"]) <= 8
+    assert latency.predicted_tpot_ms(goal, "fp8", p["t"], p["max_num_seqs"]) <= 8
     assert "TP>1 speed is predicted, not measured" in p["rows"][0]["evidence"]
 
 
 def test_an_slo_the_gpus_allowed_cannot_meet_is_refused_with_what_it_would_need():
     with pytest.raises(ValueError, match=r"Goal.tpot_slo_ms=0.5: allowed .* at best \d+\.\d+ ms"):
-        adv.plan(Goal(concurrency=16, tpot_slo_ms=0.5))
+        plan.plan(Goal(concurrency=16, tpot_slo_ms=0.5))
     with pytest.raises(ValueError, match=r"Goal.tpot_slo_ms=14: allowed what max_gpus=4 .* needs \d+ H200s"):
-        adv.plan(Goal(model="llama-3.1-70b", concurrency=512, tpot_slo_ms=14, max_gpus=4))
+        plan.plan(Goal(model="llama-3.1-70b", concurrency=512, tpot_slo_ms=14, max_gpus=4))
 
 
 def test_fp8_kv_where_it_saves_gpus_and_a_load_nothing_holds_is_refused():
     roomy = Goal(concurrency=64, lowest_precision="bf16", max_gpus=1)
     tight = Goal(concurrency=256, prompt_tokens=4096, output_tokens=256, lowest_precision="bf16", max_gpus=1)
     big = Goal(model="llama-3.1-70b", concurrency=256, prompt_tokens=4000, lowest_precision="bf16")
-    assert adv.fit(tight, "bf16") is None and adv.fit(tight, "bf16", "fp8") == 1
-    assert adv.fit(big, "bf16", "fp8") < adv.fit(big, "bf16")  # bf16 KV fits too, on more GPUs
-    assert [adv.plan(g)["kv"] for g in (roomy, tight, big)] == ["auto", "fp8", "fp8"]
-    assert adv.plan(big)["t"] == adv.fit(big, "bf16", "fp8")
+    assert plan.fit(tight, "bf16") is None and plan.fit(tight, "bf16", "fp8") == 1
+    assert plan.fit(big, "bf16", "fp8") < plan.fit(big, "bf16")  # bf16 KV fits too, on more GPUs
+    assert [plan.plan(g)["kv"] for g in (roomy, tight, big)] == ["auto", "fp8", "fp8"]
+    assert plan.plan(big)["t"] == plan.fit(big, "bf16", "fp8")
     with pytest.raises(ValueError, match=r"Goal.concurrency=1024: .*Fix: lower it or the lengths, allow "):
-        adv.plan(Goal(concurrency=1024, prompt_tokens=8192, lowest_precision="bf16", max_gpus=1))
+        plan.plan(Goal(concurrency=1024, prompt_tokens=8192, lowest_precision="bf16", max_gpus=1))
 
 
 @pytest.mark.parametrize("shared, pair", [(0, "512-shared-after"), (8, "512-shared-after"), (200, "200"), (150, "128"),
                                           (900, "1024")])
 def test_prefix_caching_cites_lab_07s_pair_nearest_the_shared_prefix(shared, pair):
     off, on = (_run(f"prefix-{w}-shared-prefix-{pair}-llama-3.1-8b") for w in ("off", "on"))
-    row = next(r for r in adv.advise(Goal(prompt_tokens=1024, shared_prefix_tokens=shared))
+    row = next(r for r in plan.advise(Goal(prompt_tokens=1024, shared_prefix_tokens=shared))
                if r["knob"] == "enable_prefix_caching")
     gain = on["output_tok_s"] / off["output_tok_s"]
     assert f"x{gain:.2f}" in row["evidence"] and row["source"] == load_reference(
         f"prefix-on-shared-prefix-{pair}-llama-3.1-8b")[0].label
-    assert ("nothing to reuse" in row["why"]) == (shared < adv.BLOCK) == ("0% hits" in row["evidence"])
+    assert ("nothing to reuse" in row["why"]) == (shared < plan.BLOCK) == ("0% hits" in row["evidence"])
 
 
 @pytest.mark.parametrize("concurrency, batch", [(1, 1), (5, 4), (20, 16), (300, 64)])
 def test_speculation_is_advised_exactly_where_lab_08s_8b_pair_paid(concurrency, batch):
     draft, base = (_run(f"spec-8b-{m}-b{batch}")["output_tok_s"] for m in ("draft_model-k4", "baseline"))
     ratio = draft / base
-    row = next(r for r in adv.advise(Goal(concurrency=concurrency)) if r["knob"] == "speculative_config")
+    row = next(r for r in plan.advise(Goal(concurrency=concurrency)) if r["knob"] == "speculative_config")
     assert (row["setting"] is not None) == (ratio > 1) and f"x{ratio:.2f}" in row["evidence"]
     assert "recorded on NVIDIA H200" in row["source"] and "synthetic acceptance" in row["source"]
 
 
 def test_a_draft_that_paid_is_advised_and_the_config_says_what_it_still_needs(monkeypatch):
-    real = adv.summary_of
+    real = latency.summary_of
 
     def paying(step):  # the shipped 8B pair never paid: a stand-in recording where the draft doubled the rate
         got = real(step)
         return {**got, "output_tok_s": got["output_tok_s"] * 2} if step.startswith("spec-8b-draft_model") else got
 
-    monkeypatch.setattr(adv, "summary_of", paying)
+    monkeypatch.setattr(plan, "summary_of", paying)
     goal = Goal(concurrency=1)
-    p = adv.plan(goal)
-    assert adv.engine_kwargs(goal, p)["speculative_config"] == {"method": "draft_model", "num_speculative_tokens": 4}
-    assert "needs the draft's 'model' path" in adv.config_text(goal, p)
+    p = plan.plan(goal)
+    assert plan.engine_kwargs(goal, p)["speculative_config"] == {"method": "draft_model", "num_speculative_tokens": 4}
+    assert "needs the draft's 'model' path" in plan.config_text(goal, p)
 
 
 def test_the_advice_is_a_config_the_engine_takes_and_w4a16_names_its_checkpoint():
     for goal in (Goal(), Goal(model="llama-3.1-70b", gpu="A100", lowest_precision="w4a16", concurrency=32,
                               tpot_slo_ms=30), Goal(model="qwen2.5-72b", concurrency=128, lowest_precision="bf16")):
-        p = adv.plan(goal)
-        config = VLLMConfig(**adv.engine_kwargs(goal, p))
+        p = plan.plan(goal)
+        config = VLLMConfig(**plan.engine_kwargs(goal, p))
         assert (config.max_model_len, config.tensor_parallel_size, config.max_num_seqs) == (
             goal.context, p["t"], p["max_num_seqs"])
-        assert ("W4A16 checkpoint" in adv.config_text(goal, p)) == (p["scheme"] == "w4a16")
-    assert adv.plan(Goal(model="qwen2.5-72b", concurrency=128, lowest_precision="bf16"))["t"] == 2
+        assert ("W4A16 checkpoint" in plan.config_text(goal, p)) == (p["scheme"] == "w4a16")
+    assert plan.plan(Goal(model="qwen2.5-72b", concurrency=128, lowest_precision="bf16"))["t"] == 2

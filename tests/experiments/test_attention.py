@@ -16,7 +16,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from lablib import VLLMConfig  # noqa: E402
-from lablib.experiments import attention as A  # noqa: E402
+from lablib.experiments.attention import backends, findings, study
 from lablib.mechanisms.attention import H200, predict  # noqa: E402
 from lablib.results.reference import NotRecorded  # noqa: E402
 from lablib.session import Shown  # noqa: E402
@@ -30,7 +30,7 @@ REFUSAL = r"^{}\.{}=.+: allowed .+; Fix: .+"
 # --- 1. the prediction ------------------------------------------------------------------------------------------
 
 def test_prediction_is_the_io_model_per_sequence_at_the_benchmark_shape():
-    rows = A.prediction([1024, 4096])
+    rows = findings.prediction([1024, 4096])
     assert [r["n"] for r in rows] == [1024, 4096] and {r["batch"] for r in rows} == {1}
     assert {(r["head_dim"], r["heads"], r["causal"], r["gpu"]) for r in rows} == {(128, 16, True, H200.name)}
     model = predict([1024, 4096], 128, heads=16, causal=True)
@@ -39,7 +39,7 @@ def test_prediction_is_the_io_model_per_sequence_at_the_benchmark_shape():
 
 
 def test_what_the_io_model_says_about_slopes_and_speedup():
-    s = A.prediction_summary(A.prediction())
+    s = findings.prediction_summary(findings.prediction())
     sl = s["slopes"]
     assert sl["naive_bytes"] == pytest.approx(2, abs=0.005)  # 4 N^2 elements of S and P dominate
     assert 1.95 < sl["flash_bytes"] < 2.0  # FA2 also reads K and V once per query tile: ~N^2, a smaller constant
@@ -48,7 +48,7 @@ def test_what_the_io_model_says_about_slopes_and_speedup():
     assert s["bytes_ratio_max"] == pytest.approx(3.97, abs=0.01)  # causal: naive computes all of S, flash half
     assert s["naive_bound"] == s["flash_bound"] == "memory"  # HBM only: at d = 128 FA2 sits at 128 < 206 FLOP/byte
     assert s["speedups"] == sorted(s["speedups"]) and 2 < s["speedups"][0] and s["speedups"][-1] < 4
-    text = A.describe_prediction(s)
+    text = findings.describe_prediction(s)
     assert f"{sl['naive_bytes']:.3f}" in text and f"{s['speedups'][-1]:.2f}x" in text
 
 
@@ -56,38 +56,38 @@ def test_what_the_io_model_says_about_slopes_and_speedup():
                                            ({"hidden": 0}, "hidden")])
 def test_prediction_refuses_bad_shapes(kwargs, field):
     with pytest.raises(ValueError, match=REFUSAL.format("prediction", field)):
-        A.prediction(**kwargs)
+        findings.prediction(**kwargs)
 
 
 # --- 2. the microbenchmark here, 3. the GPU sweep ---------------------------------------------------------------
 
 @pytest.fixture(scope="module")
 def here():
-    return A.kernels_here(**TINY_BENCH)
+    return study.kernels_here(**TINY_BENCH)
 
 
 def test_kernels_here_is_live_on_this_cpu_and_correct(here):
-    assert here.live and here.label == A.CPU_LABEL
+    assert here.live and here.label == study.CPU_LABEL
     prov = here.value["provenance"]
     assert prov["config"]["device"] == "cpu" and prov["config"]["quick"] is True
-    ok = {r["kernel"] for r in A.rows_of(here) if r["status"] == "ok"}
+    ok = {r["kernel"] for r in findings.rows_of(here) if r["status"] == "ok"}
     assert ok == {"naive", "sdpa_math", "sdpa_flash", "flex"}
-    assert all(r["within_tol"] for r in A.rows_of(here) + A.rows_of(here, "decode") if r["status"] == "ok")
+    assert all(r["within_tol"] for r in findings.rows_of(here) + findings.rows_of(here, "decode") if r["status"] == "ok")
     assert here.value["prediction"] is None and "fp32" in here.value["prediction_note"]
-    text = A.describe_here(here)
+    text = findings.describe_here(here)
     assert text.startswith("4 kernels ran and matched the float64 reference") and "[live on this CPU]" in text
     assert "not here: sdpa_cudnn" in text and "torch's CPU SDPA implements only" in text and "vllm_fa3" in text
 
 
 def test_tables_and_speedups(here):
-    frame = A.table(here, "decode", ["kernel", "N", "status", "achieved_gbps"])
+    frame = findings.table(here, "decode", ["kernel", "N", "status", "achieved_gbps"])
     assert list(frame.columns) == ["kernel", "N", "status", "achieved_gbps", "provenance"]
-    assert set(frame["provenance"]) == {A.CPU_LABEL} and set(frame["N"]) == {256}
-    ups = A.speedups(here)
+    assert set(frame["provenance"]) == {study.CPU_LABEL} and set(frame["N"]) == {256}
+    ups = findings.speedups(here)
     assert {u["kernel"] for u in ups} == {"sdpa_math", "sdpa_flash", "flex"} and all(u["predicted"] is None for u in ups)
-    naive = {r["N"]: r["median_ms"] for r in A.rows_of(here) if r["kernel"] == "naive"}
+    naive = {r["N"]: r["median_ms"] for r in findings.rows_of(here) if r["kernel"] == "naive"}
     u = next(u for u in ups if u["kernel"] == "sdpa_flash" and u["N"] == 128)
-    flash = next(r for r in A.rows_of(here) if r["kernel"] == "sdpa_flash" and r["N"] == 128)
+    flash = next(r for r in findings.rows_of(here) if r["kernel"] == "sdpa_flash" and r["N"] == 128)
     assert u["measured"] == naive[128] / flash["median_ms"]
 
 
@@ -100,38 +100,38 @@ def h200(value: dict) -> dict:
 
 
 def test_with_prediction_for_an_h200_bf16_run(here):
-    got = A.with_prediction(h200(here.value))
+    got = findings.with_prediction(h200(here.value))
     assert got["prediction_note"] is None and set(got["prediction"]) == {64}
     assert [p["n"] for p in got["prediction"][64]] == [64, 128]
-    assert got["prediction"][64] == A.prediction([64, 128], 64, hidden=256)
-    ups = A.speedups(Shown(got, False, "x"))
+    assert got["prediction"][64] == findings.prediction([64, 128], 64, hidden=256)
+    ups = findings.speedups(Shown(got, False, "x"))
     assert all(u["predicted"] == next(p["speedup"] for p in got["prediction"][64] if p["n"] == u["N"]) for u in ups)
 
 
 def test_the_gpu_sweep_says_it_is_not_recorded_yet(monkeypatch):
-    monkeypatch.setattr(A, "recorded_facts", lambda key, step: (_ for _ in ()).throw(NotRecorded(key, step)))
-    shown = A.kernel_sweep(force=False)
+    monkeypatch.setattr(study, "recorded_facts", lambda key, step: (_ for _ in ()).throw(NotRecorded(key, step)))
+    shown = study.kernel_sweep(force=False)
     assert shown.value is None and not shown.live and "--steps attention" in shown.label
-    assert A.rows_of(shown) == [] and list(A.table(shown)["provenance"]) == [shown.label]
-    assert A.hf_prefill_gpu(force=False).value is None
+    assert findings.rows_of(shown) == [] and list(findings.table(shown)["provenance"]) == [shown.label]
+    assert study.hf_prefill_gpu(force=False).value is None
 
 
 def test_the_gpu_sweep_recorded_keeps_its_own_date_and_gets_the_model(monkeypatch, here):
     facts = {"attention": h200(here.value)}
-    monkeypatch.setattr(A, "recorded_facts", lambda key, step: facts[key])
-    shown = A.kernel_sweep(force=False)
+    monkeypatch.setattr(study, "recorded_facts", lambda key, step: facts[key])
+    shown = study.kernel_sweep(force=False)
     assert not shown.live and shown.label == "recorded on NVIDIA H200, 2026-12-02"
     assert set(shown.value["prediction"]) == {64}
     with pytest.raises(NotRecorded, match=r"attention\.hf_prefill is not recorded yet"):
-        A._recorded_part("hf_prefill")
-    assert A.hf_prefill_gpu(force=False).value is None  # the label names the step that records it
+        study._recorded_part("hf_prefill")
+    assert study.hf_prefill_gpu(force=False).value is None  # the label names the step that records it
 
 
 def test_the_gpu_sweep_live_calls_the_quick_preset_on_cuda(monkeypatch, here):
     calls = []
-    monkeypatch.setattr(A, "run_attention_bench", lambda **kw: calls.append(kw) or (here.value["rows"],
+    monkeypatch.setattr(study, "run_attention_bench", lambda **kw: calls.append(kw) or (here.value["rows"],
                                                                                    here.value["provenance"]))
-    shown = A.kernel_sweep(force=True)
+    shown = study.kernel_sweep(force=True)
     assert calls == [{"quick": True, "device": "cuda"}] and shown.live and shown.value["rows"] == here.value["rows"]
 
 
@@ -139,7 +139,7 @@ def test_the_gpu_sweep_live_calls_the_quick_preset_on_cuda(monkeypatch, here):
 
 @pytest.fixture(scope="module")
 def hf():
-    return A.hf_prefill("embedded", prompt_lens=[32, 96], device="cpu", repeats=1, warmup=0)
+    return study.hf_prefill("embedded", prompt_lens=[32, 96], device="cpu", repeats=1, warmup=0)
 
 
 def test_hf_prefill_eager_and_sdpa_agree_and_flex_is_skipped_on_the_cpu(hf):
@@ -147,13 +147,13 @@ def test_hf_prefill_eager_and_sdpa_agree_and_flex_is_skipped_on_the_cpu(hf):
     assert [(r["impl"], r["prompt_tokens"], r["status"]) for r in rows] == [
         ("eager", 32, "ok"), ("eager", 96, "ok"), ("sdpa", 32, "ok"), ("sdpa", 96, "ok"),
         ("flex_attention", 32, "skipped"), ("flex_attention", 96, "skipped")]
-    assert all(tuple(r) == A.HF_FIELDS for r in rows)
+    assert all(tuple(r) == study.HF_FIELDS for r in rows)
     for r in rows[:4]:
         assert r["reference_impl"] == "eager" and r["same_next_token"] is True
         assert r["max_abs_logit_diff"] < 1e-3  # fp32: the same maths, reassociated
         assert r["min_ms"] <= r["median_ms"] <= r["max_ms"] and r["extra_mem_bytes"] is None
         assert r["prefill_tok_s"] == pytest.approx(r["prompt_tokens"] / (r["median_ms"] / 1e3))
-    assert rows[0]["max_abs_logit_diff"] == 0.0 and rows[-1]["reason"] == A.FLEX_ON_CPU
+    assert rows[0]["max_abs_logit_diff"] == 0.0 and rows[-1]["reason"] == study.FLEX_ON_CPU
     prov = hf["provenance"]
     assert prov["model"] == "embedded" and prov["synthetic"] is False and prov["config"]["dtype"] == "float32"
     assert prov["config"]["skipped"] == ["flex_attention"]
@@ -165,9 +165,9 @@ def test_hf_prefill_eager_and_sdpa_agree_and_flex_is_skipped_on_the_cpu(hf):
     ({"prompt_lens": [0]}, "prompt_lens"), ({"repeats": 0}, "repeats"), ({"warmup": -1}, "warmup"),
     ({"device": "tpu"}, "device")])
 def test_hf_prefill_refuses_before_loading(kwargs, field, monkeypatch):
-    monkeypatch.setattr(A, "load_hf_model", lambda *a: pytest.fail("the model loaded before the arguments were checked"))
+    monkeypatch.setattr(study, "load_hf_model", lambda *a: pytest.fail("the model loaded before the arguments were checked"))
     with pytest.raises(ValueError, match=REFUSAL.format("hf_prefill", field)):
-        A.hf_prefill("embedded", **({"device": "cpu"} | kwargs))
+        study.hf_prefill("embedded", **({"device": "cpu"} | kwargs))
 
 
 def test_an_oom_or_a_failure_is_a_row_and_the_sweep_goes_on():
@@ -180,28 +180,28 @@ def test_an_oom_or_a_failure_is_a_row_and_the_sweep_goes_on():
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 64.00 GiB")
 
     ids = torch.zeros(1, 8, dtype=torch.long)
-    oom = A._hf_point(Net(), "eager", ids, False, 0, 1, {})
+    oom = study._hf_point(Net(), "eager", ids, False, 0, 1, {})
     assert oom["status"] == "oom" and oom["reason"].startswith("OutOfMemoryError: CUDA out of memory")
-    failed = A._hf_point(Net(), "sdpa", ids, False, 0, 1, {})
+    failed = study._hf_point(Net(), "sdpa", ids, False, 0, 1, {})
     assert failed["status"] == "failed" and failed["reason"] == "ValueError: sdpa is not supported here"
 
 
 def test_hf_prefill_here_is_the_embedded_model_live_on_this_cpu(monkeypatch):
     got = []
-    monkeypatch.setattr(A, "hf_prefill", lambda *a, **kw: got.append((a, kw)) or {"rows": [], "provenance": {}})
-    shown = A.hf_prefill_here()
-    assert shown.live and shown.label == A.CPU_LABEL
+    monkeypatch.setattr(study, "hf_prefill", lambda *a, **kw: got.append((a, kw)) or {"rows": [], "provenance": {}})
+    shown = study.hf_prefill_here()
+    assert shown.live and shown.label == study.CPU_LABEL
     assert got == [(("embedded",), {"device": "cpu", "repeats": 3, "warmup": 0})]
 
 
 # --- 4b. vLLM backends ------------------------------------------------------------------------------------------
 
 def test_backend_llm_kwargs():
-    kw = A.backend_llm_kwargs("FLASHINFER", VLLMConfig(gpu_memory_utilization=0.3))
+    kw = backends.backend_llm_kwargs("FLASHINFER", VLLMConfig(gpu_memory_utilization=0.3))
     assert kw["attention_backend"] == "FLASHINFER" and kw["gpu_memory_utilization"] == 0.3
     assert kw == VLLMConfig(gpu_memory_utilization=0.3).llm_kwargs() | {"attention_backend": "FLASHINFER"}
     with pytest.raises(ValueError, match=REFUSAL.format("backend_llm_kwargs", "backend")):
-        A.backend_llm_kwargs("FLASH_ATTN_3")
+        backends.backend_llm_kwargs("FLASH_ATTN_3")
 
 
 def test_the_backend_sweep_on_a_stand_in_engine(hf_naive_cpu):
@@ -235,7 +235,7 @@ def test_the_backend_sweep_on_a_stand_in_engine(hf_naive_cpu):
             raise RuntimeError("vLLM worker failed: Head size 60 is not supported by FlashInfer.\nTraceback ...")
         return Engine(backend)
 
-    rows, results = A.vllm_backend_sweep(start, ["FLASH_ATTN", "FLASHINFER"], workload=load_workload("journey", limit=2),
+    rows, results = backends.vllm_backend_sweep(start, ["FLASH_ATTN", "FLASHINFER"], workload=load_workload("journey", limit=2),
                                          bench=BenchConfig(warmup_requests=0, max_new_tokens=2, progress=False))
     assert asked == ["FLASH_ATTN", "FLASHINFER"] and closed == ["FLASH_ATTN"] and len(results) == 1
     ok, failed = rows
@@ -247,21 +247,21 @@ def test_the_backend_sweep_on_a_stand_in_engine(hf_naive_cpu):
 
 def test_the_backend_sweep_refuses_an_unknown_backend_before_any_engine():
     with pytest.raises(ValueError, match=REFUSAL.format("backend_llm_kwargs", "backend")):
-        A.vllm_backend_sweep(lambda b, kw: pytest.fail("an engine started"), ["FLASH_ATTN", "XFORMERS"])
+        backends.vllm_backend_sweep(lambda b, kw: pytest.fail("an engine started"), ["FLASH_ATTN", "XFORMERS"])
 
 
 def test_vllm_backends_are_wired_recorded_and_said_not_recorded_without_it(unrecorded):
-    assert A.wired() is True  # VLLMConfig.attention_backend reaches vllm.LLM through llm_kwargs
+    assert backends.wired() is True  # VLLMConfig.attention_backend reaches vllm.LLM through llm_kwargs
     assert VLLMConfig(attention_backend="FLASHINFER").llm_kwargs()["attention_backend"] == "FLASHINFER"
     assert "attention_backend" not in VLLMConfig().llm_kwargs()  # None: vLLM's own choice
     with pytest.raises(ValueError, match=r"VLLMConfig.attention_backend='FA4': allowed"):
         VLLMConfig(attention_backend="FA4")
-    shown = A.vllm_backends(force=False)  # the H200's sweep: every backend ran as itself on the embedded model
+    shown = study.vllm_backends(force=False)  # the H200's sweep: every backend ran as itself on the embedded model
     assert not shown.live and shown.label.startswith("recorded on NVIDIA H200")
-    assert [(r["backend"], r["status"]) for r in shown.value] == [(b, "ok") for b in A.VLLM_BACKENDS]
+    assert [(r["backend"], r["status"]) for r in shown.value] == [(b, "ok") for b in backends.VLLM_BACKENDS]
     assert all(r["ran"] == r["backend"] and r["output_tok_s"] > 0 for r in shown.value), shown.value
     unrecorded("attention")
-    shown = A.vllm_backends(force=False)
+    shown = study.vllm_backends(force=False)
     assert shown.value is None and "not recorded yet" in shown.label and not shown.live
 
 
@@ -269,50 +269,50 @@ def test_vllm_backends_are_wired_recorded_and_said_not_recorded_without_it(unrec
 
 def test_record_writes_facts_attention_and_round_trips(monkeypatch, tmp_path, here, hf):
     bench_calls = []
-    monkeypatch.setattr(A, "run_attention_bench", lambda **kw: bench_calls.append(kw) or (here.value["rows"],
+    monkeypatch.setattr(study, "run_attention_bench", lambda **kw: bench_calls.append(kw) or (here.value["rows"],
                                                                                          here.value["provenance"]))
-    monkeypatch.setattr(A, "hf_prefill", lambda spec, **kw: hf | {"asked": (spec, kw)})
+    monkeypatch.setattr(study, "hf_prefill", lambda spec, **kw: hf | {"asked": (spec, kw)})
     import lablib.models.synthetic as synthetic
 
     monkeypatch.setattr(synthetic, "synthetic_spec", lambda name: f"spec:{name}")
     backend_rows = [{"backend": "FLASH_ATTN", "status": "ok", "output_tok_s": 1.0}]
-    monkeypatch.setattr(A, "_vllm_sweep_live", lambda *a, **k: (backend_rows, []))  # vLLM itself runs on the GPU
+    monkeypatch.setattr(study, "vllm_sweep_live", lambda *a, **k: (backend_rows, []))  # vLLM itself runs on the GPU
     facts: dict = {}
-    A.record(tmp_path, store=None, facts=facts)
+    study.record(tmp_path, store=None, facts=facts)
     got = facts["attention"]
-    assert bench_calls == [A.RECORD_BENCH] and got["rows"] == here.value["rows"]
-    assert got["hf_prefill"]["asked"] == ("spec:llama-3.1-8b", {"prompt_lens": A.HF_RECORD_LENS, "device": "cuda"})
+    assert bench_calls == [study.RECORD_BENCH] and got["rows"] == here.value["rows"]
+    assert got["hf_prefill"]["asked"] == ("spec:llama-3.1-8b", {"prompt_lens": study.HF_RECORD_LENS, "device": "cuda"})
     assert got["vllm_backends"]["rows"] == backend_rows and (tmp_path / "attention-vllm.json").exists()
     assert json.loads((tmp_path / "attention-bench.json").read_text())["rows"] == json.loads(json.dumps(got["rows"]))
     assert (tmp_path / "attention-hf.json").exists()
     packed = json.loads(json.dumps(facts, default=str))  # as scripts/pack_reference.py keeps it
     packed["attention"]["provenance"] = h200(packed["attention"])["provenance"]
-    monkeypatch.setattr(A, "recorded_facts", lambda key, step: packed[key])
-    shown = A.kernel_sweep(force=False)
+    monkeypatch.setattr(study, "recorded_facts", lambda key, step: packed[key])
+    shown = study.kernel_sweep(force=False)
     assert shown.label == "recorded on NVIDIA H200, 2026-12-02" and shown.value["rows"] == packed["attention"]["rows"]
-    hf_shown = A.hf_prefill_gpu(force=False)
+    hf_shown = study.hf_prefill_gpu(force=False)
     assert hf_shown.value["rows"] == packed["attention"]["hf_prefill"]["rows"] and not hf_shown.live
     with pytest.raises(ValueError, match=REFUSAL.format("record", "parts")):
-        A.record(tmp_path, None, {}, parts=["bench", "all"])
+        study.record(tmp_path, None, {}, parts=["bench", "all"])
     assert math.isfinite(sum(r["median_ms"] for r in shown.value["rows"] if r["status"] == "ok"))
 
 
 def test_the_recorded_hf_prefill_shows_the_asked_lengths_or_says_what_stands_in(monkeypatch, capsys):
     """Issue 11.8: the cell's own call (HF_GPU_LENS on the synthetic 8B) shows those lengths of the recording
     (HF_RECORD_LENS) and says nothing; a length the recording lacks shows every recorded one and says so."""
-    rows = [{"impl": i, "prompt_tokens": n, "status": "ok"} for i in ("eager", "sdpa") for n in A.HF_RECORD_LENS]
+    rows = [{"impl": i, "prompt_tokens": n, "status": "ok"} for i in ("eager", "sdpa") for n in study.HF_RECORD_LENS]
     prov = {"device": "NVIDIA H200", "date": "2026-12-02T10:00:00+00:00", "model": "synthetic:llama-3.1-8b",
-            "config": {"prompt_lens": list(A.HF_RECORD_LENS)}}
-    monkeypatch.setattr(A, "recorded_facts", lambda key, step: {"hf_prefill": {"rows": rows, "provenance": prov}})
-    lab = A.hf_prefill_gpu(force=False)
+            "config": {"prompt_lens": list(study.HF_RECORD_LENS)}}
+    monkeypatch.setattr(study, "recorded_facts", lambda key, step: {"hf_prefill": {"rows": rows, "provenance": prov}})
+    lab = study.hf_prefill_gpu(force=False)
     assert lab.stand_ins == {} and capsys.readouterr().out == ""
-    assert sorted({r["prompt_tokens"] for r in lab.value["rows"]}) == list(A.HF_GPU_LENS) and len(lab.value["rows"]) == 6
-    wide = A.hf_prefill_gpu(force=False, prompt_lens=(1024, 65536))
-    assert wide.stand_ins == {"prompt_lens": {"asked": [1024, 65536], "shown": list(A.HF_RECORD_LENS)}}
+    assert sorted({r["prompt_tokens"] for r in lab.value["rows"]}) == list(study.HF_GPU_LENS) and len(lab.value["rows"]) == 6
+    wide = study.hf_prefill_gpu(force=False, prompt_lens=(1024, 65536))
+    assert wide.stand_ins == {"prompt_lens": {"asked": [1024, 65536], "shown": list(study.HF_RECORD_LENS)}}
     assert wide.value["rows"] == rows and "prompt_lens: asked [1024, 65536]" in capsys.readouterr().out
-    assert A.table(wide, "hf").shape[0] == len(rows) and A.table(wide, "hf")["provenance"][0] == wide.label
-    monkeypatch.setattr(A, "recorded_facts", lambda key, step: (_ for _ in ()).throw(NotRecorded(key, step)))
-    none = A.hf_prefill_gpu(force=False, prompt_lens=(512,))
+    assert findings.table(wide, "hf").shape[0] == len(rows) and findings.table(wide, "hf")["provenance"][0] == wide.label
+    monkeypatch.setattr(study, "recorded_facts", lambda key, step: (_ for _ in ()).throw(NotRecorded(key, step)))
+    none = study.hf_prefill_gpu(force=False, prompt_lens=(512,))
     assert none.value is None and none.stand_ins == {} and "--steps attention" in none.label
 
 
@@ -321,7 +321,8 @@ def test_off_float32_the_rung_checks_its_tokens_again_in_float32(monkeypatch):
     and the line says both. Here the CPU runs the bfloat16 rung (the same engines with dtype="bfloat16")."""
     from lablib.config import HFConfig
     from lablib.engines.hf import HFEngine
-    from lablib.experiments import attention, journey
+    from lablib.experiments.attention import study as attention
+    from lablib.experiments import journey
 
     def bf16_steps(sizes):
         return [journey.Step(f"hf-static-b2{tail}", lambda m, impl=impl: HFEngine(m, HFConfig(
@@ -329,30 +330,30 @@ def test_off_float32_the_rung_checks_its_tokens_again_in_float32(monkeypatch):
                                                                                               ("-sdpa", "sdpa"))]
 
     monkeypatch.setattr(journey, "hf_steps", bf16_steps)
-    v = attention.journey_rung(requests=3, batch=2, max_new_tokens=8).value
+    v = study.journey_rung(requests=3, batch=2, max_new_tokens=8).value
     assert v["dtype"] == "bfloat16" and v["float32"] is not v["agreement"]
     assert v["float32"]["identical"] == v["float32"]["of"] == 3  # float32: the same tokens, as on the CPU's rung
-    line = attention.agreement_line(v)
+    line = study.agreement_line(v)
     assert f"Greedy tokens in bfloat16: {v['agreement']['identical']} of 3 requests identical" in line
     assert "in float32 on the CPU, 3 of 3 identical" in line
     assert ("nearly tied" in line) == (v["agreement"]["identical"] < 3)
     split = {**v, "agreement": {**v["agreement"], "identical": 2, "diverged": [{"first_divergence": 5}]}}
-    assert "part at token 5" in attention.agreement_line(split) and "nearly tied" in attention.agreement_line(split)
+    assert "part at token 5" in study.agreement_line(split) and "nearly tied" in study.agreement_line(split)
 
 
 def test_the_journeys_attention_rung_runs_both_kernels_and_keeps_the_tokens():
     """Lab 02's rung against lab 01's largest batch: the same requests, eager then sdpa, whole generate runs."""
-    from lablib.experiments import attention
+    from lablib.experiments.attention import backends, findings, study
 
-    shown = attention.journey_rung(requests=3, batch=2, max_new_tokens=4)
+    shown = study.journey_rung(requests=3, batch=2, max_new_tokens=4)
     v = shown.value
     assert shown.live and [r["attention"] for r in v["rows"]] == ["eager", "sdpa"]
     assert [r["rung"] for r in v["rows"]] == ["hf-static-b2", "hf-static-b2-sdpa"] and v["identical"] is True
     assert v["ratios"]["tok_s"] == v["rows"][1]["output_tok_s"] / v["rows"][0]["output_tok_s"]
     assert all(r.summary["output_tokens"] == 12 for r in v["results"])
-    assert list(attention.table(shown, "rung")["rung"]) == ["hf-static-b2", "hf-static-b2-sdpa"]
+    assert list(findings.table(shown, "rung")["rung"]) == ["hf-static-b2", "hf-static-b2-sdpa"]
     assert v["dtype"] == "float32" and v["float32"] is v["agreement"] and v["agreement"]["of"] == 3
-    line = attention.journey_rung_lines(shown)
+    line = study.journey_rung_lines(shown)
     assert "hf-static-b2-sdpa made" in line and "Greedy tokens in float32: 3 of 3 requests identical." in line
     with pytest.raises(ValueError, match=r"journey_rung\.batch=1: allowed integers 2\.\.64; Fix:"):
-        attention.journey_rung(batch=1)
+        study.journey_rung(batch=1)

@@ -2,6 +2,7 @@
 `through` keeps a lab's own rungs; `side_roads` reads each rung against its baseline, next to the road's gain."""
 import pytest
 
+from lablib.bench import offline
 from lablib.experiments import journey as jx
 from lablib.results import RequestRecord, Result
 
@@ -51,7 +52,7 @@ def test_through_keeps_a_labs_own_rungs(monkeypatch):
         def close(self):
             pass
 
-    monkeypatch.setattr(jx, "run", lambda engine, wl, bench, **kw: made.append((kw["step"], wl.name)) or
+    monkeypatch.setattr(offline, "run", lambda engine, wl, bench, **kw: made.append((kw["step"], wl.name)) or
                         run_of(kw["step"], "hf-naive", 1.0, workload=wl.name))
     monkeypatch.setattr(jx, "ladder", lambda sizes: [
         jx.Step("a", Stub), jx.Step("b", Stub, lab="02"), jx.Step("c", Stub, lab="07", workload=jx.PREFIX_WORKLOAD)])
@@ -108,8 +109,8 @@ def test_the_rungs_recorded_names_are_the_ones_labs_07_and_08_record():
     """The journey does not record its prefix and speculative rungs itself: lab 07's on/off runs and lab 08's
     sweep do, and these names must be the ones their own naming produces (a rename there would leave the road
     showing 'not recorded yet' forever)."""
-    from lablib.experiments import prefix_workloads as pw
-    from lablib.experiments import speculative_vllm as sv
+    from lablib.experiments.prefix import workloads as pw
+    from lablib.experiments.speculative import vllm_runs as sv
 
     assert jx.PREFIX_RECORDED == {c: f"prefix-{'on' if c else 'off'}-{jx.PREFIX_WORKLOAD}-{pw.BIG}" for c in (0, 1)}
     base, eagle = sv.settings(("eagle",), (jx.SPEC_K,), defaults_baseline=False)

@@ -7,7 +7,7 @@ import pytest
 
 from lablib.config import HFConfig, VLLMConfig
 from lablib.engines.hf import HFEngine
-from lablib.experiments import prefix
+from lablib.experiments.prefix import checks, runs as prefix_runs, serving, simulated, workloads
 from lablib.workloads import load_workload
 from tests.engines.test_vllm import fake_gpu, start, with_fake_vllm  # noqa: F401 - the fake vLLM's fixtures
 
@@ -25,39 +25,39 @@ def _shared_tokens(prepared):
 
 def test_shared_first_hits_every_full_block_of_the_shared_prompt(hf):
     wl = load_workload("shared-prefix-128").head(6)
-    ids = [list(p.prompt_ids) for p in prefix.prepare(wl, hf, prefix.BenchConfig(warmup_requests=0))]
+    ids = [list(p.prompt_ids) for p in prefix_runs.prepare(wl, hf, prefix_runs.BenchConfig(warmup_requests=0))]
     shared = _shared_tokens(ids)
     assert shared >= 128  # the set's promise: a 128-token shared prompt
-    got = prefix.predict(wl, hf)
+    got = prefix_runs.predict(wl, hf)
     assert list(got.cached_tokens) == [0] + [shared // 16 * 16] * 5 and got.queries == sum(map(len, ids))
     assert got.hits == 5 * (shared // 16 * 16) and got.evictions == 0
 
 
 def test_a_per_request_line_first_shares_nothing(hf):
-    wl = prefix.variant("shared-after", load_workload("shared-prefix-512").head(4), hf.tokenizer)
+    wl = workloads.variant("shared-after", load_workload("shared-prefix-512").head(4), hf.tokenizer)
     assert next(r.id for r in wl.requests).endswith("-after") and wl.requests[0].prompt.startswith("# asked by user-000")
-    assert prefix.predict(wl, hf).hits == 0  # every block's chained hash differs from the first token on
+    assert prefix_runs.predict(wl, hf).hits == 0  # every block's chained hash differs from the first token on
 
 
 def test_a_multi_turn_chat_hits_more_each_turn(hf):
-    wl = prefix.variant("multi-turn", "shared-prefix-128", hf.tokenizer, turns=4)
+    wl = workloads.variant("multi-turn", "shared-prefix-128", hf.tokenizer, turns=4)
     assert [r.id.split("-")[-1] for r in wl.requests] == ["turn1", "turn2", "turn3", "turn4"]
     for before, after in zip(wl.requests, wl.requests[1:]):
         assert after.prompt.startswith(before.prompt) and after.prompt_tokens > before.prompt_tokens
-    cached = prefix.predict(wl, hf).cached_tokens
+    cached = prefix_runs.predict(wl, hf).cached_tokens
     assert cached[0] == 0 and all(a < b for a, b in itertools.pairwise(cached)) and cached[1] >= 128
 
 
 def test_an_unknown_variant_is_refused():
     with pytest.raises(ValueError, match=r"variant.kind='shared-last': allowed .*shared-first"):
-        prefix.variant("shared-last")
+        workloads.variant("shared-last")
 
 
 def test_prediction_equals_the_engines_counters_one_request_at_a_time(start):  # noqa: F811
     engine = start(VLLMConfig(max_num_seqs=1, enable_prefix_caching=True))
     for wl in (load_workload("shared-prefix-128").head(5),
-               prefix.variant("multi-turn", "shared-prefix-128", engine.tokenizer, turns=4)):
-        out = prefix.measure(engine, wl, max_new_tokens=2)
+               workloads.variant("multi-turn", "shared-prefix-128", engine.tokenizer, turns=4)):
+        out = prefix_runs.measure(engine, wl, max_new_tokens=2)
         assert out["exact"] is True, out["verdict"]
         assert out["vllm_hits"] == out["predicted_hits"] > 0 and "exactly equal" in out["verdict"]
         assert [r.cached_tokens for r in out["result"].requests] == list(out["predicted"].cached_tokens)
@@ -66,7 +66,7 @@ def test_prediction_equals_the_engines_counters_one_request_at_a_time(start):  #
 def test_a_prediction_that_misses_says_which_requests(start, monkeypatch):  # noqa: F811
     engine = start(VLLMConfig(max_num_seqs=1, enable_prefix_caching=True))
     wl = load_workload("shared-prefix-128").head(3)
-    real = prefix.simulate
+    real = prefix_runs.simulate
 
     def off_by_a_block(*a, **k):  # a simulator that forgot the last-token rule would predict one block more
         res = real(*a, **k)
@@ -74,8 +74,8 @@ def test_a_prediction_that_misses_says_which_requests(start, monkeypatch):  # no
         cached[1] += 16
         return dataclasses.replace(res, cached_tokens=tuple(cached))
 
-    monkeypatch.setattr(prefix, "simulate", off_by_a_block)
-    out = prefix.measure(engine, wl, max_new_tokens=2)
+    monkeypatch.setattr(prefix_runs, "simulate", off_by_a_block)
+    out = prefix_runs.measure(engine, wl, max_new_tokens=2)
     assert out["exact"] is False and [d["request_id"] for d in out["differ"]] == [wl.requests[1].id]
     assert "1 of 3 requests differ" in out["verdict"]
 
@@ -94,7 +94,7 @@ def test_the_recording_step_runs_every_set_and_variant(start, tmp_path):  # noqa
     store, facts = ResultStore(tmp_path / "r.jsonl"), {}
     script.step_prefix(tmp_path, store, facts)
     rows = facts["prefix_seqs_1"]
-    assert [r["workload"] for r in rows] == [*prefix.SHARED_SETS, "shared-prefix-512-shared-after",
+    assert [r["workload"] for r in rows] == [*workloads.SHARED_SETS, "shared-prefix-512-shared-after",
                                               "shared-prefix-512-multi-turn"]
     assert all(r["exact"] for r in rows), [r["verdict"] for r in rows]
     assert [r["vllm_hits"] == 0 for r in rows] == [False, False, False, True, False]
@@ -104,13 +104,13 @@ def test_the_recording_step_runs_every_set_and_variant(start, tmp_path):  # noqa
 # Lab 07's notebook: the simulator on the embedded tokenizer's ids, and the vLLM runs the recordings above lack.
 
 def test_a_200_token_shared_prefix_caches_its_12_full_blocks(hf):
-    wl = prefix.shared_prefix_set(prefix.ODD_LENGTH, hf.tokenizer)
-    ids = [list(p.prompt_ids) for p in prefix.prepare(wl, hf, prefix.BenchConfig(warmup_requests=0))]
-    assert prefix.shared_tokens(ids) == 200 and wl.name == "shared-prefix-200" and len(wl) == 32
+    wl = workloads.shared_prefix_set(workloads.ODD_LENGTH, hf.tokenizer)
+    ids = [list(p.prompt_ids) for p in prefix_runs.prepare(wl, hf, prefix_runs.BenchConfig(warmup_requests=0))]
+    assert workloads.shared_tokens(ids) == 200 and wl.name == "shared-prefix-200" and len(wl) == 32
     assert [r.prompt_tokens for r in wl.requests] == [len(i) for i in ids]
     base = load_workload("shared-prefix-1024")
     assert [len(i) - 200 for i in ids] == [r.prompt_tokens - 1024 for r in base.requests]  # the same own snippets
-    assert list(prefix.predict(wl, hf).cached_tokens) == [0] + [192] * 31  # 12.5 blocks shared: 12 hit
+    assert list(prefix_runs.predict(wl, hf).cached_tokens) == [0] + [192] * 31  # 12.5 blocks shared: 12 hit
     system = {r.messages[0]["content"] for r in wl.requests}  # the chat form: the cut header is the system message
     assert len(system) == 1 and len(system.pop()) < len(base.requests[0].messages[0]["content"])
     assert [r.messages[1:] for r in wl.requests] == [r.messages[1:] for r in base.requests]
@@ -119,27 +119,27 @@ def test_a_200_token_shared_prefix_caches_its_12_full_blocks(hf):
 @pytest.mark.parametrize("bad", [2, 1025, 200.0])
 def test_a_shared_prefix_outside_the_shipped_text_is_refused(bad):
     with pytest.raises(ValueError, match=r"shared_prefix_set\.tokens=.*allowed integers 3\.\.1024"):
-        prefix.shared_prefix_set(bad)
+        workloads.shared_prefix_set(bad)
 
 
 def test_the_last_prompt_token_is_recomputed_on_real_ids(hf):
-    rows = {r["prompt_tokens"]: r for r in prefix.repeat_rows(hf)}
+    rows = {r["prompt_tokens"]: r for r in simulated.repeat_rows(hf)}
     assert rows[64]["cached_second_time"] == 48 and rows[64]["recomputed"] == 16  # vLLM's floor, on the real tokenizer
     assert [rows[n]["cached_second_time"] for n in (65, 16, 17)] == [64, 0, 16]
     with pytest.raises(ValueError, match=r"repeat_rows\.lengths"):
-        prefix.repeat_rows(hf, (0,))
+        simulated.repeat_rows(hf, (0,))
 
 
 def test_chained_hashes_agree_over_the_shared_prompt_only(hf):
-    rows = prefix.chain_rows(hf, blocks=10)
+    rows = simulated.chain_rows(hf, blocks=10)
     assert [r["shared"] for r in rows] == [True] * 8 + [False] * 2  # 128 shared tokens: 8 blocks
     assert not any(r["shared, line first"] for r in rows)  # a per-request line first: not even block 0
     assert rows[9]["request 0"] is None and len(rows[0]["request 0"]) == 8
 
 
 def test_hit_rate_grows_with_the_shared_prefix(hf):
-    rows = prefix.prefix_length_rows(hf)
-    assert [r["shared_tokens"] for r in rows] == list(prefix.LENGTHS)
+    rows = simulated.prefix_length_rows(hf)
+    assert [r["shared_tokens"] for r in rows] == list(workloads.LENGTHS)
     assert [r["cached_per_later_request"] for r in rows] == [128, 192, 512, 1024]
     rates = [r["hit_rate"] for r in rows]
     assert all(a < b for a, b in itertools.pairwise(rates))
@@ -148,7 +148,7 @@ def test_hit_rate_grows_with_the_shared_prefix(hf):
 
 
 def test_the_seeds_advice_on_one_set(hf):
-    got = prefix.advice(hf)
+    got = prefix_runs.advice(hf)
     assert list(got) == ["shared part first", "per-request line first", "multi-turn"]
     assert got["per-request line first"].hits == 0 < got["shared part first"].hits
     turns = got["multi-turn"].cached_tokens
@@ -156,9 +156,9 @@ def test_the_seeds_advice_on_one_set(hf):
 
 
 def test_distinct_prefixes_arrive_in_the_order_asked():
-    grouped = prefix.distinct_prefix_prompts(3, 2, 32, "grouped")
-    robin = prefix.distinct_prefix_prompts(3, 2, 32, "round-robin")
-    popular = prefix.distinct_prefix_prompts(3, 2, 32, "popular")
+    grouped = workloads.distinct_prefix_prompts(3, 2, 32, "grouped")
+    robin = workloads.distinct_prefix_prompts(3, 2, 32, "round-robin")
+    popular = workloads.distinct_prefix_prompts(3, 2, 32, "popular")
 
     def head(ps):
         return [p[:32] for p in ps]
@@ -167,33 +167,33 @@ def test_distinct_prefixes_arrive_in_the_order_asked():
     assert head(robin)[0] == head(robin)[3] and len({tuple(h) for h in head(robin)[:3]}) == 3
     assert head(popular)[0] == head(popular)[2] == head(popular)[4] and head(popular)[1] != head(popular)[3]
     with pytest.raises(ValueError, match=r"distinct_prefix_prompts\.order='random'"):
-        prefix.distinct_prefix_prompts(order="random")
+        workloads.distinct_prefix_prompts(order="random")
 
 
 def test_scarce_memory_evicts_prefixes_before_they_come_back():
-    rows = prefix.scarce_memory_rows()
+    rows = simulated.scarce_memory_rows()
     by = {(r["order"], r["num_blocks"]): r for r in rows}
     best = by[("grouped", 160)]["hit_rate"]
     assert best > 0.5
-    assert all(by[(o, 160)]["hit_rate"] == best and by[(o, 160)]["evictions"] == 0 for o in prefix.ORDERS)
+    assert all(by[(o, 160)]["hit_rate"] == best and by[(o, 160)]["evictions"] == 0 for o in workloads.ORDERS)
     assert all(by[("round-robin", n)]["hits"] == 0 for n in (16, 32, 48, 64))  # below the 64 prefix blocks: nothing
     assert all(by[("grouped", n)]["hit_rate"] == best for n in (16, 64))  # reused at once: a tiny cache is enough
-    for order in prefix.ORDERS:
+    for order in workloads.ORDERS:
         mine = [by[(order, n)] for n in range(16, 161, 16)]
         assert all(a["evictions"] >= b["evictions"] for a, b in itertools.pairwise(mine))
         assert all(a["hit_rate"] <= b["hit_rate"] for a, b in itertools.pairwise(mine))
 
 
 def test_the_eviction_picture_shares_a_popular_prefix_and_rare_ones_lose_blocks():
-    demo = prefix.eviction_demo()
+    demo = simulated.eviction_demo()
     assert demo.cached_tokens == (0, 48, 0, 0, 48, 0, 32, 48, 16, 48)  # prefix 1 is back with 2 blocks, prefix 2 with 1
     assert demo.evictions == 17 and any(max(s.ref_counts) == 2 for s in demo.snapshots)
 
 
 def test_on_and_off_on_the_fake_vllm(start):  # noqa: F811
-    value, results = prefix.on_off_runs(("embedded",))
+    value, results = prefix_runs.on_off_runs(("embedded",))
     runs = value["runs"]
-    names = [f"shared-prefix-{n}" for n in prefix.LENGTHS] + ["shared-prefix-512-shared-after"]
+    names = [f"shared-prefix-{n}" for n in workloads.LENGTHS] + ["shared-prefix-512-shared-after"]
     assert [(r["caching"], r["workload"]) for r in runs] == [("off", n) for n in names] + [("on", n) for n in names]
     on = {r["workload"]: r for r in runs if r["caching"] == "on"}
     assert on["shared-prefix-200"]["vllm_hits"] == 31 * 192 and on["shared-prefix-512-shared-after"]["vllm_hits"] == 0
@@ -201,10 +201,10 @@ def test_on_and_off_on_the_fake_vllm(start):  # noqa: F811
     assert all(r["hit_rate"] is None and not r["vllm_hits"] for r in runs if r["caching"] == "off")
     assert [(a["identical"], a["of"]) for a in value["agreement"]] == [(32, 32)] * 5  # the fake ignores its cache
     assert [a["off_twice"] for a in value["agreement"]] == ["32 of 32"] * 5  # caching off, each set run twice
-    text = prefix.agreement_lines(type(prefix.on_off(force=False))(value, True, "live here"))
+    text = checks.agreement_lines(type(prefix_runs.on_off(force=False))(value, True, "live here"))
     assert text.startswith("embedded: 128 of 128 requests identical") and "the same run twice: 32 of 32" in text
     assert len(results) == 10 and all(r.requests[0].output_tokens == 32 for r in results)
-    pairs = prefix.on_off_pairs(runs)
+    pairs = prefix_runs.on_off_pairs(runs)
     assert [p["workload"] for p in pairs] == [r["workload"] for r in runs[5:]] and all(p["ttft_p50_on_over_off"] > 0
                                                                                        for p in pairs)
 
@@ -219,42 +219,42 @@ def test_the_ttft_claim_reads_the_synthetic_models_pairs():
     runs = [row(big, "shared-prefix-128", "off", 0.5), row(big, "shared-prefix-128", "on", 0.2),
             row(big, after, "off", 0.5), row(big, after, "on", 0.6),
             row("embedded", "shared-prefix-128", "off", 0.01), row("embedded", "shared-prefix-128", "on", 0.02)]
-    assert prefix.caching_cuts_ttft(runs)  # the 0%-hit variant and the embedded model are not part of the claim
-    assert not prefix.caching_cuts_ttft(runs, model="embedded") and not prefix.caching_cuts_ttft([])
-    assert prefix.on_off_pairs(runs)[0]["ttft_p50_on_over_off"] == pytest.approx(0.4)
+    assert checks.caching_cuts_ttft(runs)  # the 0%-hit variant and the embedded model are not part of the claim
+    assert not checks.caching_cuts_ttft(runs, model="embedded") and not checks.caching_cuts_ttft([])
+    assert prefix_runs.on_off_pairs(runs)[0]["ttft_p50_on_over_off"] == pytest.approx(0.4)
 
 
 def test_record_writes_one_facts_key_and_recorded_results(start, tmp_path):  # noqa: F811
     from lablib.results import ResultStore
 
     store, facts = ResultStore(tmp_path / "r.jsonl"), {}
-    prefix.record(tmp_path, store, facts, models=("embedded",))
-    assert list(facts) == [prefix.ON_OFF_KEY] and set(facts[prefix.ON_OFF_KEY]) == {"runs", "agreement"}
+    prefix_runs.record(tmp_path, store, facts, models=("embedded",))
+    assert list(facts) == [prefix_runs.ON_OFF_KEY] and set(facts[prefix_runs.ON_OFF_KEY]) == {"runs", "agreement"}
     saved = store.load()
     assert len(saved) == 10 and all(r.provenance == "recorded" and r.lab == "reference" for r in saved)
 
 
 def test_the_lab_counts_vllms_hits_live_and_says_what_is_not_recorded(start, unrecorded):  # noqa: F811
-    shown = prefix.counters(1, force=True)
-    assert shown.live and [r["workload"] for r in shown.value] == [w.name for w in prefix.lab_workloads()]
+    shown = prefix_runs.counters(1, force=True)
+    assert shown.live and [r["workload"] for r in shown.value] == [w.name for w in workloads.lab_workloads()]
     assert all(r["exact"] for r in shown.value), [r["verdict"] for r in shown.value]
-    unrecorded("prefix_seqs_1", "prefix_seqs_32", prefix.ON_OFF_KEY)
-    for got, step in ((prefix.counters(1, force=False), "prefix"), (prefix.counters(32, force=False), "prefix-batch"),
-                      (prefix.on_off(force=False), "prefix-on-off")):
+    unrecorded("prefix_seqs_1", "prefix_seqs_32", prefix_runs.ON_OFF_KEY)
+    for got, step in ((prefix_runs.counters(1, force=False), "prefix"), (prefix_runs.counters(32, force=False), "prefix-batch"),
+                      (prefix_runs.on_off(force=False), "prefix-on-off")):
         assert got.value is None and f"--steps {step}`" in got.label
-    assert prefix.part(prefix.on_off(force=False), "runs").value is None
+    assert checks.part(prefix_runs.on_off(force=False), "runs").value is None
     with pytest.raises(ValueError, match=r"counters\.max_num_seqs=8"):
-        prefix.counters(8)
+        prefix_runs.counters(8)
 
 
 def test_the_scarce_memory_claim_notices_a_rate_that_rises_as_room_shrinks():
-    rows = prefix.scarce_memory_rows(capacities=(64, 96, 160))
-    assert prefix.falls_with_capacity(rows)
+    rows = simulated.scarce_memory_rows(capacities=(64, 96, 160))
+    assert checks.falls_with_capacity(rows)
     bad = [dict(r, hit_rate=1.0) if r["num_blocks"] == 64 else r for r in rows]
-    assert not prefix.falls_with_capacity(bad)
-    onoff = prefix.on_off(force=False)
+    assert not checks.falls_with_capacity(bad)
+    onoff = prefix_runs.on_off(force=False)
     fake = type(onoff)({"runs": [1, 2]}, False, "recorded on NVIDIA H200, 2026-12-01")
-    assert prefix.part(fake, "runs", len).value == 2 and prefix.part(fake, "runs").label == fake.label
+    assert checks.part(fake, "runs", len).value == 2 and checks.part(fake, "runs").label == fake.label
 
 
 EMPTY_ROW = {"per_request": [], "predicted_hits": 0, "predicted_queries": 0, "vllm_hits": 0, "vllm_queries": 0}
@@ -267,7 +267,7 @@ def test_a_recorded_on_off_or_counters_shows_what_the_cell_asked_or_says_what_st
     from lablib.results import reference
 
     big = "synthetic:llama-3.1-8b"
-    facts = {prefix.ON_OFF_KEY: {"runs": [{"model": m, "workload": w} for m in ("embedded", big) for w in "ab"],
+    facts = {prefix_runs.ON_OFF_KEY: {"runs": [{"model": m, "workload": w} for m in ("embedded", big) for w in "ab"],
                                  "agreement": [{"model": m, "identical": 1, "of": 1} for m in ("embedded", big)]},
              "prefix_seqs_1": [{"workload": "a", "max_num_seqs": 1, **EMPTY_ROW}]}
 
@@ -277,30 +277,30 @@ def test_a_recorded_on_off_or_counters_shows_what_the_cell_asked_or_says_what_st
         return facts[key]
 
     monkeypatch.setattr(reference, "recorded_facts", recorded)
-    lab = prefix.on_off(force=False)
-    assert lab.stand_ins == {} and lab.value == facts[prefix.ON_OFF_KEY] and capsys.readouterr().out == ""
-    one = prefix.on_off(("embedded",), force=False)
+    lab = prefix_runs.on_off(force=False)
+    assert lab.stand_ins == {} and lab.value == facts[prefix_runs.ON_OFF_KEY] and capsys.readouterr().out == ""
+    one = prefix_runs.on_off(("embedded",), force=False)
     assert one.stand_ins == {} and {r["model"] for r in one.value["runs"] + one.value["agreement"]} == {"embedded"}
-    other = prefix.on_off(("embedded", "llama-3.1-70b"), force=False)
+    other = prefix_runs.on_off(("embedded", "llama-3.1-70b"), force=False)
     assert other.stand_ins == {"models": {"asked": ["embedded", "llama-3.1-70b"], "shown": ["embedded", big]}}
-    assert other.value == facts[prefix.ON_OFF_KEY] and "models: asked ['embedded', 'llama-3.1-70b']" in (
+    assert other.value == facts[prefix_runs.ON_OFF_KEY] and "models: asked ['embedded', 'llama-3.1-70b']" in (
         capsys.readouterr().out)
-    assert prefix.part(other, "runs").stand_ins == other.stand_ins and prefix.part(other, "runs", len).value == 4
-    seq = prefix.counters(1, force=False)
-    assert seq.stand_ins == {} and seq.value == [prefix.judged(r) for r in facts["prefix_seqs_1"]]
+    assert checks.part(other, "runs").stand_ins == other.stand_ins and checks.part(other, "runs", len).value == 4
+    seq = prefix_runs.counters(1, force=False)
+    assert seq.stand_ins == {} and seq.value == [prefix_runs.judged(r) for r in facts["prefix_seqs_1"]]
     assert seq.value[0]["exact"] and seq.value[0]["verdict"].endswith("exactly equal, request by request")
     facts["prefix_seqs_1"] = [{"workload": "a", "max_num_seqs": 32, **EMPTY_ROW}]  # a recording filed under the wrong key says so
-    assert prefix.counters(1, force=False).stand_ins == {"max_num_seqs": {"asked": 1, "shown": 32}}
-    batch = prefix.counters(32, force=False)
+    assert prefix_runs.counters(1, force=False).stand_ins == {"max_num_seqs": {"asked": 1, "shown": 32}}
+    batch = prefix_runs.counters(32, force=False)
     assert batch.value is None and batch.stand_ins == {} and "--steps prefix-batch`" in batch.label
-    del facts[prefix.ON_OFF_KEY]
-    assert prefix.on_off(("llama-3.1-70b",), force=False).value is None
+    del facts[prefix_runs.ON_OFF_KEY]
+    assert prefix_runs.on_off(("llama-3.1-70b",), force=False).value is None
 
 
 # Prefix reuse on the CPU, in transformers (issue 14.6): the saving measured on this machine.
 
 def test_reusable_tokens_follow_vllms_rules():
-    from lablib.experiments.prefix_reuse import reusable_tokens
+    from lablib.experiments.prefix.reuse import reusable_tokens
 
     assert reusable_tokens(541, 512) == 512  # 32 whole blocks of the shared part
     assert reusable_tokens(541, 200) == 192  # 12 whole blocks: the partial 13th is recomputed
@@ -309,7 +309,7 @@ def test_reusable_tokens_follow_vllms_rules():
 
 
 def test_reuse_study_gives_the_same_next_token_sooner(hf):
-    from lablib.experiments.prefix_reuse import reuse_lines, reuse_study
+    from lablib.experiments.prefix.reuse import reuse_lines, reuse_study
 
     study = reuse_study(hf, "shared-prefix-512", requests=3, rounds=3)
     assert study["shared_tokens"] == 512 and [r["reused_tokens"] for r in study["rows"]] == [512] * 3
@@ -357,16 +357,16 @@ def test_the_servers_counter_deltas_are_the_fake_engines_own_counts(hf, fake_ser
     within a few ms and queue for the 2 slots. The hits are the same: a prompt's blocks are registered when it is
     admitted (vLLM 0.26's allocate_slots), and in shared-prefix-512 every pair of prompts shares exactly the 32
     blocks of the system prompt, so the order of admission changes nothing."""
-    from lablib.experiments import prefix_serving
+    from lablib.experiments.prefix import serving as prefix_serving
 
     srv = fake_server
     wl = load_workload("shared-prefix-512").head(6)
-    ids = prefix._ids(wl, hf)
+    ids = workloads.token_ids(wl, hf)
     seen = []
     reset = srv.cache.reset
     srv.cache.reset = lambda: (seen.append((srv.cache.queries, srv.cache.hits)), reset())[1]
     rows, results = prefix_serving.load_tests(srv.url, "k", "embedded", wl, ids, [5.0, 1000.0],
-                                              prefix.predict(wl, hf), caching=True)
+                                              prefix_runs.predict(wl, hf), caching=True)
     ends = [*seen[1:], (srv.cache.queries, srv.cache.hits)]
     assert [(r["queries"], r["hits"]) for r in rows] == [(b[0] - a[0], b[1] - a[1]) for a, b in zip(seen, ends)]
     assert len(seen) == 2 and seen[0] == (sum(map(len, ids)), 5 * 512)  # the warm-up: the set once, from empty
@@ -382,7 +382,7 @@ def test_the_servers_counter_deltas_are_the_fake_engines_own_counts(hf, fake_ser
 
 
 def test_a_server_that_cannot_reset_its_cache_says_why(fake_server):
-    from lablib.experiments import prefix_serving
+    from lablib.experiments.prefix import serving as prefix_serving
 
     srv = _threaded_fake_server(dev_mode=False)
     try:
@@ -401,7 +401,7 @@ def test_a_server_that_cannot_reset_its_cache_says_why(fake_server):
 def test_serve_runs_caching_off_then_on_on_the_fake_server(with_fake_vllm, tmp_path):  # noqa: F811
     """The whole step on `python -m vllm.entrypoints.openai.api_server` (the fake): caching off, the counters do not
     move; on, every rate's hits are the simulator's; the shared-after variant hits nothing."""
-    from lablib.experiments import prefix_serving
+    from lablib.experiments.prefix import serving as prefix_serving
 
     rows, results = prefix_serving.serve_runs("embedded", rates=[20.0, 300.0], limit=6, out_dir=tmp_path)
     assert [(r["caching"], r["rate"]) for r in rows] == [("off", 20.0), ("off", 300.0), ("on", 20.0), ("on", 300.0)]
@@ -410,7 +410,7 @@ def test_serve_runs_caching_off_then_on_on_the_fake_server(with_fake_vllm, tmp_p
     for r in rows[2:]:
         assert r["hits"] == r["predicted_hits"] == 5 * 512 and r["queries"] == r["predicted_queries"] > 6 * 512
         assert r["model"] == "embedded" and r["limit"] == 6 and r["errors"] == 0
-    assert prefix.serve_hits_predicted(rows) and len(results) == 4
+    assert checks.serve_hits_predicted(rows) and len(results) == 4
     assert results[2].config["enable_prefix_caching"] is True and results[0].config["enable_prefix_caching"] is False
     assert "fake api_server" in (tmp_path / "server-caching-on.log").read_text()
     after, _ = prefix_serving.serve_runs("embedded", "shared-prefix-512-shared-after", [300.0], caching=(True,),
@@ -429,7 +429,7 @@ def test_serve_runs_caching_off_then_on_on_the_fake_server(with_fake_vllm, tmp_p
 ])
 def test_bad_input_is_refused_before_any_server_starts(monkeypatch, kw, message):
     from lablib.engines import server
-    from lablib.experiments import prefix_serving
+    from lablib.experiments.prefix import serving as prefix_serving
 
     def no_server(*a, **k):
         raise AssertionError("a server was started")
@@ -442,13 +442,13 @@ def test_bad_input_is_refused_before_any_server_starts(monkeypatch, kw, message)
 
 
 def test_the_lab_serves_live_and_says_what_is_not_recorded(with_fake_vllm, tmp_path, unrecorded):  # noqa: F811
-    from lablib.experiments import prefix_serving
+    from lablib.experiments.prefix import serving as prefix_serving
     from lablib.plots import prefix as figures
     from lablib.results import ResultStore
 
     store = ResultStore(tmp_path / "r.jsonl")
-    assert prefix.serve is prefix_serving.serve and prefix.serve_lines is prefix_serving.serve_lines  # the lab calls
-    live = prefix.serve("embedded", rates=[200.0], limit=4, store=store, force=True)
+    assert serving.serve is prefix_serving.serve and serving.serve_lines is prefix_serving.serve_lines  # the lab calls
+    live = serving.serve("embedded", rates=[200.0], limit=4, store=store, force=True)
     assert live.live and [r["caching"] for r in live.value] == ["off", "on"] and len(store.load()) == 2
     text = prefix_serving.serve_lines(live)
     assert text.startswith("200 req/s: hit rate ") and f"({live.value[1]['hits']} of " in text
@@ -466,7 +466,7 @@ def test_the_lab_serves_live_and_says_what_is_not_recorded(with_fake_vllm, tmp_p
 
 
 def test_a_recorded_serve_shows_the_asked_rates_or_says_what_stands_in(monkeypatch, capsys):
-    from lablib.experiments import prefix_serving
+    from lablib.experiments.prefix import serving as prefix_serving
     from lablib.results import reference
 
     rows = [{"model": "synthetic:llama-3.1-8b", "workload": "shared-prefix-512", "caching": c, "rate": rate,
@@ -488,17 +488,17 @@ def test_the_serving_claims_can_fail():
                 "predicted_queries": 600, "errors": errors}
 
     good = [r("off", 2.0, 0.03), r("on", 2.0, 0.02), r("off", 128.0, 0.3), r("on", 128.0, 0.05)]
-    assert prefix.serve_hits_predicted(good) and prefix.serve_cuts_ttft(good)
-    assert not prefix.serve_hits_predicted([*good[:3], r("on", 128.0, 0.05, hits=496)])  # one block short
-    assert not prefix.serve_hits_predicted([*good[:3], r("on", 128.0, 0.05, errors=1)])
-    assert not prefix.serve_hits_predicted(good[::2])  # caching off only: nothing to compare
-    assert not prefix.serve_cuts_ttft([*good[:3], r("on", 128.0, 0.4)])  # slower at the top rate
-    assert prefix.serve_cuts_ttft([*good[:1], r("on", 2.0, 0.04), *good[2:]])  # only the highest rate is claimed
-    assert not prefix.serve_cuts_ttft(good[:1] + good[2:3])  # no caching-on run to compare
+    assert checks.serve_hits_predicted(good) and checks.serve_cuts_ttft(good)
+    assert not checks.serve_hits_predicted([*good[:3], r("on", 128.0, 0.05, hits=496)])  # one block short
+    assert not checks.serve_hits_predicted([*good[:3], r("on", 128.0, 0.05, errors=1)])
+    assert not checks.serve_hits_predicted(good[::2])  # caching off only: nothing to compare
+    assert not checks.serve_cuts_ttft([*good[:3], r("on", 128.0, 0.4)])  # slower at the top rate
+    assert checks.serve_cuts_ttft([*good[:1], r("on", 2.0, 0.04), *good[2:]])  # only the highest rate is claimed
+    assert not checks.serve_cuts_ttft(good[:1] + good[2:3])  # no caching-on run to compare
 
 
 def test_the_recording_step_records_every_rate_on_and_off(with_fake_vllm, tmp_path, load_script):  # noqa: F811
-    from lablib.experiments import prefix_serving
+    from lablib.experiments.prefix import serving as prefix_serving
     from lablib.results import ResultStore
 
     store, facts = ResultStore(tmp_path / "r.jsonl"), {}
@@ -506,7 +506,7 @@ def test_the_recording_step_records_every_rate_on_and_off(with_fake_vllm, tmp_pa
     assert list(facts) == [prefix_serving.KEY] and len(facts[prefix_serving.KEY]) == 4
     saved = store.load()
     assert len(saved) == 4 and all(r.provenance == "recorded" and r.lab == "reference" for r in saved)
-    assert prefix.serve_hits_predicted(facts[prefix_serving.KEY])
+    assert checks.serve_hits_predicted(facts[prefix_serving.KEY])
     script = load_script("record_reference")
     called = []
     monkeypatch = pytest.MonkeyPatch()
@@ -523,17 +523,17 @@ def test_the_h200_recordings_of_lab_07_hold_what_the_lab_says_of_them():
     time, while vLLM 0.26's offline counters kept only the first request's stats there (the zero-output-step bug,
     vLLM #48668); 32 at once the counters are exact; the server's /metrics counters equal the simulator's at every
     rate; caching cuts the synthetic 8B's TTFT on every shared-first set."""
-    from lablib.experiments import prefix_checks, prefix_serving
+    from lablib.experiments.prefix import checks as prefix_checks, serving as prefix_serving
 
-    seq, batch = prefix.counters(1, force=False), prefix.counters(32, force=False)
+    seq, batch = prefix_runs.counters(1, force=False), prefix_runs.counters(32, force=False)
     assert seq.label.startswith("recorded on NVIDIA H200") and len(seq.value) == len(batch.value) == 5
     for row in seq.value:
-        assert not row["differ"] and prefix.counters_keep_only_the_first(row), row["verdict"]
-        assert "PR #48668" in prefix.judged(row)["verdict"]
-    assert all(prefix.judged(r)["exact"] for r in batch.value), [r["verdict"] for r in batch.value]
+        assert not row["differ"] and prefix_runs.counters_keep_only_the_first(row), row["verdict"]
+        assert "PR #48668" in prefix_runs.judged(row)["verdict"]
+    assert all(prefix_runs.judged(r)["exact"] for r in batch.value), [r["verdict"] for r in batch.value]
     serve = prefix_serving.serve(force=False)
     assert prefix_checks.serve_hits_predicted(serve.value) and prefix_checks.serve_cuts_ttft(serve.value)
-    onoff = prefix.on_off(force=False)
+    onoff = prefix_runs.on_off(force=False)
     assert prefix_checks.caching_cuts_ttft(onoff.value["runs"])
 
 
@@ -542,7 +542,7 @@ def test_scarce_memory_on_the_fake_vllm_is_compared_request_by_request(start, tm
     evicts: where the simulator evicts nothing that comes back (grouped) the two agree request by request; where it
     evicts every prefix before its return (round-robin in 48 blocks) the fake still hits, and the row says which
     requests differ."""
-    from lablib.experiments import prefix_scarce
+    from lablib.experiments.prefix import scarce as prefix_scarce
     from lablib.results import ResultStore
 
     store = ResultStore(tmp_path / "r.jsonl")
@@ -560,7 +560,7 @@ def test_scarce_memory_on_the_fake_vllm_is_compared_request_by_request(start, tm
 
 def test_scarce_memory_refuses_a_pool_too_small_before_any_engine(monkeypatch, unrecorded):
     import lablib.engines.vllm as engine
-    from lablib.experiments import prefix_scarce
+    from lablib.experiments.prefix import scarce as prefix_scarce
 
     monkeypatch.setattr(engine, "VLLMEngine", lambda *a, **k: pytest.fail("an engine was made before the refusal"))
     with pytest.raises(ValueError, match=r"scarce_vllm_rows\.capacities"):
@@ -579,7 +579,7 @@ def test_scarce_memory_refuses_a_pool_too_small_before_any_engine(monkeypatch, u
 
 
 def test_the_scarce_recording_step_keeps_rows_and_recorded_results(start, tmp_path, monkeypatch):  # noqa: F811
-    from lablib.experiments import prefix_scarce
+    from lablib.experiments.prefix import scarce as prefix_scarce
     from lablib.results import ResultStore
 
     real = prefix_scarce.scarce_vllm_rows
@@ -607,7 +607,7 @@ def test_the_agreement_line_names_the_explanation_the_numbers_leave():
                 for w, same, t in zip(sets, [*reused, control], twice)]
 
     def line(*args):
-        return prefix.agreement_lines(Shown({"agreement": rows(*args)}, False, "recorded"))
+        return checks.agreement_lines(Shown({"agreement": rows(*args)}, False, "recorded"))
 
     reuse = line("embedded", (30, 28), 32, ["32 of 32"] * 3)
     assert "so the differences come with reused blocks" in reuse and "58 of 64 requests identical" in reuse

@@ -20,7 +20,16 @@ from types import SimpleNamespace
 
 import pytest
 
-from lablib.experiments import quantization as qe
+from lablib.experiments.quantization import (
+    checkpoints as quantization_checkpoints,
+    measures,
+    quality as quantization_quality,
+    recording as quantization_recording,
+    sizes,
+    speed_runs as quantization_speed_runs,
+    verdicts,
+    vllm_ppl as quantization_vllm_ppl,
+)
 from lablib.workloads import Workload, load_workload
 from tests.engines.test_vllm import fake_gpu, start, with_fake_vllm  # noqa: F401 - the fake vLLM's fixtures
 
@@ -53,87 +62,87 @@ UNIFORMISH = [[0.5, 0.25, 0.125, 0.125]] * 4  # the same distribution after ever
 
 def test_perplexity_is_exp_of_the_mean_nll_over_predicted_tokens_pooled_over_texts():
     model = TableModel(UNIFORMISH)
-    one = qe.perplexity(model, None, [[0, 0, 1, 2]])  # predicts 0, 1, 2: p = 1/2, 1/4, 1/8
+    one = measures.perplexity(model, None, [[0, 0, 1, 2]])  # predicts 0, 1, 2: p = 1/2, 1/4, 1/8
     assert one.tokens == 3 and one.texts == 1
     assert one.nll == pytest.approx((LOG(2) + LOG(4) + LOG(8)) / 3, abs=1e-12)
     assert one.ppl == pytest.approx(4.0, abs=1e-12)
-    two = qe.perplexity(model, SplitTokenizer(), ["0 0 1 2", "3 3"])  # one more token, p = 1/8
+    two = measures.perplexity(model, SplitTokenizer(), ["0 0 1 2", "3 3"])  # one more token, p = 1/8
     assert two.tokens == 4 and two.ppl == pytest.approx(2 ** 2.25, abs=1e-12)  # token-weighted, not mean of ppls
-    assert qe.perplexity(model, None, [[0, 0, 1, 2, 3, 3]], max_length=4).ppl == pytest.approx(4.0)
+    assert measures.perplexity(model, None, [[0, 0, 1, 2, 3, 3]], max_length=4).ppl == pytest.approx(4.0)
 
 
 def test_perplexity_scores_the_next_token_not_the_current_one():
     model = TableModel([[0.1, 0.6, 0.2, 0.1], [0.25, 0.25, 0.4, 0.1], [0.25] * 4, [0.25] * 4])
-    got = qe.perplexity(model, None, [[0, 1, 2]])  # P(1|0) = 0.6, P(2|1) = 0.4
+    got = measures.perplexity(model, None, [[0, 1, 2]])  # P(1|0) = 0.6, P(2|1) = 0.4
     assert got.ppl == pytest.approx(1 / math.sqrt(0.24), abs=1e-12)  # 2.0412; shifted by one it would differ
 
 
 def test_from_logprobs_is_the_same_formula_and_refuses_nonsense():
-    assert qe.from_logprobs([[LOG(0.5), LOG(0.25), LOG(0.125)], [LOG(0.125)]]).ppl == pytest.approx(2 ** 2.25)
+    assert measures.from_logprobs([[LOG(0.5), LOG(0.25), LOG(0.125)], [LOG(0.125)]]).ppl == pytest.approx(2 ** 2.25)
     for bad in ([[]], [[0.3]], [[float("nan")]]):
         with pytest.raises(ValueError, match=SHAPE.format(owner="from_logprobs", field="logprobs")):
-            qe.from_logprobs(bad)
+            measures.from_logprobs(bad)
     with pytest.raises(ValueError, match="at least one predicted token"):
-        qe.perplexity(TableModel(UNIFORMISH), None, [[1]])
+        measures.perplexity(TableModel(UNIFORMISH), None, [[1]])
     with pytest.raises(ValueError, match=SHAPE.format(owner="quantization", field="max_length")):
-        qe.perplexity(TableModel(UNIFORMISH), None, [list(range(4)) * 5])  # 20 tokens, context 16
+        measures.perplexity(TableModel(UNIFORMISH), None, [list(range(4)) * 5])  # 20 tokens, context 16
 
 
 def test_perplexity_agrees_with_transformers_loss_on_the_embedded_model():
     from lablib.models import embedded_path
     from transformers import AutoTokenizer
 
-    model, tok = qe.load_model(embedded_path("target")), AutoTokenizer.from_pretrained(str(embedded_path("target")))
-    ids = qe.evaluation_set(2).prompt_ids(tok)
+    model, tok = measures.load_model(embedded_path("target")), AutoTokenizer.from_pretrained(str(embedded_path("target")))
+    ids = measures.evaluation_set(2).prompt_ids(tok)
     with torch.inference_mode():
         losses = [model(torch.tensor([i]), labels=torch.tensor([i])).loss.item() for i in ids]
-    got = qe.perplexity(model, tok, ids)
+    got = measures.perplexity(model, tok, ids)
     assert got.tokens == 1022 and got.ppl == pytest.approx(math.exp(sum(losses) / 2), rel=1e-5)  # equal lengths
 
 
 def test_greedy_agreement_and_first_divergence_on_a_hand_case():
-    a = qe.agreement([[1, 2, 3, 4], [5, 6, 7, 8]], [[1, 2, 9, 4], [5, 6, 7, 8]])
+    a = measures.agreement([[1, 2, 3, 4], [5, 6, 7, 8]], [[1, 2, 9, 4], [5, 6, 7, 8]])
     assert a.matched == (0.75, 1.0) and a.first_divergence == (2, None)
     assert a.agreement == pytest.approx(0.875) and a.identical == 1
     assert a.mean_first_divergence == pytest.approx(3.0)  # (2 + 4) / 2: a request that never diverges counts 4
     with pytest.raises(ValueError, match=SHAPE.format(owner="agreement", field="tokens")):
-        qe.agreement([[1, 2]], [[1, 2, 3]])
+        measures.agreement([[1, 2]], [[1, 2, 3]])
     with pytest.raises(ValueError, match=SHAPE.format(owner="agreement", field="tokens")):
-        qe.agreement([[1, 2]], [])
+        measures.agreement([[1, 2]], [])
 
 
 def test_the_quality_gate_passes_within_the_users_threshold_and_fails_beyond_it():
-    g = qe.quality_gate(16.7, 16.5, 2.0)
+    g = measures.quality_gate(16.7, 16.5, 2.0)
     assert g.passed and bool(g) and g.increase_pct == pytest.approx(100 * (16.7 / 16.5 - 1))
     assert g.sentence.startswith("passes: perplexity 16.700 is 1.21% above the reference's 16.500, within the 2%")
-    f = qe.quality_gate(16.7, 16.5, 1.0)
+    f = measures.quality_gate(16.7, 16.5, 1.0)
     assert not f.passed and not f and "more than the 1% allowed" in f.sentence
-    assert qe.quality_gate(16.5, 16.5, 0.0).passed  # no increase passes a zero threshold
-    better = qe.quality_gate(16.4, 16.5, 0.0)
+    assert measures.quality_gate(16.5, 16.5, 0.0).passed  # no increase passes a zero threshold
+    better = measures.quality_gate(16.4, 16.5, 0.0)
     assert better.passed and "below" in better.sentence
     for args, field in (((0.0, 16.5, 1.0), "ppl"), ((16.5, float("nan"), 1.0), "ppl_ref"),
                         ((16.5, 16.5, -1.0), "max_increase_pct")):
         with pytest.raises(ValueError, match=SHAPE.format(owner="quality_gate", field=field)):
-            qe.quality_gate(*args)
+            measures.quality_gate(*args)
 
 
 def test_the_evaluation_set_is_disjoint_from_calibration_and_an_overlap_is_refused():
-    cal, ev = load_workload("calibration"), qe.evaluation_set()
-    assert len(ev) == 64 and len(qe.evaluation_set(2)) == 2
-    qe.check_disjoint(cal, ev)
+    cal, ev = load_workload("calibration"), measures.evaluation_set()
+    assert len(ev) == 64 and len(measures.evaluation_set(2)) == 2
+    measures.check_disjoint(cal, ev)
     leaky = Workload("evaluation", 1, "leaky", ev.requests[:1] + cal.requests[:1], ev.manifest)
     with pytest.raises(ValueError, match=SHAPE.format(owner="quantization", field="evaluation")):
-        qe.check_disjoint(cal, leaky)
+        measures.check_disjoint(cal, leaky)
     shared = Workload("evaluation", 1, "shared files", ev.requests, {**ev.manifest,
                       "source_files": ev.manifest["source_files"] + cal.manifest["source_files"][:1]})
     with pytest.raises(ValueError, match="share 1 source files"):
-        qe.check_disjoint(cal, shared)
+        measures.check_disjoint(cal, shared)
 
 
 def test_a_live_quality_table_for_fp8_then_reused(tmp_path):
     pytest.importorskip("llmcompressor", reason="install lablib[quant]")
     kwargs = dict(work_dir=tmp_path, eval_texts=2, prompts=2, max_new_tokens=8, max_increase_pct=1.0)
-    rows = qe.quality_table(("fp8-dynamic",), **kwargs)
+    rows = quantization_quality.quality_table(("fp8-dynamic",), **kwargs)
     ref, fp8 = rows
     assert ref["scheme"] == "bf16" and ref["ppl_change_pct"] == 0.0 and ref["agreement"] == 1.0
     assert fp8["scheme"] == "fp8-dynamic" and not fp8["reused"] and fp8["calibration"] is None
@@ -141,9 +150,9 @@ def test_a_live_quality_table_for_fp8_then_reused(tmp_path):
     assert fp8["weight_bytes"] < ref["weight_bytes"] and 0.0 <= fp8["agreement"] <= 1.0
     assert re.match(r"(passes|fails): perplexity", fp8["gate"])
     assert all(r["provenance"].startswith("measured on this machine's CPU") for r in rows)
-    again = qe.quality_table(("fp8-dynamic",), **kwargs)[1]
+    again = quantization_quality.quality_table(("fp8-dynamic",), **kwargs)[1]
     assert again["reused"] and again["ppl"] == fp8["ppl"] and again["first_divergence"] == fp8["first_divergence"]
-    assert [r["passed"] for r in qe.gate_rows(rows, 100.0)] == [True]
+    assert [r["passed"] for r in quantization_quality.gate_rows(rows, 100.0)] == [True]
 
 
 # ------------------------------------------------ the notebook's other steps: storage, lm_head, weights alone, claims
@@ -176,34 +185,34 @@ def test_storage_splits_linear_layers_lm_head_and_the_rest_from_the_headers(tmp_
         "model.layers.0.mlp.down_proj.weight_shape": ("I64", [2], 16),
         "model.norm.weight": ("BF16", [8], 16),
         "lm_head.weight": ("BF16", [10, 8], 160)}, gptq)
-    s = qe.storage(folder)
+    s = sizes.storage(folder)
     assert (s["linear_params"], s["linear_bytes"]) == (64, 56) and s["bytes_per_weight"] == pytest.approx(56 / 64)
     assert s["linear_dtype"] == "int4, 8 packed per int32" and s["lm_head"] == "its own BF16 tensor"
     assert (s["lm_head_bytes"], s["rest_bytes"], s["tensor_bytes"]) == (160, 176, 392)
     tied = _write_checkpoint(tmp_path / "tied", {"model.embed_tokens.weight": ("BF16", [10, 8], 160),
                                                  "model.layers.0.self_attn.q_proj.weight": ("F8_E4M3", [8, 8], 64)},
                              {"tie_word_embeddings": True})
-    t = qe.storage(tied)
+    t = sizes.storage(tied)
     assert t["lm_head"].startswith("tied") and t["bits_per_weight"] == 8.0 and t["linear_dtype"] == "fp8 e4m3"
 
 
 def test_storage_of_the_bf16_target_is_two_bytes_per_linear_weight():
     from lablib.models import embedded_path
 
-    s = qe.storage(embedded_path("target"), "bf16")
+    s = sizes.storage(embedded_path("target"), "bf16")
     assert s["bytes_per_weight"] == 2.0 and s["linear_params"] == 3_686_400  # 5 x (q, k, v, o, gate, up, down)
     assert s["lm_head"].startswith("tied") and s["rest_dtypes"] == "BF16"
-    assert s["tensor_bytes"] == qe.predicted_bytes(json.loads((embedded_path("target") / "config.json").read_text()),
+    assert s["tensor_bytes"] == sizes.predicted_bytes(json.loads((embedded_path("target") / "config.json").read_text()),
                                                    "bf16")
 
 
 def test_linear_bytes_is_compressed_tensors_layout_by_hand():
     # down_proj of the embedded target at group 64: I32 [256, 88] packed weights, BF16 [256, 11] scales,
     # and for AWQ (asymmetric) I32 [32, 11] zero points, as the checkpoints' headers show
-    assert qe.linear_bytes(256, 704, 4, 64, True) == 256 * 88 * 4 + 256 * 11 * 2
-    assert qe.linear_bytes(256, 704, 4, 64, False) == 256 * 88 * 4 + 256 * 11 * 2 + 32 * 11 * 4
-    assert qe.linear_bytes(256, 704, 8, None, True) == 256 * 704 + 256 * 2  # fp8/int8: a bf16 scale per output row
-    assert qe.linear_bytes(256, 704, 16, None, True) == 256 * 704 * 2
+    assert sizes.linear_bytes(256, 704, 4, 64, True) == 256 * 88 * 4 + 256 * 11 * 2
+    assert sizes.linear_bytes(256, 704, 4, 64, False) == 256 * 88 * 4 + 256 * 11 * 2 + 32 * 11 * 4
+    assert sizes.linear_bytes(256, 704, 8, None, True) == 256 * 704 + 256 * 2  # fp8/int8: a bf16 scale per output row
+    assert sizes.linear_bytes(256, 704, 16, None, True) == 256 * 704 * 2
 
 
 def test_predicted_bf16_bytes_are_the_architectures_parameter_count_times_two():
@@ -211,11 +220,11 @@ def test_predicted_bf16_bytes_are_the_architectures_parameter_count_times_two():
 
     for name in ("llama-3.1-8b", "llama-3.1-70b", "llama-3.2-1b"):  # untied, untied, tied
         cfg = architectures()[name]
-        assert qe.predicted_bytes(cfg, "bf16") == parameter_count(cfg) * 2, name
+        assert sizes.predicted_bytes(cfg, "bf16") == parameter_count(cfg) * 2, name
 
 
 def test_weights_alone_70b_fits_one_h200_at_8_bits_not_16_and_the_claims_read_it():
-    rows = {(r["model"], r["format"]): r for r in qe.weights_alone()}
+    rows = {(r["model"], r["format"]): r for r in sizes.weights_alone()}
     bf16, int8 = rows[("llama-3.1-70b", "bf16")], rows[("llama-3.1-70b", "fp8 / int8, per channel")]
     assert 141 < bf16["weights_GB"] < 141.2 and not bf16["fits_one_H200"] and int8["fits_one_H200"]
     assert 0.51 < int8["vs_bf16"] < 0.52  # not exactly half: embeddings and lm_head stay 16-bit
@@ -224,11 +233,11 @@ def test_weights_alone_70b_fits_one_h200_at_8_bits_not_16_and_the_claims_read_it
     assert g128["weights_GB"] < 40 < g64["weights_GB"]  # "under 40 GB" holds at group 128 only
     assert all(r["fits_one_H200"] for (m, _), r in rows.items() if m == "llama-3.1-8b")
     with pytest.raises(ValueError, match=SHAPE.format(owner="quantization", field="models")):
-        qe.weights_alone(("no-such-model",))
+        sizes.weights_alone(("no-such-model",))
 
 
 def test_group_size_rows_show_why_64_on_the_embedded_target():
-    rows = {r["input_width"]: r for r in qe.group_size_rows()}
+    rows = {r["input_width"]: r for r in quantization_checkpoints.group_size_rows()}
     assert set(rows) == {256, 704} and rows[704]["modules"] == "down_proj" and rows[704]["linears"] == 5
     assert rows[704]["tiles_128"] == "no (5.5 x 128)" and rows[704]["tiles_64"] == "704 = 11 x 64"
     assert {r["default_group_size"] for r in rows.values()} == {64}
@@ -258,14 +267,14 @@ def test_under_one_percent_and_the_claims_verdicts_follow_the_numbers():
 
     quality = _quality({"fp8-dynamic": 0.2, "gptq-w4a16": 1.6, "awq-w4a16": 2.4},
                        agree={"gptq-w4a16": 0.67, "awq-w4a16": 0.27})
-    text = qe.under_one_percent(quality)
+    text = verdicts.under_one_percent(quality)
     assert "fp8-dynamic +0.20% (under)" in text and "gptq-w4a16 +1.60% (not under)" in text
     assert text.endswith("Verdict: holds for fp8-dynamic; not for gptq-w4a16, awq-w4a16.")
     stored, lm = _stored_and_lm()
     speed = [{"scheme": s, "batch": b, "decode_tok_s": v} for s, b, v in (
         ("bf16", 1, 210), ("bf16", 64, 8786), ("gptq-w4a16", 1, 278), ("gptq-w4a16", 64, 8783),
         ("fp8", 1, 299), ("fp8", 64, 11890))]
-    got = {c["claim"]: c for c in qe.claims(quality, stored, lm, qe.weights_alone(), Shown(speed, False, "recorded"))}
+    got = {c["claim"]: c for c in verdicts.claims(quality, stored, lm, sizes.weights_alone(), Shown(speed, False, "recorded"))}
     assert got["the accuracy loss is under 1%"]["verdict"] == "holds only in part"
     assert got["a 70B model from FP16 to INT8 halves its memory"]["verdict"] == "holds"
     assert got["4-bit GPTQ/AWQ compress 140 GB to under 40 GB"]["verdict"] == "holds only in part"  # g64: 40.6 GB
@@ -274,7 +283,7 @@ def test_under_one_percent_and_the_claims_verdicts_follow_the_numbers():
     assert got["FP8 is Hopper's native format, no offline quantization needed"]["verdict"] == "holds"
     faster = got["fewer bytes per weight, faster decode (int4's ~3.5x fewer bytes)"]
     assert faster["verdict"] == "holds only in part" and "batch 1: GPTQ 278 vs bf16 210" in faster["evidence"]
-    none = {c["claim"]: c for c in qe.claims(quality[:3], stored, lm, qe.weights_alone(),
+    none = {c["claim"]: c for c in verdicts.claims(quality[:3], stored, lm, sizes.weights_alone(),
                                              Shown(None, False, "not recorded yet"))}
     assert none["AWQ keeps more salient weights and suits generation better than GPTQ"]["verdict"] == \
         "not measured here"
@@ -295,11 +304,11 @@ def test_the_awq_claim_is_read_from_the_recording_when_the_run_left_awq_out_and_
     speed = [{"scheme": s, "batch": b, "decode_tok_s": v} for s, b, v in (("bf16", 1, 205), ("fp8", 1, 289))]
 
     def claim(rec, name="AWQ keeps more salient weights and suits generation better than GPTQ"):
-        got = qe.claims(quality, stored, lm, qe.weights_alone(), Shown(speed, False, "recorded"), recording=rec)
+        got = verdicts.claims(quality, stored, lm, sizes.weights_alone(), Shown(speed, False, "recorded"), recording=rec)
         return {c["claim"]: c for c in got}[name]
 
-    both = qe.claims(_quality({"gptq-w4a16": 1.6, "awq-w4a16": 1.0}, agree={"gptq-w4a16": 0.5, "awq-w4a16": 0.7}),
-                     stored, lm, qe.weights_alone(), Shown(speed, False, "recorded"), recording=recording)
+    both = verdicts.claims(_quality({"gptq-w4a16": 1.6, "awq-w4a16": 1.0}, agree={"gptq-w4a16": 0.5, "awq-w4a16": 0.7}),
+                     stored, lm, sizes.weights_alone(), Shown(speed, False, "recorded"), recording=recording)
     mine = {c["claim"]: c for c in both}["AWQ keeps more salient weights and suits generation better than GPTQ"]
     assert mine["verdict"] == "holds" and mine["where"] == "live on this CPU (embedded model)"  # the run's own first
     awq = claim(recording)
@@ -319,7 +328,7 @@ def test_the_awq_claim_is_read_from_the_recording_when_the_run_left_awq_out_and_
     faster = claim(recording, "fewer bytes per weight, faster decode (int4's ~3.5x fewer bytes)")
     assert faster["verdict"] == "not measured here"
     assert "not measured yet (step quantization-b)" in faster["evidence"] and "batch 1 x1.41" in faster["evidence"]
-    live = {c["claim"]: c for c in qe.claims(quality, stored, lm, qe.weights_alone(), Shown(speed, True, "live on X"))}
+    live = {c["claim"]: c for c in verdicts.claims(quality, stored, lm, sizes.weights_alone(), Shown(speed, True, "live on X"))}
     assert live["fewer bytes per weight, faster decode (int4's ~3.5x fewer bytes)"]["evidence"].startswith(
         "GPTQ is not among this run's speed schemes")  # live without its checkpoint: the fix, not a recording step
 
@@ -341,7 +350,7 @@ def test_quiet_progress_disables_bars_only_inside_the_block():
     import tqdm
 
     out = io.StringIO()
-    with qe.quiet_progress():
+    with quantization_checkpoints.quiet_progress():
         assert tqdm.tqdm(range(3), file=out).disable
     assert not tqdm.tqdm(range(3), file=out).disable
 
@@ -351,26 +360,26 @@ def test_quantize_all_storage_and_lm_head_both_ways_live_on_fp8(tmp_path):
     pytest.importorskip("llmcompressor", reason="install lablib[quant]")
     from lablib.models import embedded_path
 
-    made = qe.quantize_all(("fp8-dynamic",), work_dir=tmp_path, num_samples=2)
+    made = quantization_checkpoints.quantize_all(("fp8-dynamic",), work_dir=tmp_path, num_samples=2)
     assert made[0]["calibration"] == "none (data-free)" and not made[0]["reused"]
-    assert "QuantizationModifier" in qe.recipe_text(tmp_path, "fp8-dynamic")
-    stored = qe.storage_rows(("fp8-dynamic",), tmp_path)
+    assert "QuantizationModifier" in quantization_checkpoints.recipe_text(tmp_path, "fp8-dynamic")
+    stored = sizes.storage_rows(("fp8-dynamic",), tmp_path)
     cfg = json.loads((embedded_path("target") / "config.json").read_text())
-    assert stored[1]["tensor_bytes"] == qe.predicted_bytes(cfg, "fp8 / int8, per channel")  # the formula, exactly
+    assert stored[1]["tensor_bytes"] == sizes.predicted_bytes(cfg, "fp8 / int8, per channel")  # the formula, exactly
     kwargs = {"work_dir": tmp_path, "eval_texts": 2, "prompts": 2, "max_new_tokens": 4, "num_samples": 2}
-    quality = qe.quality_table(("fp8-dynamic",), **kwargs)
-    kept, both = qe.lm_head_rows("fp8-dynamic", quality=quality, **kwargs)
+    quality = quantization_quality.quality_table(("fp8-dynamic",), **kwargs)
+    kept, both = quantization_quality.lm_head_rows("fp8-dynamic", quality=quality, **kwargs)
     assert kept["reused"] and kept["ppl"] == quality[1]["ppl"] and kept["stored_as"].startswith("tied")
     assert both["stored_as"] == "quantized (fp8 e4m3)" and both["lm_head_bytes"] > 0
     assert both["weight_bytes"] > kept["weight_bytes"]  # the tied table gains a quantized copy: larger, not smaller
-    assert qe.storage(tmp_path / "fp8-dynamic+lm_head")["tensor_bytes"] == \
-        qe.predicted_bytes(cfg, "fp8 / int8, per channel", quantize_lm_head=True)
+    assert sizes.storage(tmp_path / "fp8-dynamic+lm_head")["tensor_bytes"] == \
+        sizes.predicted_bytes(cfg, "fp8 / int8, per channel", quantize_lm_head=True)
     assert math.isfinite(both["ppl"]) and both["ppl_ref"] == quality[0]["ppl"]
-    assert "larger" in qe.lm_head_sentence([kept, both])
+    assert "larger" in quantization_quality.lm_head_sentence([kept, both])
     with pytest.raises(ValueError, match=SHAPE.format(owner="quantization", field="quality")):
-        qe.lm_head_rows("fp8-dynamic", quality=quality, **{**kwargs, "max_new_tokens": 5})  # other greedy lengths
+        quantization_quality.lm_head_rows("fp8-dynamic", quality=quality, **{**kwargs, "max_new_tokens": 5})  # other greedy lengths
     with pytest.raises(ValueError, match=SHAPE.format(owner="quantization", field="scheme")):
-        qe.recipe_text(tmp_path, "awq-w4a16")
+        quantization_checkpoints.recipe_text(tmp_path, "awq-w4a16")
 
 
 # ------------------------------------------------ the GPU half, on the fake vLLM
@@ -384,20 +393,20 @@ VLLM_LOG = """(EngineCore_DP0 pid=1) INFO 12-01 [compressed_tensors_wNa16.py:114
 
 
 def test_vllm_log_facts_read_the_kernels_and_memory_vllm_prints():
-    f = qe.vllm_log_facts(VLLM_LOG)
+    f = quantization_speed_runs.vllm_log_facts(VLLM_LOG)
     assert f["linear_kernels"] == {"CompressedTensorsWNA16": "MacheteLinearKernel",
                                    "Fp8LinearMethod": "CutlassFP8ScaledMMLinearKernel"}
     assert (f["model_load_gib"], f["kv_cache_gib"]) == (5.4321, 113.08)
-    assert qe.vllm_log_facts("nothing here") == {"linear_kernels": {}, "model_load_gib": None, "kv_cache_gib": None}
+    assert quantization_speed_runs.vllm_log_facts("nothing here") == {"linear_kernels": {}, "model_load_gib": None, "kv_cache_gib": None}
 
 
 def test_fixed_workload_has_exact_lengths_and_cycles():
     from lablib.models import load_tokenizer, resolve_model
 
-    wl = qe.fixed_workload(3, 32, 7)
+    wl = quantization_speed_runs.fixed_workload(3, 32, 7)
     tok = load_tokenizer(resolve_model("embedded"))
     assert len(wl) == 3 and all(len(tok(r.prompt)["input_ids"]) == 32 and r.max_new_tokens == 7 for r in wl.requests)
-    assert len({r.id for r in qe.fixed_workload(40, 500, 1).requests}) == 40  # more than the windows hold: cycled
+    assert len({r.id for r in quantization_speed_runs.fixed_workload(40, 500, 1).requests}) == 40  # more than the windows hold: cycled
 
 
 def test_speed_runs_refuse_before_any_engine(tmp_path, monkeypatch):
@@ -405,20 +414,20 @@ def test_speed_runs_refuse_before_any_engine(tmp_path, monkeypatch):
 
     monkeypatch.setattr(engine, "VLLMEngine", lambda *a, **k: pytest.fail("an engine was made before the refusal"))
     with pytest.raises(ValueError, match="prepare_checkpoints"):
-        qe.vllm_speed_runs(("bf16", "gptq-w4a16"), (1,), model="embedded", work_dir=tmp_path)
+        quantization_speed_runs.vllm_speed_runs(("bf16", "gptq-w4a16"), (1,), model="embedded", work_dir=tmp_path)
     with pytest.raises(ValueError, match=SHAPE.format(owner="quantization", field="schemes")):
-        qe.vllm_speed_runs(("int3",), (1,), model="embedded", work_dir=tmp_path)
+        quantization_speed_runs.vllm_speed_runs(("int3",), (1,), model="embedded", work_dir=tmp_path)
     with pytest.raises(ValueError, match=SHAPE.format(owner="quantization", field="batches")):
-        qe.vllm_speed_runs(("bf16",), (0,), model="embedded", work_dir=tmp_path)
+        quantization_speed_runs.vllm_speed_runs(("bf16",), (0,), model="embedded", work_dir=tmp_path)
 
 
 def test_speed_not_recorded_yet_names_its_step(monkeypatch):
     import lablib.results.reference as reference
 
     monkeypatch.setattr(reference, "load_reference", lambda *steps, prefix=None: [])  # a tree with no lab 06 runs
-    shown = qe.speed(force=False)
+    shown = quantization_recording.speed(force=False)
     assert shown.value is None and "--steps quantization" in shown.label
-    assert qe.kv_sentence(shown.value).startswith("FP8 KV cache: not measured here")
+    assert quantization_speed_runs.kv_sentence(shown.value).startswith("FP8 KV cache: not measured here")
 
 
 def test_the_recorded_speed_shows_what_a_cell_asked_or_says_what_stands_in(start, monkeypatch, capsys):  # noqa: F811
@@ -433,30 +442,30 @@ def test_the_recorded_speed_shows_what_a_cell_asked_or_says_what_stands_in(start
     monkeypatch.setattr(pynvml, "nvmlShutdown", lambda: None)
     kw = {"model": "embedded", "prompt_len": 16, "output_len": 4, "gpu_memory_utilization": 0.3, "max_model_len": 256}
     runs = [dataclasses.replace(r, provenance="recorded")
-            for r in qe.vllm_speed_runs(("bf16", "fp8"), (1, 4), **kw)]
+            for r in quantization_speed_runs.vllm_speed_runs(("bf16", "fp8"), (1, 4), **kw)]
     monkeypatch.setattr(reference, "load_reference", lambda *steps, prefix=None: runs)
-    same = qe.speed(force=False, schemes=("fp8", "bf16"), batches=(1, 4), **kw)
+    same = quantization_recording.speed(force=False, schemes=("fp8", "bf16"), batches=(1, 4), **kw)
     assert same.stand_ins == {} and len(same.value) == 4 and capsys.readouterr().out == ""
-    part = qe.speed(force=False, batches=(4,), **kw)
+    part = quantization_recording.speed(force=False, batches=(4,), **kw)
     assert part.stand_ins == {} and [(r["scheme"], r["batch"]) for r in part.value] == [("bf16", 4), ("fp8", 4)]
     assert capsys.readouterr().out == (  # every scheme the recording lacks is named, with the step that records it
         "bf16-kv-fp8: not measured on embedded yet (step quantization-a); gptq-w4a16, w8a8-int8, awq-w4a16: not "
         "measured on embedded yet (step quantization-b, after quantization-prepare makes its checkpoints)\n")
-    only_b1 = [r for r in qe.speed_rows(runs) if r["batch"] == 1]  # a scheme recorded at another batch is there
-    assert qe.recording.missing_line(only_b1 + [{**only_b1[0], "scheme": "gptq-w4a16", "batch": 4}],
+    only_b1 = [r for r in quantization_speed_runs.speed_rows(runs) if r["batch"] == 1]  # a scheme recorded at another batch is there
+    assert quantization_recording.missing_line(only_b1 + [{**only_b1[0], "scheme": "gptq-w4a16", "batch": 4}],
                                      ("bf16", "gptq-w4a16")) == ""
-    lab = qe.speed(force=False)  # the notebook's call: the synthetic 8B at BATCHES
+    lab = quantization_recording.speed(force=False)  # the notebook's call: the synthetic 8B at BATCHES
     assert lab.stand_ins == {"model": {"asked": "synthetic:llama-3.1-8b", "shown": "embedded"},
                              "batches": {"asked": [1, 8, 64, 256], "shown": [1, 4]}} and len(lab.value) == 4
     assert "model: asked synthetic:llama-3.1-8b, shown embedded; batches: asked [1, 8, 64, 256], shown [1, 4]." in (
         capsys.readouterr().out)
-    other = qe.speed(force=False, schemes=("gptq-w4a16",), batches=(1, 4),
+    other = quantization_recording.speed(force=False, schemes=("gptq-w4a16",), batches=(1, 4),
                      **(kw | {"prompt_len": 128, "max_model_len": 4096}))
     assert other.stand_ins == {"schemes": {"asked": ["gptq-w4a16"], "shown": ["bf16", "fp8"]},
                                "workload": {"asked": "fixed-128x4", "shown": "fixed-16x4"},
                                "max_model_len": {"asked": 4096, "shown": 256}}
     monkeypatch.setattr(reference, "load_reference", lambda *steps, prefix=None: [])
-    none = qe.speed(force=False, schemes=("awq-w4a16",), batches=(2,), model="embedded")
+    none = quantization_recording.speed(force=False, schemes=("awq-w4a16",), batches=(2,), model="embedded")
     assert none.value is None and none.stand_ins == {} and "--steps quantization" in none.label
 
 
@@ -468,17 +477,17 @@ def test_speed_runs_and_record_on_the_fake_vllm(start, tmp_path, monkeypatch):  
     monkeypatch.setattr(pynvml, "nvmlDeviceGetCount", lambda: 1)  # device_facts sees the fake H200 too
     monkeypatch.setattr(pynvml, "nvmlShutdown", lambda: None)
     kw = {"model": "embedded", "prompt_len": 16, "output_len": 4, "gpu_memory_utilization": 0.3, "max_model_len": 256}
-    results = qe.vllm_speed_runs(("bf16", "fp8", "bf16-kv-fp8"), (1, 4), **kw)
+    results = quantization_speed_runs.vllm_speed_runs(("bf16", "fp8", "bf16-kv-fp8"), (1, 4), **kw)
     assert [r.step for r in results] == [f"quant-{s}-b{b}" for s in ("bf16", "fp8", "bf16-kv-fp8") for b in (1, 4)]
     assert [r.summary["requests"] for r in results] == [1, 4] * 3
     assert results[2].config["quantization"] == "fp8" and results[4].config["kv_cache_dtype"] == "fp8"
-    rows = qe.speed_rows(results)
+    rows = quantization_speed_runs.speed_rows(results)
     assert {r["gpu"] for r in rows} == {"NVIDIA H200"}
     assert all(r["decode_tok_s"] > 0 and r["roofline_tok_s"] > 0 for r in rows)  # its 4.8 TB/s, the weights' bytes
     assert rows[0]["linear_kernels"] == "none logged (bf16: cuBLAS)" and rows[0]["kv_tokens"] == 1234 * 16
-    assert rows[4]["kv_tokens"] == 2 * 1234 * 16 and "x2.00" in qe.kv_sentence(rows)  # fp8 KV: half the bytes a token
+    assert rows[4]["kv_tokens"] == 2 * 1234 * 16 and "x2.00" in quantization_speed_runs.kv_sentence(rows)  # fp8 KV: half the bytes a token
     store, facts = ResultStore(tmp_path / "r.jsonl"), {}
-    qe.record(tmp_path, store, facts, schemes=("bf16",), batches=(2,), **kw)
+    quantization_recording.record(tmp_path, store, facts, schemes=("bf16",), batches=(2,), **kw)
     assert [r.provenance for r in store.load()] == ["recorded"] and facts["quantization"]["batches"] == [2]
     assert facts["quantization"]["schemes"]["bf16"]["kv_tokens"] == 1234 * 16
     assert "quantization: 1 runs" in (tmp_path / "log.txt").read_text()
@@ -504,7 +513,7 @@ def test_the_speed_roofline_leaves_out_an_untied_input_embedding(recording_gpu):
     weight_gib stays what vLLM holds."""
     from lablib.mechanisms.gpus import GPU_PEAKS
 
-    r = qe.vllm_speed_runs(("bf16",), (2,), **KW)[0]
+    r = quantization_speed_runs.vllm_speed_runs(("bf16",), (2,), **KW)[0]
     kv, peak = r.engine_facts["kv_bytes_per_token"], GPU_PEAKS["H200"].peak_bw
     assert peak == 4.8e12 and kv > 0 and [(q.prompt_tokens, q.output_tokens) for q in r.requests] == [(16, 4)] * 2
     step_kv = kv * 2 * 18  # two sequences at a mean context of 16 + 4 / 2 tokens
@@ -514,7 +523,7 @@ def test_the_speed_roofline_leaves_out_an_untied_input_embedding(recording_gpu):
         return dataclasses.replace(r, engine_facts={**r.engine_facts, "model_load_gib": 15.0},
                                    model={**arch, "vocab": 128256, "hidden": 4096, **model})
 
-    untied, tied, unsaid = qe.speed_rows([with_model(tie_word_embeddings=False), with_model(tie_word_embeddings=True),
+    untied, tied, unsaid = quantization_speed_runs.speed_rows([with_model(tie_word_embeddings=False), with_model(tie_word_embeddings=True),
                                           with_model()])
     assert untied["roofline_tok_s"] == pytest.approx(2 * peak / (16_106_127_360 - 1_050_673_152 + step_kv), rel=1e-12)
     assert tied["roofline_tok_s"] == pytest.approx(2 * peak / (16_106_127_360 + step_kv), rel=1e-12)
@@ -529,10 +538,10 @@ def test_record_runs_what_can_run_and_names_what_it_left_out(recording_gpu, tmp_
     from lablib.results import ResultStore
 
     store, facts, work = ResultStore(tmp_path / "r.jsonl"), {}, tmp_path / "work"
-    qe.record(tmp_path, store, facts, batches=(2,), work_dir=work, **KW)
+    quantization_recording.record(tmp_path, store, facts, batches=(2,), work_dir=work, **KW)
     got = facts["quantization"]
     assert [r.step for r in store.load()] == ["quant-bf16-b2", "quant-fp8-b2", "quant-bf16-kv-fp8-b2"]
-    assert list(got["schemes"]) == ["bf16", "fp8", "bf16-kv-fp8"] and got["asked"] == list(qe.SPEED_SCHEMES)
+    assert list(got["schemes"]) == ["bf16", "fp8", "bf16-kv-fp8"] and got["asked"] == list(quantization_speed_runs.SPEED_SCHEMES)
     assert sorted(got["skipped"]) == ["awq-w4a16", "gptq-w4a16", "w8a8-int8"]
     assert all(str(work / "embedded" / s) in why and "quantization-prepare" in why for s, why in got["skipped"].items())
     assert got["failed"] == {} and got["checkpoints"] == {} and got["complete"] is True
@@ -557,7 +566,7 @@ def test_a_failing_engine_is_named_and_the_other_schemes_still_record(recording_
 
     fp8_engines_die(monkeypatch)
     store, facts = ResultStore(tmp_path / "r.jsonl"), {}
-    qe.record(tmp_path, store, facts, schemes=("bf16", "fp8", "bf16-kv-fp8"), batches=(2,), **KW)
+    quantization_recording.record(tmp_path, store, facts, schemes=("bf16", "fp8", "bf16-kv-fp8"), batches=(2,), **KW)
     got = facts["quantization"]
     assert got["failed"] == {"fp8": "RuntimeError: the engine core died"} and got["complete"] is True
     assert list(got["schemes"]) == ["bf16", "bf16-kv-fp8"] and "x2.00" in got["kv"]  # the fake: fp8 KV, twice the blocks
@@ -584,7 +593,7 @@ def test_a_speed_recording_cut_short_keeps_what_it_ran(recording_gpu, tmp_path, 
     monkeypatch.setattr(engine.VLLMEngine, "start", second_one_interrupted)
     script, later = load_script("record_reference"), []
     monkeypatch.setitem(script.STEPS, "quantization",
-                        lambda o, s, f: qe.record(o, s, f, schemes=("bf16", "fp8"), batches=(2, 3), **KW))
+                        lambda o, s, f: quantization_recording.record(o, s, f, schemes=("bf16", "fp8"), batches=(2, 3), **KW))
     monkeypatch.setitem(script.STEPS, "smoke", lambda *a: later.append(a))
     monkeypatch.setattr(sys, "argv", ["record_reference.py", "--out", str(tmp_path / "run"),
                                       "--steps", "quantization,smoke"])
@@ -603,7 +612,7 @@ def test_the_two_command_split_records_all_six_and_the_lab_shows_them_together(r
     Here AWQ's checkpoint is not made: named as failed in quantization-2, the other two recorded."""
     import shutil
 
-    import lablib.experiments.quantization as package
+    import lablib.experiments.quantization.recording as package
     import lablib.results.reference as reference
     from lablib.models import embedded_path
     from lablib.results import ResultStore
@@ -613,7 +622,7 @@ def test_the_two_command_split_records_all_six_and_the_lab_shows_them_together(r
         shutil.copytree(embedded_path("target"), work / "embedded" / s)
         (work / "embedded" / s / "quantization.json").write_text(json.dumps({"scheme": s, "seconds": 1.5}))
     script = load_script("record_reference")
-    assert sorted(script.QUANT_A + script.QUANT_B) == sorted(qe.SPEED_SCHEMES) and script.QUANT_B[-1] == "awq-w4a16"
+    assert sorted(script.QUANT_A + script.QUANT_B) == sorted(quantization_speed_runs.SPEED_SCHEMES) and script.QUANT_B[-1] == "awq-w4a16"
     assert {"bf16", "bf16-kv-fp8"} <= set(script.QUANT_A)
     real = package.record
     monkeypatch.setattr(package, "record", lambda o, s, f, **k: real(o, s, f, batches=(2,), work_dir=work, **KW, **k))
@@ -628,9 +637,9 @@ def test_the_two_command_split_records_all_six_and_the_lab_shows_them_together(r
     runs = ResultStore(tmp_path / "run" / "reference.jsonl").load()
     monkeypatch.setattr(reference, "load_reference",
                         lambda *steps, prefix=None: [r for r in runs if r.step.startswith(prefix)])
-    shown = qe.speed(force=False, batches=(2,), **KW)
+    shown = quantization_recording.speed(force=False, batches=(2,), **KW)
     assert [r["scheme"] for r in shown.value] == ["bf16", "bf16-kv-fp8", "fp8", "gptq-w4a16", "w8a8-int8"]
-    assert "x2.00" in qe.kv_sentence(shown.value)
+    assert "x2.00" in quantization_speed_runs.kv_sentence(shown.value)
 
 
 def test_the_checkpoint_step_keeps_what_it_made_when_cut_short_and_a_rerun_reuses_it(tmp_path, monkeypatch,
@@ -641,7 +650,7 @@ def test_the_checkpoint_step_keeps_what_it_made_when_cut_short_and_a_rerun_reuse
     pytest.importorskip("llmcompressor", reason="install lablib[quant]")
     import sys
 
-    import lablib.experiments.quantization as package
+    import lablib.experiments.quantization.recording as package
     from lablib.experiments.quantization import checkpoints, speed_runs
     from lablib.models import embedded_path
 
@@ -676,12 +685,12 @@ def test_the_checkpoint_step_keeps_what_it_made_when_cut_short_and_a_rerun_reuse
 
 
 def test_live_speed_runs_what_is_prepared_on_the_fake_vllm(start, tmp_path):  # noqa: F811
-    assert qe.available_speed_schemes("embedded", tmp_path) == ["bf16", "fp8", "bf16-kv-fp8"]
+    assert quantization_speed_runs.available_speed_schemes("embedded", tmp_path) == ["bf16", "fp8", "bf16-kv-fp8"]
     (tmp_path / "embedded" / "gptq-w4a16").mkdir(parents=True)
     (tmp_path / "embedded" / "gptq-w4a16" / "quantization.json").write_text("{}")
-    assert qe.available_speed_schemes("embedded", tmp_path) == ["bf16", "fp8", "gptq-w4a16", "bf16-kv-fp8"]
+    assert quantization_speed_runs.available_speed_schemes("embedded", tmp_path) == ["bf16", "fp8", "gptq-w4a16", "bf16-kv-fp8"]
     (tmp_path / "embedded" / "gptq-w4a16" / "quantization.json").unlink()
-    shown = qe.speed(force=True, model="embedded", work_dir=tmp_path, batches=(2,), prompt_len=16, output_len=4,
+    shown = quantization_recording.speed(force=True, model="embedded", work_dir=tmp_path, batches=(2,), prompt_len=16, output_len=4,
                      gpu_memory_utilization=0.3, max_model_len=256)
     assert shown.live and [r["scheme"] for r in shown.value] == ["bf16", "fp8", "bf16-kv-fp8"]
     assert {r["provenance"] for r in shown.value} == {shown.label}
@@ -696,7 +705,7 @@ def test_checkpoints_default_to_the_results_folder_wherever_the_process_started(
     assert work_folder(tmp_path / "w") == tmp_path / "w"
     monkeypatch.setenv("LABLIB_RESULTS", str(tmp_path / "r"))
     assert work_folder() == tmp_path / "r" / "quantized"
-    assert [r["scheme"] for r in qe.storage_rows([])] == ["bf16"]  # no scheme: nothing read from the default folder
+    assert [r["scheme"] for r in sizes.storage_rows([])] == ["bf16"]  # no scheme: nothing read from the default folder
 
 
 def test_gpu_quality_on_the_fake_vllm_beside_the_cpu_rows_and_refusals_first(start, tmp_path, monkeypatch):  # noqa: F811
@@ -709,11 +718,11 @@ def test_gpu_quality_on_the_fake_vllm_beside_the_cpu_rows_and_refusals_first(sta
 
     fake_logprob = fake_scores()
 
-    made = qe.quantize_all(("fp8-dynamic",), work_dir=tmp_path, num_samples=2)
-    texts = qe.evaluation_set(2).prompt_ids(load_tokenizer(resolve_model("embedded")))
-    want = qe.from_logprobs([[fake_logprob(a, b) for a, b in zip(t, t[1:])] for t in texts])
+    made = quantization_checkpoints.quantize_all(("fp8-dynamic",), work_dir=tmp_path, num_samples=2)
+    texts = measures.evaluation_set(2).prompt_ids(load_tokenizer(resolve_model("embedded")))
+    want = measures.from_logprobs([[fake_logprob(a, b) for a, b in zip(t, t[1:])] for t in texts])
     cpu = [{"scheme": "bf16", "ppl": want.ppl * 1.004}, {"scheme": "fp8-dynamic", "ppl": want.ppl * 0.9}]
-    rows = qe.vllm_quality_rows(("fp8-dynamic",), work_dir=tmp_path, eval_texts=2, cpu_rows=cpu)
+    rows = quantization_vllm_ppl.vllm_quality_rows(("fp8-dynamic",), work_dir=tmp_path, eval_texts=2, cpu_rows=cpu)
     assert [r["scheme"] for r in rows] == ["bf16", "bf16-kv-fp8", "fp8-dynamic"]
     assert made[0]["folder"] == str(tmp_path / "fp8-dynamic")
     assert all(math.isclose(r["ppl_vllm"], want.ppl) and r["tokens"] == want.tokens for r in rows)
@@ -722,23 +731,23 @@ def test_gpu_quality_on_the_fake_vllm_beside_the_cpu_rows_and_refusals_first(sta
     assert (kv["kv_cache_dtype"], rows[0]["kv_cache_dtype"]) == ("fp8", "auto")
     assert kv["kv_tokens"] == 2 * rows[0]["kv_tokens"] and kv["ppl_cpu"] is None and kv["vllm_vs_cpu_pct"] is None
     assert rows[0]["vllm_vs_cpu_pct"] == pytest.approx(100 * (1 / 1.004 - 1))
-    assert qe.bf16_agrees(rows) and not qe.bf16_agrees(rows, tolerance_pct=0.3)  # 0.4% apart: within 1%, not 0.3%
-    shown = qe.gpu_quality(("fp8-dynamic",), cpu_rows=cpu, work_dir=tmp_path, eval_texts=2, force=True)
-    text = qe.gpu_quality_lines(shown)
+    assert quantization_vllm_ppl.bf16_agrees(rows) and not quantization_vllm_ppl.bf16_agrees(rows, tolerance_pct=0.3)  # 0.4% apart: within 1%, not 0.3%
+    shown = quantization_vllm_ppl.gpu_quality(("fp8-dynamic",), cpu_rows=cpu, work_dir=tmp_path, eval_texts=2, force=True)
+    text = quantization_vllm_ppl.gpu_quality_lines(shown)
     assert shown.live and "within the 1% the two must agree by" in text and "fp8-dynamic:" in text
     assert "bf16-kv-fp8 (bf16 weights, FP8 KV cache)" in text and "(x2.00) at the same gpu_memory_utilization" in text
     monkeypatch.setattr(engine, "VLLMEngine", lambda *a, **k: pytest.fail("an engine was made before the refusal"))
     with pytest.raises(ValueError, match="quantize_all"):
-        qe.vllm_quality_rows(("fp8-dynamic", "gptq-w4a16"), work_dir=tmp_path, eval_texts=2)
+        quantization_vllm_ppl.vllm_quality_rows(("fp8-dynamic", "gptq-w4a16"), work_dir=tmp_path, eval_texts=2)
     with pytest.raises(ValueError, match=SHAPE.format(owner="quantization", field="schemes")):
-        qe.vllm_quality_rows(("int3",), work_dir=tmp_path)
+        quantization_vllm_ppl.vllm_quality_rows(("int3",), work_dir=tmp_path)
 
 
 def test_gpu_quality_not_recorded_yet_names_its_step(unrecorded):
     unrecorded("quantization_quality")
-    shown = qe.gpu_quality(("fp8-dynamic",), cpu_rows=[], force=False)
+    shown = quantization_vllm_ppl.gpu_quality(("fp8-dynamic",), cpu_rows=[], force=False)
     assert shown.value is None and "--steps quantization-quality" in shown.label
-    assert qe.gpu_quality_lines(shown) == f"[{shown.label}]"
+    assert quantization_vllm_ppl.gpu_quality_lines(shown) == f"[{shown.label}]"
 
 
 def test_recorded_gpu_quality_shows_what_was_asked_or_names_what_stands_in(monkeypatch, capsys):
@@ -754,10 +763,10 @@ def test_recorded_gpu_quality_shows_what_was_asked_or_names_what_stands_in(monke
                    "vllm_vs_cpu_pct": None})
     shipped = reference.reference_facts
     monkeypatch.setattr(reference, "reference_facts", lambda: {**shipped(), "quantization_quality": {"rows": rec}})
-    same = qe.gpu_quality(("fp8-dynamic",), cpu_rows=[], eval_texts=16, force=False)
+    same = quantization_vllm_ppl.gpu_quality(("fp8-dynamic",), cpu_rows=[], eval_texts=16, force=False)
     assert [r["scheme"] for r in same.value] == ["bf16", "bf16-kv-fp8", "fp8-dynamic"] and same.stand_ins == {}
-    assert qe.bf16_agrees(same.value) and "-0.20% against transformers' float32 10.020" in qe.gpu_quality_lines(same)
-    other = qe.gpu_quality(("fp8-dynamic",), cpu_rows=[], eval_texts=4, force=False)
+    assert quantization_vllm_ppl.bf16_agrees(same.value) and "-0.20% against transformers' float32 10.020" in quantization_vllm_ppl.gpu_quality_lines(same)
+    other = quantization_vllm_ppl.gpu_quality(("fp8-dynamic",), cpu_rows=[], eval_texts=4, force=False)
     assert other.stand_ins == {"eval_texts": {"asked": 4, "shown": 16}} and "eval_texts" in capsys.readouterr().out
 
 
@@ -783,7 +792,7 @@ def test_the_quality_recording_step_on_the_fake_vllm(start, tmp_path, monkeypatc
     vllm_ppl.record(tmp_path, None, facts, schemes=("fp8-dynamic",), eval_texts=2, num_samples=2)
     again = facts["quantization_quality"]
     assert again["cpu_error"] == "ImportError: compressed_tensors 0.17 cannot read this"
-    assert [r["ppl_cpu"] for r in again["rows"]] == [None] * 3 and not qe.bf16_agrees(again["rows"])
+    assert [r["ppl_cpu"] for r in again["rows"]] == [None] * 3 and not quantization_vllm_ppl.bf16_agrees(again["rows"])
 
 
 def test_a_quality_recording_cut_short_keeps_the_checkpoints_it_scored(start, tmp_path, monkeypatch,  # noqa: F811
@@ -826,12 +835,12 @@ def test_the_int4_speed_claim_on_the_shipped_recording_says_how_far_bytes_turned
     """Step quantization-b (H200, 2026-12-02) recorded GPTQ on the synthetic 8B: the claim's verdict follows the
     rows at every batch, and its evidence sets the weights' ratio against the speed's and each step's time against
     the time reading its weights would take."""
-    sp = qe.speed(force=False)
+    sp = quantization_recording.speed(force=False)
     at = {(r["scheme"], r["batch"]): r for r in sp.value}
     batches = sorted(b for s, b in at if s == "gptq-w4a16" and ("bf16", b) in at)
     assert batches == [1, 8, 64, 256]
     stored, lm = _stored_and_lm()
-    got = {c["claim"]: c for c in qe.claims(_quality({"gptq-w4a16": 1.6}), stored, lm, qe.weights_alone(), sp)}
+    got = {c["claim"]: c for c in verdicts.claims(_quality({"gptq-w4a16": 1.6}), stored, lm, sizes.weights_alone(), sp)}
     faster = got["fewer bytes per weight, faster decode (int4's ~3.5x fewer bytes)"]
     wins = [at[("gptq-w4a16", b)]["decode_tok_s"] > at[("bf16", b)]["decode_tok_s"] for b in batches]
     assert wins == [True, True, True, False] and faster["verdict"] == "holds only in part"  # bf16 leads at 256

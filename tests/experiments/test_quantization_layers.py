@@ -6,7 +6,14 @@ import struct
 
 import pytest
 
-from lablib.experiments import quantization as qe
+from lablib.experiments.quantization import (
+    checkpoints,
+    layers,
+    measures,
+    quality as quantization_quality,
+    sizes,
+    verdicts,
+)
 from lablib.session import Shown
 
 SHAPE = r"^{owner}\.{field}=.*: allowed .+; Fix: .+"
@@ -26,9 +33,9 @@ def _dtypes(folder):
 def test_layer_rows_quantize_each_part_alone_live_on_fp8(tmp_path):
     pytest.importorskip("llmcompressor", reason="install lablib[quant]")
     kw = {"work_dir": tmp_path, "eval_texts": 2, "prompts": 2, "max_new_tokens": 4, "num_samples": 2}
-    with qe.quiet_progress():
-        quality = qe.quality_table(("fp8-dynamic",), **kw)
-        rows = qe.layer_rows("fp8-dynamic", quality=quality, **kw)
+    with checkpoints.quiet_progress():
+        quality = quantization_quality.quality_table(("fp8-dynamic",), **kw)
+        rows = layers.layer_rows("fp8-dynamic", quality=quality, **kw)
     every, mlp, attn = rows
     assert [r["quantized"] for r in rows] == ["every Linear", "MLP only", "attention only"]
     assert (every["linears"], mlp["linears"], attn["linears"]) == (35, 15, 20)  # 5 layers x (4 attention + 3 MLP)
@@ -41,11 +48,11 @@ def test_layer_rows_quantize_each_part_alone_live_on_fp8(tmp_path):
     assert (bf16 - mlp["weight_bytes"]) + (bf16 - attn["weight_bytes"]) == pytest.approx(
         bf16 - every["weight_bytes"], abs=4096)
     assert all(r["cost_per_saved"] == pytest.approx(r["ppl_change_pct"] / r["saved_pct"]) for r in rows)
-    assert "Per percent of the checkpoint saved, attention costs" in qe.layer_sentence(rows)
-    again = qe.layer_rows("fp8-dynamic", quality=quality, **kw)
+    assert "Per percent of the checkpoint saved, attention costs" in layers.layer_sentence(rows)
+    again = layers.layer_rows("fp8-dynamic", quality=quality, **kw)
     assert all(r["reused"] for r in again) and [r["ppl"] for r in again] == [r["ppl"] for r in rows]
     with pytest.raises(ValueError, match=SHAPE.format(owner="quantization", field="quality")):
-        qe.layer_rows("fp8-dynamic", quality=quality, **{**kw, "max_new_tokens": 5})  # rows of other greedy lengths
+        layers.layer_rows("fp8-dynamic", quality=quality, **{**kw, "max_new_tokens": 5})  # rows of other greedy lengths
 
 
 def _quality(calibrated_on="calibration@v1[:16]", other_eval=False):
@@ -55,7 +62,7 @@ def _quality(calibrated_on="calibration@v1[:16]", other_eval=False):
         rows.append({"scheme": s, "ppl": 10.0 * (1 + p / 100), "ppl_change_pct": p, "agreement": 0.5,
                      "mean_first_divergence": 4.0, "quantize_s": 0.1, "group_size": 64,
                      "calibration": None if s == "fp8-dynamic" else {"workload": calibrated_on, "samples": 16},
-                     "gate": qe.quality_gate(10.0 * (1 + p / 100), 10.0, 1.0).sentence, "eval": ev,
+                     "gate": measures.quality_gate(10.0 * (1 + p / 100), 10.0, 1.0).sentence, "eval": ev,
                      "weight_bytes": 1})
     if other_eval:
         rows[3]["eval"] = "evaluation@v1[:4], 2044 predicted tokens"
@@ -76,7 +83,7 @@ def _parts(attn_cost, mlp_cost):
 
 
 def _claim(name, quality=None, parts=None, lm=LM):
-    got = {c["claim"]: c for c in qe.claims(quality or _quality(), STORED, lm, qe.weights_alone(),
+    got = {c["claim"]: c for c in verdicts.claims(quality or _quality(), STORED, lm, sizes.weights_alone(),
                                             Shown(None, False, "not recorded yet"), parts)}
     return got[name]
 
@@ -111,15 +118,15 @@ def test_the_validate_verdict_needs_the_same_texts_a_gate_and_a_set_disjoint_fro
 
 def test_the_checks_cells_claims_can_fail():
     rows = _quality()
-    assert qe.gate_judged(rows, 1.0) and not qe.gate_judged(rows, 2.0)  # gptq's "fails" is not a 2% gate's verdict
-    assert not qe.gate_judged(rows[:3], 1.0)  # no int4 scheme ran: nothing stated
-    assert qe.int4_costs_more(rows) and not qe.int4_costs_more(rows[:3])
+    assert verdicts.gate_judged(rows, 1.0) and not verdicts.gate_judged(rows, 2.0)  # gptq's "fails" is not a 2% gate's verdict
+    assert not verdicts.gate_judged(rows[:3], 1.0)  # no int4 scheme ran: nothing stated
+    assert verdicts.int4_costs_more(rows) and not verdicts.int4_costs_more(rows[:3])
     rows[1]["ppl_change_pct"] = 1.7
-    assert not qe.int4_costs_more(rows)
+    assert not verdicts.int4_costs_more(rows)
     speed = [{"scheme": s, "linear_kernels": k} for s, k in (("bf16", "none logged (bf16: cuBLAS)"),
                                                              ("fp8", "CutlassFP8ScaledMMLinearKernel (Fp8LinearMethod)"),
                                                              ("bf16-kv-fp8", "none logged (bf16: cuBLAS)"))]
-    assert qe.kernels_logged(speed) and not qe.kernels_logged([])
-    assert not qe.kernels_logged(speed[:1])  # no quantized engine: not vacuously true
-    assert not qe.kernels_logged([*speed, {"scheme": "gptq-w4a16", "linear_kernels": "none logged"}])
-    assert not qe.kernels_logged([speed[0], {"scheme": "gptq-w4a16", "linear_kernels": "MacheteLinearKernel (x)"}])
+    assert verdicts.kernels_logged(speed) and not verdicts.kernels_logged([])
+    assert not verdicts.kernels_logged(speed[:1])  # no quantized engine: not vacuously true
+    assert not verdicts.kernels_logged([*speed, {"scheme": "gptq-w4a16", "linear_kernels": "none logged"}])
+    assert not verdicts.kernels_logged([speed[0], {"scheme": "gptq-w4a16", "linear_kernels": "MacheteLinearKernel (x)"}])

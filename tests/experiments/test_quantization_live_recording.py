@@ -12,7 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from lablib.experiments import quantization as qe
+from lablib.experiments.quantization import (
+    checkpoints,
+    quality,
+    recording as quantization_recording,
+    speed_runs,
+    vllm_ppl as quantization_vllm_ppl,
+)
 from lablib.experiments.quantization import recording, vllm_ppl
 from lablib.models.quantize import read_facts
 from lablib.results import ResultStore
@@ -41,8 +47,8 @@ def on_the_h200(start, monkeypatch, tmp_path):  # noqa: F811
 
 def _cpu_rows(work, **kw):
     knobs = {"eval_texts": 2, "prompts": 2, "max_new_tokens": 4, "num_samples": 2, **kw}
-    with qe.quiet_progress():
-        return qe.quality_table(("fp8-dynamic",), work_dir=work, **knobs)
+    with checkpoints.quiet_progress():
+        return quality.quality_table(("fp8-dynamic",), work_dir=work, **knobs)
 
 
 def _timeless(facts):
@@ -58,7 +64,7 @@ def test_the_lab_run_on_records_settings_is_the_quality_recording(on_the_h200, t
     vllm_ppl.record(tmp_path, None, facts, schemes=SMALL["schemes"], eval_texts=2, num_samples=2)
     store = ResultStore(tmp_path / "lab" / "results" / "06_quantization.jsonl")
     cpu = _cpu_rows(on_the_h200)  # the lab's own CPU table, on the checkpoints record made (reused, as the lab's)
-    shown = qe.gpu_quality(SMALL["schemes"], cpu_rows=cpu, work_dir=on_the_h200, eval_texts=2, store=store,
+    shown = quantization_vllm_ppl.gpu_quality(SMALL["schemes"], cpu_rows=cpu, work_dir=on_the_h200, eval_texts=2, store=store,
                            force=True)
     kept = json.loads(store.facts_path("quantization_quality").read_text())
     assert shown.live and "Kept as step quantization-quality's recording" in capsys.readouterr().out
@@ -74,12 +80,12 @@ def test_the_lab_run_on_records_settings_is_the_quality_recording(on_the_h200, t
 @pytest.mark.parametrize("other", ["eval_texts", "gate", "greedy", "schemes"])
 def test_a_run_on_other_settings_is_not_the_recording_and_says_which(on_the_h200, tmp_path, capsys, monkeypatch,
                                                                      other):
-    qe.quantize_all(("fp8-dynamic",), work_dir=on_the_h200, num_samples=2)
+    checkpoints.quantize_all(("fp8-dynamic",), work_dir=on_the_h200, num_samples=2)
     store = ResultStore(tmp_path / "r.jsonl")
     cpu = _cpu_rows(on_the_h200, **{"gate": {"max_increase_pct": 0.01}, "greedy": {"max_new_tokens": 5}}.get(other, {}))
     if other == "schemes":  # record scores AWQ too (RECORD's schemes); this run did not
         monkeypatch.setattr(vllm_ppl, "RECORD", {**SMALL, "schemes": ("fp8-dynamic", "awq-w4a16")})
-    qe.gpu_quality(("fp8-dynamic",), cpu_rows=cpu, work_dir=on_the_h200, eval_texts=3 if other == "eval_texts" else 2,
+    quantization_vllm_ppl.gpu_quality(("fp8-dynamic",), cpu_rows=cpu, work_dir=on_the_h200, eval_texts=3 if other == "eval_texts" else 2,
                    store=store, force=True)
     line = capsys.readouterr().out
     assert not store.facts_path("quantization_quality").exists()
@@ -93,7 +99,7 @@ def test_a_failing_engine_keeps_the_engines_before_it_as_a_recording_cut_short(o
     the rows of those that ended, "complete": False, as record's own facts are when cut short."""
     import lablib.engines.vllm as engine
 
-    qe.quantize_all(("fp8-dynamic",), work_dir=on_the_h200, num_samples=2)
+    checkpoints.quantize_all(("fp8-dynamic",), work_dir=on_the_h200, num_samples=2)
     cpu = _cpu_rows(on_the_h200)
     real, calls = engine.VLLMEngine.prompt_logprobs, []
 
@@ -106,11 +112,11 @@ def test_a_failing_engine_keeps_the_engines_before_it_as_a_recording_cut_short(o
     monkeypatch.setattr(engine.VLLMEngine, "prompt_logprobs", third_fails)
     store = ResultStore(tmp_path / "r.jsonl")
     with pytest.raises(RuntimeError, match="engine core died"):
-        qe.gpu_quality(("fp8-dynamic",), cpu_rows=cpu, work_dir=on_the_h200, eval_texts=2, store=store, force=True)
+        quantization_vllm_ppl.gpu_quality(("fp8-dynamic",), cpu_rows=cpu, work_dir=on_the_h200, eval_texts=2, store=store, force=True)
     cut = json.loads(store.facts_path("quantization_quality").read_text())
     assert len(calls) == 3 and not cut["complete"] and [r["scheme"] for r in cut["rows"]] == ["bf16", "bf16-kv-fp8"]
     monkeypatch.setattr(engine.VLLMEngine, "prompt_logprobs", real)  # the same settings, every engine running
-    qe.gpu_quality(("fp8-dynamic",), cpu_rows=cpu, work_dir=on_the_h200, eval_texts=2, store=store, force=True)
+    quantization_vllm_ppl.gpu_quality(("fp8-dynamic",), cpu_rows=cpu, work_dir=on_the_h200, eval_texts=2, store=store, force=True)
     whole = json.loads(store.facts_path("quantization_quality").read_text())
     assert whole["complete"] and [r["scheme"] for r in whole["rows"]] == ["bf16", "bf16-kv-fp8", "fp8-dynamic"]
 
@@ -130,23 +136,23 @@ def quant_a(on_the_h200, tmp_path, monkeypatch):
 
 def test_the_lab_speed_run_on_quant_a_is_that_recording(quant_a, tmp_path, capsys, load_script):
     facts = {}
-    qe.record(tmp_path, ResultStore(tmp_path / "rec.jsonl"), facts, schemes=qe.QUANT_A, **quant_a)
+    quantization_recording.record(tmp_path, ResultStore(tmp_path / "rec.jsonl"), facts, schemes=quantization_recording.QUANT_A, **quant_a)
     store = ResultStore(tmp_path / "lab" / "results" / "06_quantization.jsonl")
-    shown = qe.speed(force=True, store=store, **quant_a)  # the notebook's call: schemes=None, what can run
+    shown = quantization_recording.speed(force=True, store=store, **quant_a)  # the notebook's call: schemes=None, what can run
     kept = json.loads(store.facts_path("quantization").read_text())
     assert shown.live and "Kept as step quantization-a's recording" in capsys.readouterr().out
     recorded = json.loads(json.dumps(facts["quantization"], default=str))
     lab = store.load()
     assert [(r["step"], r["recorded_at"]) for r in kept["rows"]] == [
-        (f"quant-{s}-b2", next(x.recorded_at for x in lab if x.step == f"quant-{s}-b2")) for s in qe.QUANT_A]
+        (f"quant-{s}-b2", next(x.recorded_at for x in lab if x.step == f"quant-{s}-b2")) for s in quantization_recording.QUANT_A]
     assert [r["step"] for r in kept["rows"]] == [r["step"] for r in recorded["rows"]]  # record's steps, its order
     # the same dict as record's, but for what two runs never share: their Results' moments, the fake's tok/s
     for d in (kept, recorded):
         d.pop("kv")
         for r in d["rows"]:
             r.pop("recorded_at")
-    assert kept == recorded and kept["asked"] == list(qe.QUANT_A) and kept["complete"] and kept["failed"] == {}
-    assert "x2.00" in qe.kv_sentence(shown.value)
+    assert kept == recorded and kept["asked"] == list(quantization_recording.QUANT_A) and kept["complete"] and kept["failed"] == {}
+    assert "x2.00" in speed_runs.kv_sentence(shown.value)
     got, dates, results = load_script("pack_reference").lab_facts([tmp_path / "lab"])
     assert list(got) == ["quantization"] and dates == {"quantization": kept["date"]}
     assert sorted((r["step"], r["recorded_at"]) for r in results) == sorted((r.step, r.recorded_at) for r in lab)
@@ -157,7 +163,7 @@ def test_the_lab_speed_run_on_quant_a_is_that_recording(quant_a, tmp_path, capsy
 def test_a_speed_run_off_quant_a_is_not_that_recording(quant_a, tmp_path, capsys, other):
     store = ResultStore(tmp_path / "r.jsonl")
     kw = {**quant_a, "batches": (1, 2)} if other == "batches" else quant_a
-    qe.speed(force=True, store=store, schemes=("bf16", "fp8") if other == "schemes" else None, **kw)
+    quantization_recording.speed(force=True, store=store, schemes=("bf16", "fp8") if other == "schemes" else None, **kw)
     line = capsys.readouterr().out
     assert "Not kept as step quantization-a's recording" in line
     assert {"batches": "batches=[1, 2] (quantization-a's: [2])", "schemes": "schemes ['bf16', 'fp8']"}[other] in line
@@ -173,7 +179,7 @@ def test_a_speed_run_on_quant_a_cut_by_a_failing_engine_keeps_the_runs_before_it
     fp8_engines_die(monkeypatch)
     store = ResultStore(tmp_path / "lab" / "results" / "06_quantization.jsonl")
     with pytest.raises(RuntimeError, match="the engine core died"):
-        qe.speed(force=True, store=store, **quant_a)
+        quantization_recording.speed(force=True, store=store, **quant_a)
     cut = json.loads(store.facts_path("quantization").read_text())
     held = {(r.step, r.recorded_at) for r in store.load()}
     assert not cut["complete"] and cut["rows"] and "fp8" not in {r["scheme"] for r in cut["rows"]}
@@ -216,7 +222,7 @@ def test_the_labs_default_schemes_are_records_on_a_gpu_and_the_quick_three_on_a_
     import lablib.session
 
     monkeypatch.setattr(lablib.session, "mode", lambda: {"live": live})
-    got = qe.default_schemes()
+    got = quantization_vllm_ppl.default_schemes()
     if live:
         assert tuple(got) == vllm_ppl.RECORD["schemes"] and "awq-w4a16" in got
     else:

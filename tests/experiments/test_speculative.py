@@ -20,8 +20,8 @@ import pytest
 
 from lablib.config import VLLMConfig
 from lablib.engines.vllm import VLLMEngine
-from lablib.experiments import speculative as spec
-from lablib.experiments import speculative_vllm as spec_vllm
+from lablib.experiments.speculative import acceptance, loops, maths, study as speculative_study, vllm_runs
+from lablib.experiments.speculative import vllm_runs as spec_vllm
 from lablib.mechanisms.speculative import SpecCounters, expected_tokens_per_step, reversal_batch, simulate_acceptance
 from lablib.mechanisms.speculative import speedup as formula_speedup
 from lablib.models import embedded_path
@@ -39,7 +39,7 @@ SHAPE = r"^{owner}\.{field}=.*: allowed .+; Fix: .+"
 
 @pytest.fixture(scope="module")
 def pair(one_thread):
-    return spec.load_pair()
+    return loops.load_pair()
 
 
 @pytest.fixture(scope="module")
@@ -63,13 +63,13 @@ def reference(pair, prompts) -> list[list[int]]:
 
 
 @pytest.fixture(scope="module")
-def runs(pair, prompts) -> dict[int, list[spec.SpeculativeRun]]:
+def runs(pair, prompts) -> dict[int, list[loops.SpeculativeRun]]:
     target, draft, _ = pair
-    return {k: [spec.greedy_speculative(target, draft, p, NEW, k) for p in prompts] for k in (1, 3, 5)}
+    return {k: [loops.greedy_speculative(target, draft, p, NEW, k) for p in prompts] for k in (1, 3, 5)}
 
 
 def test_the_naive_loop_is_hf_greedy(pair, prompts, reference):
-    assert [spec.greedy(pair[0], p, NEW) for p in prompts] == reference
+    assert [loops.greedy(pair[0], p, NEW) for p in prompts] == reference
 
 
 @pytest.mark.parametrize("k", [1, 3, 5])
@@ -88,7 +88,7 @@ def test_counters_are_consistent(runs, k):
         assert 1 <= len(run.steps[-1].emitted) <= run.steps[-1].accepted + 1  # the last step is cut at NEW
         for s in run.steps:
             assert len(s.drafted) == k and s.accepted_mask == tuple(i < s.accepted for i in range(k))
-    c = spec.spec_counters(runs[k])
+    c = acceptance.spec_counters(runs[k])
     assert c.num_drafts == sum(len(r.steps) for r in runs[k])
     assert c.num_draft_tokens == k * c.num_drafts  # every step drafts k, the cut last one included
     assert c.num_accepted_tokens <= c.num_draft_tokens
@@ -98,7 +98,7 @@ def test_counters_are_consistent(runs, k):
 
 
 def test_the_report_sets_measured_beside_the_formula(runs):
-    rep = spec.acceptance_report(runs[5])
+    rep = acceptance.acceptance_report(runs[5])
     assert isinstance(rep.counters, SpecCounters) and rep.k == 5
     assert 0 < rep.alpha < 1
     assert rep.predicted_per_position == pytest.approx([rep.alpha**i for i in range(1, 6)], rel=1e-12)
@@ -120,7 +120,7 @@ def test_the_report_sets_measured_beside_the_formula(runs):
 def test_the_mean_acceptance_length_matches_the_formula_within_three_standard_errors(runs, k):
     # Deterministic (greedy, fixed prompts); the bound is the sampling error over these ~40-60 steps, 3 sigma.
     # Per-position rates are not asserted: acceptance clusters, the i.i.d. formula misfits the deep positions.
-    rep = spec.acceptance_report(runs[k])
+    rep = acceptance.acceptance_report(runs[k])
     assert rep.length_stderr > 0
     assert abs(rep.length_gap) <= 3 * rep.length_stderr, rep.row()
 
@@ -129,25 +129,25 @@ def test_a_draft_equal_to_the_target_accepts_everything(pair, prompts):
     target = pair[0]
     k = 3
     for p in prompts[:2]:
-        run = spec.greedy_speculative(target, target, p, NEW, k)
+        run = loops.greedy_speculative(target, target, p, NEW, k)
         assert all(s.accepted == k for s in run.steps)
         assert all(len(s.emitted) == k + 1 for s in run.steps[:-1])
         assert len(run.steps[-1].emitted) == NEW - (k + 1) * (len(run.steps) - 1)  # the cut end
-    rep = spec.acceptance_report([run])
+    rep = acceptance.acceptance_report([run])
     assert rep.measured_length == k + 1 and rep.alpha == 1.0 and rep.predicted_per_position == (1.0,) * k
 
 
 def test_hf_assisted_generation_with_constant_k_gives_the_same_tokens(pair, prompts, reference):
     target, draft, _ = pair
     saved = draft.generation_config.to_dict()
-    assert spec.hf_assisted(target, draft, prompts[0], NEW, 3) == reference[0]
+    assert loops.hf_assisted(target, draft, prompts[0], NEW, 3) == reference[0]
     assert draft.generation_config.to_dict() == saved  # the draft's config is restored
 
 
 def test_forward_costs_and_a_tiny_study_have_their_fields(pair):
-    costs = spec.forward_costs(pair[0], pair[1], [1, 5, 6, 7], ks=(1, 2), repeats=3)
+    costs = speculative_study.forward_costs(pair[0], pair[1], [1, 5, 6, 7], ks=(1, 2), repeats=3)
     assert costs["c"] > 0 and set(costs["verify_cost"]) == {1, 2} and "CPU" in costs["provenance"]
-    study = spec.cpu_study(n_prompts=1, max_new_tokens=8, ks=(2,), rounds=1, pair=pair)
+    study = speculative_study.cpu_study(n_prompts=1, max_new_tokens=8, ks=(2,), rounds=1, pair=pair)
     row = study["rows"][0]
     assert row["identical_to_greedy"] and row["k"] == 2
     for key in ("tok_s", "baseline_tok_s", "measured_speedup", "predicted_speedup", "c_in_loop",
@@ -165,21 +165,21 @@ def test_bad_arguments_are_refused(pair, kwargs, field):
     target, draft, _ = pair
     args = {"input_ids": [1, 5, 6], "max_new_tokens": 4, "k": 2, **kwargs}
     with pytest.raises(ValueError, match=SHAPE.format(owner="greedy_speculative", field=field)):
-        spec.greedy_speculative(target, draft, **args)
+        loops.greedy_speculative(target, draft, **args)
 
 
 def test_a_draft_with_another_vocabulary_is_refused_before_any_forward(pair):
     other = SimpleNamespace(config=SimpleNamespace(vocab_size=32000))  # would fail on any forward call
     with pytest.raises(ValueError, match=SHAPE.format(owner="greedy_speculative", field=r"draft\.vocab_size")) as e:
-        spec.greedy_speculative(pair[0], other, [1, 5, 6], 4, 2)
+        loops.greedy_speculative(pair[0], other, [1, 5, 6], 4, 2)
     assert "4096" in str(e.value)
     with pytest.raises(ValueError, match="draft.vocab_size"):
-        spec.hf_assisted(pair[0], other, [1, 5, 6], 4, 2)
+        loops.hf_assisted(pair[0], other, [1, 5, 6], 4, 2)
 
 
 def test_counters_of_mixed_k_are_refused(runs):
     with pytest.raises(ValueError, match=re.escape("spec_counters.runs=")):
-        spec.spec_counters(runs[1] + runs[3])
+        acceptance.spec_counters(runs[1] + runs[3])
 
 
 # ---------------------------------------------------------------- lab 08's other steps: maths, tables, batch model
@@ -190,11 +190,11 @@ def test_counters_of_mixed_k_are_refused(runs):
 
 @pytest.fixture(scope="module")
 def tiny_study(pair):
-    return spec.cpu_study(n_prompts=2, max_new_tokens=12, ks=(2, 4), rounds=1, pair=pair)
+    return speculative_study.cpu_study(n_prompts=2, max_new_tokens=12, ks=(2, 4), rounds=1, pair=pair)
 
 
 def test_the_maths_tables_hold_the_formulas_exact_values():
-    m = spec.maths_tables(alphas=(0.5,), ks=(4,), costs=(0.0, 0.25, 1.0))
+    m = maths.maths_tables(alphas=(0.5,), ks=(4,), costs=(0.0, 0.25, 1.0))
     [row] = m["tokens"]
     assert row["tokens_per_step"] == 31 / 16 and row["speedup_c=0"] == 31 / 16  # n-gram: E / 1
     assert row["speedup_c=0.25"] == 31 / 16 / 2 and row["speedup_c=1"] == 31 / 16 / 5
@@ -208,40 +208,40 @@ def test_the_maths_tables_hold_the_formulas_exact_values():
 
 def test_counters_consistency_names_what_breaks():
     good = SpecCounters(10, 40, 17, (8, 5, 3, 1))
-    assert spec.counters_consistent(good, 4) == (True, "consistent")
-    ok, why = spec.counters_consistent(good, 3)
+    assert acceptance.counters_consistent(good, 4) == (True, "consistent")
+    ok, why = acceptance.counters_consistent(good, 3)
     assert not ok and "k x num_drafts = 30" in why and "4 per-position counts for k=3" in why
     ngram = SpecCounters(10, 33, 17)  # n-gram drafts may be shorter than k
-    assert spec.counters_consistent(ngram, 4, every_draft_k=False)[0]
-    assert not spec.counters_consistent(ngram, 4)[0]
+    assert acceptance.counters_consistent(ngram, 4, every_draft_k=False)[0]
+    assert not acceptance.counters_consistent(ngram, 4)[0]
     rising = SpecCounters(10, 40, 17, (5, 8, 3, 1))
-    assert "increase" in spec.counters_consistent(rising, 4)[1]
+    assert "increase" in acceptance.counters_consistent(rising, 4)[1]
 
 
 def test_the_study_tables_and_lines_read_the_loop(tiny_study):
-    acc, cost = spec.acceptance_table(tiny_study), spec.cost_table(tiny_study)
+    acc, cost = speculative_study.acceptance_table(tiny_study), speculative_study.cost_table(tiny_study)
     assert [r["k"] for r in acc] == [r["k"] for r in cost] == [2, 4]
     for a, r in zip(acc, tiny_study["rows"]):
         assert a["counters_consistent"] and a["identical_to_greedy"]
         assert a["acceptance_rate"] == r["num_accepted_tokens"] / r["num_draft_tokens"]
         assert a["gap_in_stderrs"] == pytest.approx((r["measured_length"] - r["predicted_length"]) / r["length_stderr"])
-    assert spec.study_row(tiny_study, 4)["k"] == 4
+    assert speculative_study.study_row(tiny_study, 4)["k"] == 4
     with pytest.raises(ValueError, match=SHAPE.format(owner="study_row", field="k")):
-        spec.study_row(tiny_study, 3)
-    lines = spec.loop_lines(tiny_study).splitlines()
+        speculative_study.study_row(tiny_study, 3)
+    lines = speculative_study.loop_lines(tiny_study).splitlines()
     assert len(lines) == 3 and "tokens identical to greedy: True" in lines[1] and "standard errors" in lines[2]
-    assert "noisy" in spec.cost_lines(tiny_study) and "measured on this machine's CPU" in spec.cost_lines(tiny_study)
+    assert "noisy" in speculative_study.cost_lines(tiny_study) and "measured on this machine's CPU" in speculative_study.cost_lines(tiny_study)
 
 
 def test_assisted_generation_matches_greedy_on_journey_prompts(pair):
-    got = spec.assisted_matches(pair, n_prompts=1, max_new_tokens=10, k=3)
+    got = loops.assisted_matches(pair, n_prompts=1, max_new_tokens=10, k=3)
     assert got == {"prompts": 1, "max_new_tokens": 10, "k": 3, "identical": 1, "all_identical": True}
 
 
 def test_the_batch_model_reads_the_spec_sheet_and_reverses():
-    t, d = spec.roofline_of("llama-3.1-8b"), spec.roofline_of("llama-3.2-1b")
+    t, d = maths.roofline_of("llama-3.1-8b"), maths.roofline_of("llama-3.2-1b")
     assert t.bandwidth == 4.8e12 and t.peak_flops == 989.5e12 and t.weight_bytes == 2 * 8030261248
-    m = spec.batch_model(0.8, 4, batches=(1, 64, 256))
+    m = maths.batch_model(0.8, 4, batches=(1, 64, 256))
     e = expected_tokens_per_step(0.8, 4)
     c = 1235814400 / 8030261248  # the draft's parameters over the target's: both bf16, memory-bound at batch 1
     first = m["curves"]["draft model"][0]
@@ -250,67 +250,67 @@ def test_the_batch_model_reads_the_spec_sheet_and_reverses():
     for name, draft in (("draft model", d), ("n-gram", None)):
         b = m["reversal"][name]
         assert b == reversal_batch(0.8, 4, t, draft)
-        below, at = spec.speedup_vs_batch(0.8, 4, [b - 1, b], t, draft)
+        below, at = maths.speedup_vs_batch(0.8, 4, [b - 1, b], t, draft)
         assert below.speedup >= 1 > at.speedup
     assert m["reversal"]["draft model"] < m["reversal"]["n-gram"]  # the draft's own forwards make it reverse sooner
     assert "simulated" in m["where"] and "H200" in m["where"]
     with pytest.raises(ValueError, match=SHAPE.format(owner="roofline_of", field="arch")):
-        spec.roofline_of("llama-9")
+        maths.roofline_of("llama-9")
 
 
 # ---------------------------------------------------------------- vLLM: configs, the pinned settings, refusals
 
 
 def test_the_pinned_config_passes_async_scheduling_and_keeps_the_runner_out_of_llm_kwargs():
-    pinned = spec.PinnedVLLMConfig(max_num_seqs=4, async_scheduling=False, model_runner_v2=False)
+    pinned = vllm_runs.PinnedVLLMConfig(max_num_seqs=4, async_scheduling=False, model_runner_v2=False)
     kw = pinned.llm_kwargs()
     assert kw["async_scheduling"] is False and "model_runner_v2" not in kw and kw["max_num_seqs"] == 4
     assert pinned.to_dict()["model_runner_v2"] is False  # recorded in every Result's config
-    assert "async_scheduling" not in spec.PinnedVLLMConfig().llm_kwargs()  # None: vLLM decides
+    assert "async_scheduling" not in vllm_runs.PinnedVLLMConfig().llm_kwargs()  # None: vLLM decides
     assert isinstance(pinned, VLLMConfig)
     with pytest.raises(ValueError, match=SHAPE.format(owner="PinnedVLLMConfig", field="async_scheduling")):
-        spec.PinnedVLLMConfig(async_scheduling="off")
+        vllm_runs.PinnedVLLMConfig(async_scheduling="off")
 
 
 def test_the_runner_variable_is_set_while_spawning_and_restored(monkeypatch):
-    monkeypatch.setenv(spec.RUNNER_ENV, "1")
-    with spec.runner_env(False):
-        assert os.environ[spec.RUNNER_ENV] == "0"
-    with spec.runner_env(None):
-        assert spec.RUNNER_ENV not in os.environ  # vLLM's own choice
-    assert os.environ[spec.RUNNER_ENV] == "1"
-    monkeypatch.delenv(spec.RUNNER_ENV)
-    with spec.runner_env(True):
-        assert os.environ[spec.RUNNER_ENV] == "1"
-    assert spec.RUNNER_ENV not in os.environ
+    monkeypatch.setenv(vllm_runs.RUNNER_ENV, "1")
+    with vllm_runs.runner_env(False):
+        assert os.environ[vllm_runs.RUNNER_ENV] == "0"
+    with vllm_runs.runner_env(None):
+        assert vllm_runs.RUNNER_ENV not in os.environ  # vLLM's own choice
+    assert os.environ[vllm_runs.RUNNER_ENV] == "1"
+    monkeypatch.delenv(vllm_runs.RUNNER_ENV)
+    with vllm_runs.runner_env(True):
+        assert os.environ[vllm_runs.RUNNER_ENV] == "1"
+    assert vllm_runs.RUNNER_ENV not in os.environ
 
 
 def test_speculative_configs_for_both_methods():
-    assert spec.speculative_config("draft_model", 4) == {
+    assert vllm_runs.speculative_config("draft_model", 4) == {
         "method": "draft_model", "num_speculative_tokens": 4, "model": str(embedded_path("draft"))}
-    assert spec.speculative_config("ngram", 3, prompt_lookup_min=2, prompt_lookup_max=5) == {
+    assert vllm_runs.speculative_config("ngram", 3, prompt_lookup_min=2, prompt_lookup_max=5) == {
         "method": "ngram", "num_speculative_tokens": 3, "model": None, "prompt_lookup_min": 2, "prompt_lookup_max": 5}
-    got = spec.speculative_config("ngram", 2, prompt_lookup_max=3)
+    got = vllm_runs.speculative_config("ngram", 2, prompt_lookup_max=3)
     assert (got["prompt_lookup_min"], got["prompt_lookup_max"]) == (3, 3)  # vLLM's rule: one sets the other
-    got = spec.speculative_config("ngram", 2)
+    got = vllm_runs.speculative_config("ngram", 2)
     assert (got["prompt_lookup_min"], got["prompt_lookup_max"]) == (5, 5)  # vLLM's defaults
-    assert spec.speculative_config("draft_model", 2, sampling={"temperature": 0})["method"] == "draft_model"
-    assert spec.speculative_config("eagle", 4) == {  # the head trained for the embedded target (data/models/eagle)
+    assert vllm_runs.speculative_config("draft_model", 2, sampling={"temperature": 0})["method"] == "draft_model"
+    assert vllm_runs.speculative_config("eagle", 4) == {  # the head trained for the embedded target (data/models/eagle)
         "method": "eagle", "model": str(embedded_path("eagle")), "num_speculative_tokens": 4}
 
 
 def test_an_eagle_head_is_checked_before_vllm(tmp_path):
     with pytest.raises(ValueError, match=SHAPE.format(owner="EagleHead", field="path")):
-        spec.speculative_config("eagle", 4, draft=tmp_path)  # no config.json
+        vllm_runs.speculative_config("eagle", 4, draft=tmp_path)  # no config.json
     (tmp_path / "config.json").write_text((embedded_path("eagle") / "config.json").read_text().replace(
         '"hidden_size": 256', '"hidden_size": 128'))
     with pytest.raises(ValueError, match=SHAPE.format(owner="EagleHead", field="hidden_size")) as e:
-        spec.speculative_config("eagle", 4, draft=tmp_path)
+        vllm_runs.speculative_config("eagle", 4, draft=tmp_path)
     assert "256" in str(e.value) and "train_eagle.py" in str(e.value)
     with pytest.raises(ValueError, match=SHAPE.format(owner="EagleHead", field="architectures")):
-        spec.speculative_config("eagle", 4, draft=embedded_path("draft"))  # a draft model is no EAGLE head
+        vllm_runs.speculative_config("eagle", 4, draft=embedded_path("draft"))  # a draft model is no EAGLE head
     with pytest.raises(ValueError, match=SHAPE.format(owner="speculative_config", field="prompt_lookup_min")):
-        spec.speculative_config("eagle", 4, prompt_lookup_min=2)
+        vllm_runs.speculative_config("eagle", 4, prompt_lookup_min=2)
 
 
 @pytest.mark.parametrize("args, kwargs, field, words", [
@@ -329,19 +329,19 @@ def test_an_eagle_head_is_checked_before_vllm(tmp_path):
 ])
 def test_bad_speculative_knobs_are_refused(args, kwargs, field, words):
     with pytest.raises(ValueError, match=SHAPE.format(owner="speculative_config", field=field)) as e:
-        spec.speculative_config(*args, **kwargs)
+        vllm_runs.speculative_config(*args, **kwargs)
     assert words in str(e.value)
 
 
 def test_a_draft_with_another_vocabulary_is_refused_before_vllm(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"vocab_size": 32000}))
     with pytest.raises(ValueError, match=SHAPE.format(owner="speculative_config", field="draft")) as e:
-        spec.speculative_config("draft_model", 4, draft=tmp_path)
+        vllm_runs.speculative_config("draft_model", 4, draft=tmp_path)
     assert "4096" in str(e.value) and "32000" in str(e.value)
 
 
 def test_the_settings_of_one_batch():
-    runs = spec.settings(("draft_model", "ngram"), (2, 4), (2, 5))
+    runs = vllm_runs.settings(("draft_model", "ngram"), (2, 4), (2, 5))
     assert [s.name for s in runs] == ["baseline, pinned (V1, no async)", "baseline, vLLM defaults", "draft model k=2",
                                       "draft model k=4", "n-gram k=2 (lookup 2-5)", "n-gram k=4 (lookup 2-5)"]
     assert [s.step(16) for s in runs[:3]] == ["spec-baseline-b16", "spec-baseline-defaults-b16",
@@ -351,9 +351,9 @@ def test_the_settings_of_one_batch():
     assert (pinned.async_scheduling, pinned.model_runner_v2, pinned.max_num_seqs) == (False, False, 8)
     assert pinned.speculative_config["num_speculative_tokens"] == 2
     assert (default.async_scheduling, default.model_runner_v2, default.speculative_config) == (None, None, None)
-    assert [s.name for s in spec.settings(("ngram",), (4,), (3, 3), defaults_baseline=False)] == [
+    assert [s.name for s in vllm_runs.settings(("ngram",), (4,), (3, 3), defaults_baseline=False)] == [
         "baseline, pinned (V1, no async)", "n-gram k=4 (lookup 3-3)"]
-    eagle = spec.settings(("eagle",), (4,), defaults_baseline=False)[1]
+    eagle = vllm_runs.settings(("eagle",), (4,), defaults_baseline=False)[1]
     assert (eagle.name, eagle.step(1), eagle.spec["method"]) == ("EAGLE head k=4", "spec-eagle-k4-b1", "eagle")
     assert eagle.config(1, 0.3).model_runner_v2 is False  # pinned like every run, so the comparison is one engine
 
@@ -361,12 +361,12 @@ def test_the_settings_of_one_batch():
 def test_counters_from_a_runs_metrics_delta():
     delta = {"vllm:spec_decode_num_drafts": 751.0, "vllm:spec_decode_num_draft_tokens": 3004.0,
              "vllm:spec_decode_num_accepted_tokens": 1399.0, "vllm:prompt_tokens": 100.0}
-    c = spec.counters_from_delta(delta)
+    c = vllm_runs.counters_from_delta(delta)
     assert c == SpecCounters(751, 3004, 1399) and round(c.mean_acceptance_length, 2) == 2.86  # the H200 run (facts)
-    assert spec.counters_from_delta({**delta, "vllm:spec_decode_num_drafts": 0.0}) is None  # drafted nothing
-    assert spec.counters_from_delta({"vllm:prompt_tokens": 100.0}) is None  # a baseline: no such counters
+    assert vllm_runs.counters_from_delta({**delta, "vllm:spec_decode_num_drafts": 0.0}) is None  # drafted nothing
+    assert vllm_runs.counters_from_delta({"vllm:prompt_tokens": 100.0}) is None  # a baseline: no such counters
     per_pos = {**delta, "vllm:spec_decode_num_accepted_tokens_per_pos": [600, 400, 250, 149]}
-    assert spec.counters_from_delta(per_pos).accepted_per_pos == (600, 400, 250, 149)
+    assert vllm_runs.counters_from_delta(per_pos).accepted_per_pos == (600, 400, 250, 149)
 
 
 def _vllm_row(k: int, counters: SpecCounters, batch: int = 1) -> dict:
@@ -381,15 +381,15 @@ def test_the_cross_check_accepts_the_formulas_own_counters_and_flags_others():
              "measured_length": 2.77, "length_stderr": 0.02, "num_drafts": 400}]
     same = simulate_acceptance(0.7, k, steps, seed=1)  # what the i.i.d. model counts at the loop's alpha
     other = simulate_acceptance(0.5, k, steps, seed=1)
-    [ok], [bad] = spec.cross_check([_vllm_row(k, same)], loop), spec.cross_check([_vllm_row(k, other)], loop)
+    [ok], [bad] = vllm_runs.cross_check([_vllm_row(k, same)], loop), vllm_runs.cross_check([_vllm_row(k, other)], loop)
     assert ok["within_3_stderrs"] and not bad["within_3_stderrs"]
     se = math.sqrt(0.02**2 + (0.02 * math.sqrt(400)) ** 2 / steps)
     assert ok["stderr"] == pytest.approx(se) and ok["formula_length"] == pytest.approx(2.7731)
     baseline = {"method": "baseline", "k": None, "mean_acceptance_length": None}
-    assert spec.cross_check([baseline, {**_vllm_row(2, same), "k": 2}], loop) == []  # no loop row for k=2
+    assert vllm_runs.cross_check([baseline, {**_vllm_row(2, same), "k": 2}], loop) == []  # no loop row for k=2
     eagle_row = {**_vllm_row(k, same), "method": "eagle", "name": "EAGLE head k=4"}
-    assert spec.cross_check([eagle_row], loop) == []  # the loop rows are the draft model's: no EAGLE reference
-    [got] = spec.cross_check([eagle_row], [{**loop[0], "drafter": "eagle"}])
+    assert vllm_runs.cross_check([eagle_row], loop) == []  # the loop rows are the draft model's: no EAGLE reference
+    [got] = vllm_runs.cross_check([eagle_row], [{**loop[0], "drafter": "eagle"}])
     assert got["drafter"] == "eagle" and got["within_3_stderrs"]
 
 
@@ -401,43 +401,43 @@ def test_bad_knobs_are_refused_before_any_engine(monkeypatch):
     for kwargs, field in (({"ks": (0,)}, "ks"), ({"batches": (0,)}, "batches"), ({"methods": ("eagle3",)}, "method"),
                           ({"prompt_lookup": (6, 2)}, "prompt_lookup_min"), ({"n_prompts": 65}, "n_prompts")):
         with pytest.raises(ValueError, match=rf"\.{field}="):
-            spec.vllm_spec_runs(**kwargs)
+            vllm_runs.vllm_spec_runs(**kwargs)
     with pytest.raises(ValueError, match=r"settings\.ks="):
-        spec.gpu_study(ks=(0,), force=False)  # refused on a CPU too, before the mode decides
+        vllm_runs.gpu_study(ks=(0,), force=False)  # refused on a CPU too, before the mode decides
 
 
 @pytest.fixture
 def pinned_on_the_fake(start, monkeypatch):  # noqa: F811
     """The fake vLLM takes no async_scheduling (its EngineArgs list predates this lab): drop it in the parent, where
     VLLMEngine.start builds the kwargs; record what VLLM_USE_V2_MODEL_RUNNER was when each worker was spawned."""
-    real_kwargs = spec.PinnedVLLMConfig.llm_kwargs
+    real_kwargs = vllm_runs.PinnedVLLMConfig.llm_kwargs
     spawned = []
 
     def kwargs(self):  # VLLMEngine.start calls it just before it spawns the worker, inside runner_env
         kw = real_kwargs(self)
-        spawned.append({"async_scheduling": kw.pop("async_scheduling", None), "env": os.environ.get(spec.RUNNER_ENV)})
+        spawned.append({"async_scheduling": kw.pop("async_scheduling", None), "env": os.environ.get(vllm_runs.RUNNER_ENV)})
         return kw
 
-    monkeypatch.setattr(spec.PinnedVLLMConfig, "llm_kwargs", kwargs)
-    monkeypatch.delenv(spec.RUNNER_ENV, raising=False)
+    monkeypatch.setattr(vllm_runs.PinnedVLLMConfig, "llm_kwargs", kwargs)
+    monkeypatch.delenv(vllm_runs.RUNNER_ENV, raising=False)
     return spawned
 
 
 def test_the_runs_on_the_fake_vllm_carry_every_setting(pinned_on_the_fake, tmp_path):
     store = ResultStore(tmp_path / "r.jsonl")
-    rows = spec.vllm_spec_runs(("draft_model", "ngram"), (2,), (1, 2), n_prompts=3, max_new_tokens=4, store=store)
+    rows = vllm_runs.vllm_spec_runs(("draft_model", "ngram"), (2,), (1, 2), n_prompts=3, max_new_tokens=4, store=store)
     assert [(r["name"], r["batch"]) for r in rows] == [(n, b) for b in (1, 2) for n in (
         "baseline, pinned (V1, no async)", "baseline, vLLM defaults", "draft model k=2", "n-gram k=2 (lookup 2-5)")]
     # one engine per setting serves both batch sizes (waves of b requests): 4 starts, not 8
     assert [s["env"] for s in pinned_on_the_fake] == ["0", None, "0", "0"]  # the runner, as each worker spawned
     assert [s["async_scheduling"] for s in pinned_on_the_fake] == [False, None, False, False]
-    assert spec.RUNNER_ENV not in os.environ  # restored
+    assert vllm_runs.RUNNER_ENV not in os.environ  # restored
     results = [r["result"] for r in rows]
-    assert [r.step for r in store.load()] == [spec.settings(("draft_model", "ngram"), (2,))[i].step(b)
+    assert [r.step for r in store.load()] == [vllm_runs.settings(("draft_model", "ngram"), (2,))[i].step(b)
                                              for i in range(4) for b in (1, 2)]  # in the order they ran
     assert sorted(r.step for r in store.load()) == sorted(r.step for r in results)
     for row, res in zip(rows, results):
-        assert res.config["max_num_seqs"] == 2 and res.config["max_concurrency"] == row["batch"] and res.lab == spec.LAB
+        assert res.config["max_num_seqs"] == 2 and res.config["max_concurrency"] == row["batch"] and res.lab == vllm_runs.LAB
         q, b = res.requests, row["batch"]  # waves of b requests: each starts after the waves before it finished
         assert all(q[i].start >= max(x.finished for x in q[:i - i % b]) for i in range(b, len(q)))
         assert all(x.arrival == 0 for x in q)
@@ -455,7 +455,7 @@ def test_the_runs_on_the_fake_vllm_carry_every_setting(pinned_on_the_fake, tmp_p
 
 def test_the_recording_step_writes_its_facts_and_recorded_results(pinned_on_the_fake, tmp_path):
     store, facts = ResultStore(tmp_path / "r.jsonl"), {}
-    spec.record(tmp_path, store, facts, batches=(1,), ks=(2,), methods=("ngram",), n_prompts=2, max_new_tokens=4)
+    vllm_runs.record(tmp_path, store, facts, batches=(1,), ks=(2,), methods=("ngram",), n_prompts=2, max_new_tokens=4)
     got = facts["speculative"]
     assert [r["name"] for r in got["rows"]] == ["baseline, pinned (V1, no async)", "baseline, vLLM defaults",
                                                 "n-gram k=2 (lookup 2-5)"]
@@ -470,7 +470,7 @@ def test_the_lab_run_live_is_its_own_recording(pinned_on_the_fake, tmp_path, loa
     takes that file as facts["speculative"]: lab 08 on the GPU is not run twice."""
     store = ResultStore(tmp_path / "results" / "08_speculative_decoding.jsonl")
     knobs = dict(batches=(1,), ks=(2,), methods=("ngram",), n_prompts=2, max_new_tokens=4, store=store, force=True)
-    spec.gpu_study(**knobs)
+    vllm_runs.gpu_study(**knobs)
     assert not store.facts_path("speculative").exists()  # not record's grid: this user's run, not the recording
     import pytest as _pytest
 
@@ -478,7 +478,7 @@ def test_the_lab_run_live_is_its_own_recording(pinned_on_the_fake, tmp_path, loa
     mp.setattr(spec_vllm, "RECORD_GRID", {"batches": (1,), "ks": (2,), "methods": ("ngram",), "prompt_lookup": (2, 5),
                                           "n_prompts": 2, "max_new_tokens": 4})
     try:
-        shown = spec.gpu_study(**knobs)
+        shown = vllm_runs.gpu_study(**knobs)
     finally:
         mp.undo()
     kept = json.loads(store.facts_path("speculative").read_text())
@@ -509,7 +509,7 @@ def test_the_cross_check_measures_vllm_against_the_loops_length_not_the_formula(
     counters = SpecCounters(1000, 4000, 1600)  # mean length 2.6
     loop = [{"k": 4, "alpha": 0.7, "predicted_length": 2.77, "measured_length": 2.6, "length_stderr": 0.01,
              "num_drafts": 400}]  # the formula 17 standard errors off the loop's own measurement, on these prompts
-    [got] = spec.cross_check([_vllm_row(4, counters)], loop)
+    [got] = vllm_runs.cross_check([_vllm_row(4, counters)], loop)
     assert got["gap"] == pytest.approx(2.6 - 2.6) and got["within_3_stderrs"]
     assert got["formula_gap"] == pytest.approx(2.6 - 2.77) and got["formula_length"] == 2.77
 
@@ -526,16 +526,16 @@ def test_a_failing_setting_keeps_the_others_and_a_failing_baseline_raises(pinned
 
     monkeypatch.setattr(VLLMEngine, "start", start)
     failed = []
-    rows = spec.vllm_spec_runs(("draft_model", "ngram"), (2,), (1,), n_prompts=2, max_new_tokens=4,
+    rows = vllm_runs.vllm_spec_runs(("draft_model", "ngram"), (2,), (1,), n_prompts=2, max_new_tokens=4,
                                defaults_baseline=False, failures=failed)
     assert [r["name"] for r in rows] == ["baseline, pinned (V1, no async)", "draft model k=2"]
     assert [(f["name"], f["error"], f["batches_done"]) for f in failed] == [
         ("n-gram k=2 (lookup 2-5)", "RuntimeError: engine core died", [])]
     with pytest.raises(RuntimeError, match="engine core died"):  # without a list the old behaviour: it raises
-        spec.vllm_spec_runs(("ngram",), (2,), (1,), n_prompts=2, max_new_tokens=4, defaults_baseline=False)
+        vllm_runs.vllm_spec_runs(("ngram",), (2,), (1,), n_prompts=2, max_new_tokens=4, defaults_baseline=False)
     monkeypatch.setattr(VLLMEngine, "start", lambda self: (_ for _ in ()).throw(RuntimeError("no GPU")))
     with pytest.raises(RuntimeError, match="no GPU"):  # the pinned baseline failing: nothing to compare with
-        spec.vllm_spec_runs(("ngram",), (2,), (1,), n_prompts=2, max_new_tokens=4, failures=[])
+        vllm_runs.vllm_spec_runs(("ngram",), (2,), (1,), n_prompts=2, max_new_tokens=4, failures=[])
 
 
 def test_ngram_rows_get_no_alpha_and_model_drafters_do():
@@ -548,8 +548,8 @@ def test_ngram_rows_get_no_alpha_and_model_drafters_do():
             "vllm:spec_decode_num_accepted_tokens_per_pos": [70, 45, 30, 15]}}}
 
     logged = {"model_runner": "V1", "async_scheduling": False}
-    ngram = spec.settings(("ngram",), (4,), defaults_baseline=False)[1]
-    draft = spec.settings(("draft_model",), (4,), defaults_baseline=False)[1]
+    ngram = vllm_runs.settings(("ngram",), (4,), defaults_baseline=False)[1]
+    draft = vllm_runs.settings(("draft_model",), (4,), defaults_baseline=False)[1]
     n, d = spec_vllm._row(ngram, 1, R(), {}, logged), spec_vllm._row(draft, 1, R(), {}, logged)
     assert n["alpha"] is None and n["formula_length"] is None and "n-gram drafts vary in length" in n["counters_note"]
     assert n["mean_acceptance_length"] == pytest.approx(2.6) and d["alpha"] is not None and d["formula_length"]
@@ -562,32 +562,32 @@ def test_the_gpu_step_without_a_recording_says_which_step_records_it(monkeypatch
         raise NotRecorded(key, step)
 
     monkeypatch.setattr(spec_vllm, "recorded_facts", none)  # a clone whose data/reference predates the step
-    shown = spec.gpu_study(force=False)
+    shown = vllm_runs.gpu_study(force=False)
     assert shown.value is None and "--steps speculative" in shown.label
-    assert list(spec.gpu_table(shown)["provenance"]) == [shown.label]
+    assert list(vllm_runs.gpu_table(shown)["provenance"]) == [shown.label]
     recorded = {"rows": [{"name": "baseline, pinned (V1, no async)", "batch": 1, "speedup": 1.0}], "loop": [],
                 "cross_check": [], "gpu": "NVIDIA H200", "date": "2026-12-02"}
     monkeypatch.setattr(spec_vllm, "recorded_facts", lambda key, step: recorded if (key, step) == ("speculative",
                                                                                              "speculative") else None)
-    shown = spec.gpu_study(force=False)
+    shown = vllm_runs.gpu_study(force=False)
     assert shown.value["rows"][0]["provenance"] == "recorded on NVIDIA H200, 2026-12-02"
-    assert list(spec.gpu_table(shown, "rows", ["batch", "speedup"]).columns) == ["batch", "speedup", "provenance"]
+    assert list(vllm_runs.gpu_table(shown, "rows", ["batch", "speedup"]).columns) == ["batch", "speedup", "provenance"]
 
 
 def test_a_recorded_grid_shows_the_asked_part_or_says_what_stands_in(monkeypatch, capsys):
     """Issue 11.8 for lab 08: the recording holds batches 1-64, k 2 and 4, three methods; the lab asks (1, 64), k 4."""
     rows = [{"name": "baseline", "method": "baseline", "k": None, "batch": b} for b in (1, 4, 16, 64)] + [
-        {"name": f"{m} k={k}", "method": m, "k": k, "batch": b} for m in spec.METHODS for k in (2, 4) for b in (1, 4, 16, 64)]
+        {"name": f"{m} k={k}", "method": m, "k": k, "batch": b} for m in vllm_runs.METHODS for k in (2, 4) for b in (1, 4, 16, 64)]
     recorded = {"rows": rows, "loop": [{"k": 2}, {"k": 4}], "cross_check": [{"method": "ngram", "k": 4}],
                 "workload": {"name": "journey", "requests": 64, "max_new_tokens": 64},
-                "settings": {"batches": [1, 4, 16, 64], "ks": [2, 4], "methods": list(spec.METHODS), "prompt_lookup": [2, 5]},
+                "settings": {"batches": [1, 4, 16, 64], "ks": [2, 4], "methods": list(vllm_runs.METHODS), "prompt_lookup": [2, 5]},
                 "gpu": "NVIDIA H200", "date": "2026-12-02"}
     monkeypatch.setattr(spec_vllm, "recorded_facts", lambda key, step: recorded)
-    shown = spec.gpu_study(batches=(1, 64), ks=(4,), force=False)
+    shown = vllm_runs.gpu_study(batches=(1, 64), ks=(4,), force=False)
     assert shown.stand_ins == {} and capsys.readouterr().out == ""
     assert {(r["batch"], r["k"]) for r in shown.value["rows"]} == {(1, None), (64, None), (1, 4), (64, 4)}
     assert shown.value["loop"] == [{"k": 4, "provenance": "recorded on NVIDIA H200, 2026-12-02"}]
-    wide = spec.gpu_study(batches=(1, 128), ks=(4,), n_prompts=16, force=False)  # 128 and 16 prompts: never recorded
+    wide = vllm_runs.gpu_study(batches=(1, 128), ks=(4,), n_prompts=16, force=False)  # 128 and 16 prompts: never recorded
     assert len(wide.value["rows"]) == len(rows)
     assert wide.stand_ins["batches"] == {"asked": [1, 128], "shown": [1, 4, 16, 64]}
     assert wide.stand_ins["n_prompts"] == {"asked": 16, "shown": 64}
@@ -596,14 +596,14 @@ def test_a_recorded_grid_shows_the_asked_part_or_says_what_stands_in(monkeypatch
 
 def test_the_harness_runs_the_pair_as_engines_and_keeps_the_tokens():
     """Lab 08's harness step: naive generate, the draft and prompt lookup through bench.run on the same prompts."""
-    runs = spec.harness_runs(n_prompts=2, max_new_tokens=8, k=3)
+    runs = speculative_study.harness_runs(n_prompts=2, max_new_tokens=8, k=3)
     rows = runs["rows"]
     assert [r["speculative"] for r in rows] == ["off", "draft", "ngram"] and rows[0]["speedup"] == 1.0
     assert all(r["identical_to_naive"] for r in rows)
     assert rows[0]["tokens_per_target_forward"] is None and all(1 <= r["tokens_per_target_forward"] <= 4 for r in rows[1:])
     assert [r.step for r in runs["results"]] == ["hf-naive-sdpa", "hf-naive-draft-k3", "hf-naive-ngram-k3"]
     assert all(r.summary["output_tokens"] == 16 for r in runs["results"])
-    text = spec.harness_lines(runs)
+    text = speculative_study.harness_lines(runs)
     assert "draft model:" in text and "n-gram (prompt lookup):" in text and "identical to naive's" in text
 
 
@@ -613,19 +613,19 @@ def test_the_harness_stays_on_the_cpu_in_float32_on_a_gpu_machine(monkeypatch):
     import torch
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # what device="auto" sees on a GPU machine
-    runs = spec.harness_runs(n_prompts=1, max_new_tokens=4, k=2)
+    runs = speculative_study.harness_runs(n_prompts=1, max_new_tokens=4, k=2)
     assert [(r.engine_facts["device"], r.model["dtype"]) for r in runs["results"]] == [("cpu", "float32")] * 3
     assert runs["provenance"].startswith("measured on this machine's CPU")
 
 
 def test_the_harness_refuses_a_bad_k_before_any_model_loads():
     with pytest.raises(ValueError, match=r"harness_runs\.k=0: allowed integers 1\.\.16; Fix:"):
-        spec.harness_runs(k=0)
+        speculative_study.harness_runs(k=0)
 
 
 def test_a_batch_larger_than_the_prompts_is_refused():
     with pytest.raises(ValueError, match=r"vllm_spec_runs\.batches=\[1, 64\]: allowed batch sizes <= n_prompts=16"):
-        spec.vllm_spec_runs(("ngram",), (2,), (1, 64), n_prompts=16)
+        vllm_runs.vllm_spec_runs(("ngram",), (2,), (1, 64), n_prompts=16)
 
 
 def test_the_engine_line_reads_the_switch_and_the_speedups_from_the_runs():
@@ -638,9 +638,9 @@ def test_the_engine_line_reads_the_switch_and_the_speedups_from_the_runs():
     rows = [row("base", "baseline", True, 1, 400.0, 1.0), row("defaults", "baseline", False, 1, 300.0, 0.75),
             row("ngram k=4", "ngram", True, 1, 600.0, 1.5), row("base", "baseline", True, 64, 8000.0, 1.0),
             row("ngram k=4", "ngram", True, 64, 4000.0, 0.5)]
-    text = spec.engine_lines(Shown({"rows": rows}, False, "recorded on X"))
+    text = vllm_runs.engine_lines(Shown({"rows": rows}, False, "recorded on X"))
     assert "batch 1: 300 vs 400 tok/s (-25%)" in text and "batch 64" not in text.split(". ")[0]  # no defaults at 64
     assert "ngram k=4 1.50x (batch 1)" in text and "1 of 1 settings beat plain decoding at some batch" in text
-    slower = spec.engine_lines(Shown({"rows": [{**r, "speedup": min(r["speedup"], 0.9)} for r in rows]}, False, "r"))
+    slower = vllm_runs.engine_lines(Shown({"rows": [{**r, "speedup": min(r["speedup"], 0.9)} for r in rows]}, False, "r"))
     assert "No setting beats plain decoding at any batch here" in slower and "ngram k=4 0.90x (batch 1)" in slower
-    assert spec.engine_lines(Shown(None, False, "not recorded yet")) == "[not recorded yet]"
+    assert vllm_runs.engine_lines(Shown(None, False, "not recorded yet")) == "[not recorded yet]"

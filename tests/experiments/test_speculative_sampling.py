@@ -16,8 +16,8 @@ import pytest
 
 from lablib import stats
 
-from lablib.experiments import speculative as spec
-from lablib.experiments import speculative_sampling as ss
+from lablib.experiments.speculative import loops, sampling
+from lablib.experiments.speculative import sampling as ss
 from tests.experiments import test_speculative as greedy_tests
 
 torch = pytest.importorskip("torch")
@@ -102,8 +102,8 @@ def loop_rows(pair):
 
 def test_the_loop_samples_what_plain_sampling_samples(loop_rows, rule_rows):
     assert [r["temperature"] for r in loop_rows] == [1.0, 0.7]
-    assert spec.distribution_kept(rule_rows, loop_rows)  # the lab's check
-    assert not spec.distribution_kept([{**r, "rule": "leviathan"} for r in rule_rows], loop_rows)
+    assert sampling.distribution_kept(rule_rows, loop_rows)  # the lab's check
+    assert not sampling.distribution_kept([{**r, "rule": "leviathan"} for r in rule_rows], loop_rows)
     for r in loop_rows:
         assert (r["n"], r["n_plain"], r["position"], r["k"]) == (600, 2400, 2, 2)
         assert r["df"] >= 10
@@ -122,7 +122,7 @@ def test_the_loop_test_rejects_a_loop_that_keeps_every_draft(pair):
 def test_at_a_tiny_temperature_the_loop_is_greedy(pair, prompts, k):
     target, draft, _ = pair
     for p in prompts:
-        want = spec.greedy(target, p, 29)
+        want = loops.greedy(target, p, 29)
         assert ss.speculative_sample(target, draft, p, 29, k, 1e-8, seed=k).tokens == want
         assert ss.sample(target, p, 29, 1e-8, n=2, seed=k) == [want, want]
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from lablib.experiments import speculative_synthetic as syn
+from lablib.experiments.speculative import synthetic as syn
 from lablib.models import resolve_model
 from lablib.results.store import ResultStore
 from tests.engines.test_vllm import fake_gpu, start, with_fake_vllm  # noqa: F401 - the fake vLLM's fixtures
@@ -75,7 +75,7 @@ def test_without_a_recording_the_study_says_which_step_records_it(unrecorded):
 
 
 def test_the_set_length_comes_from_this_sessions_loop_then_the_shipped_one(monkeypatch):
-    import lablib.experiments.speculative_synthetic as mod
+    import lablib.experiments.speculative.synthetic as mod
 
     here = {"speculative": {"loop": [{"k": 4, "drafter": "draft_model", "measured_length": 2.6}]}}
     assert mod.loop_length(4, here) == 2.6

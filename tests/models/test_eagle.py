@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from lablib.experiments import speculative as spec
+from lablib.experiments.speculative import acceptance, loops, vllm_runs
 from lablib.hardware.device import device_facts
 from lablib.models import eagle, embedded_path
 from lablib.workloads import load_workload
@@ -42,7 +42,7 @@ VLLM_EAGLE1 = {  # the embedded target: hidden 256, 4 heads x 64, 2 KV heads x 6
 
 @pytest.fixture(scope="module")
 def pair(one_thread):
-    return spec.load_pair()
+    return loops.load_pair()
 
 
 @pytest.fixture(scope="module")
@@ -56,8 +56,8 @@ def prompts(pair) -> list[list[int]]:
 
 
 @pytest.fixture(scope="module")
-def runs(pair, head, prompts) -> dict[int, list[spec.SpeculativeRun]]:
-    return {k: [spec.greedy_eagle(pair[0], head, p, NEW, k) for p in prompts] for k in (1, 3, 5)}
+def runs(pair, head, prompts) -> dict[int, list[loops.SpeculativeRun]]:
+    return {k: [loops.greedy_eagle(pair[0], head, p, NEW, k) for p in prompts] for k in (1, 3, 5)}
 
 
 def header(path) -> dict:
@@ -116,7 +116,7 @@ def test_rows_fed_on_top_of_the_cache_equal_one_pass_over_all(pair, head, prompt
 @pytest.mark.parametrize("k", [1, 3, 5])
 def test_the_eagle_loop_emits_the_targets_greedy_tokens(pair, prompts, runs, k):
     for run, p in zip(runs[k], prompts):
-        assert run.k == k and run.tokens == spec.greedy(pair[0], p, NEW)
+        assert run.k == k and run.tokens == loops.greedy(pair[0], p, NEW)
         assert [t for s in run.steps for t in s.emitted] == run.tokens  # every token from a step, as the draft loop
 
 
@@ -127,44 +127,44 @@ def test_the_eagle_loops_counters_are_consistent(runs, k):
             assert len(s.emitted) == s.accepted + 1 and s.emitted[:s.accepted] == s.drafted[:s.accepted]
         assert all(len(s.drafted) == k and s.accepted_mask == tuple(i < s.accepted for i in range(k))
                    for s in run.steps)
-    c = spec.spec_counters(runs[k])
-    assert spec.counters_consistent(c, k) == (True, "consistent")
+    c = acceptance.spec_counters(runs[k])
+    assert acceptance.counters_consistent(c, k) == (True, "consistent")
     assert c.num_accepted_tokens == sum(c.accepted_per_pos)
-    rep = spec.acceptance_report(runs[k])  # the draft loop's report, unchanged
+    rep = acceptance.acceptance_report(runs[k])  # the draft loop's report, unchanged
     assert rep.counters == c and 1 <= rep.measured_length <= k + 1
 
 
 def test_the_shipped_head_drafts_better_than_chance(runs):
     # Deterministic (greedy, fixed prompts); a random head accepts ~nothing (1 in 4096 by chance).
-    assert spec.acceptance_report(runs[3]).measured_length > 1.5
+    assert acceptance.acceptance_report(runs[3]).measured_length > 1.5
 
 
 def test_draft_tokens_are_the_loops_first_drafts(pair, head, prompts):
-    assert eagle.draft_tokens(pair[0], head, prompts[1], 3) == list(spec.greedy_eagle(
+    assert eagle.draft_tokens(pair[0], head, prompts[1], 3) == list(loops.greedy_eagle(
         pair[0], head, prompts[1], 4, 3).steps[0].drafted)
 
 
 def test_a_fresh_head_still_gives_greedy_tokens(pair, prompts):
     target = pair[0]
-    run = spec.greedy_eagle(target, eagle.new_head(target, seed=1), prompts[2], 12, 2)
-    assert run.tokens == spec.greedy(target, prompts[2], 12)
+    run = loops.greedy_eagle(target, eagle.new_head(target, seed=1), prompts[2], 12, 2)
+    assert run.tokens == loops.greedy(target, prompts[2], 12)
 
 
 def test_the_cpu_comparison_counts_both_drafters_alike(pair, head):
-    rows = spec.drafter_acceptance(("draft_model", "eagle"), n_prompts=2, max_new_tokens=8, ks=(2,), pair=pair,
+    rows = acceptance.drafter_acceptance(("draft_model", "eagle"), n_prompts=2, max_new_tokens=8, ks=(2,), pair=pair,
                                    head=head)
     assert [(r["drafter"], r["k"]) for r in rows] == [("draft_model", 2), ("eagle", 2)]
     assert all(r["identical_to_greedy"] and r["counters_consistent"] for r in rows)
-    assert "EAGLE head, k=2: mean acceptance length" in spec.drafter_lines(rows)
-    assert [r["drafter"] for r in spec.drafter_table(rows)] == ["draft model", "EAGLE head"]
+    assert "EAGLE head, k=2: mean acceptance length" in acceptance.drafter_lines(rows)
+    assert [r["drafter"] for r in acceptance.drafter_table(rows)] == ["draft model", "EAGLE head"]
 
 
 @pytest.mark.parametrize("call, owner, field", [
-    (lambda t, h, p: spec.greedy_eagle(t, h, p, 8, 0), "greedy_eagle", "k"),
-    (lambda t, h, p: spec.greedy_eagle(t, h, p, 0, 2), "greedy_eagle", "max_new_tokens"),
-    (lambda t, h, p: spec.greedy_eagle(t, h, p[:1], 8, 2), "greedy_eagle", "input_ids"),
+    (lambda t, h, p: loops.greedy_eagle(t, h, p, 8, 0), "greedy_eagle", "k"),
+    (lambda t, h, p: loops.greedy_eagle(t, h, p, 0, 2), "greedy_eagle", "max_new_tokens"),
+    (lambda t, h, p: loops.greedy_eagle(t, h, p[:1], 8, 2), "greedy_eagle", "input_ids"),
     (lambda t, h, p: eagle.draft_tokens(t, h, p, 0), "draft_tokens", "k"),
-    (lambda t, h, p: spec.drafter_acceptance(("medusa",), pair=(t, None, None)), "drafter_acceptance", "drafters"),
+    (lambda t, h, p: acceptance.drafter_acceptance(("medusa",), pair=(t, None, None)), "drafter_acceptance", "drafters"),
 ])
 def test_bad_input_is_refused(pair, head, prompts, call, owner, field):
     with pytest.raises(ValueError, match=SHAPE.format(owner=owner, field=field)):
@@ -176,7 +176,7 @@ def test_a_head_for_another_width_is_refused_naming_the_field_and_the_fix(pair, 
     other = eagle.head_config({**target.config.to_diff_dict(), "hidden_size": 128, "head_dim": 32})
     narrow = eagle.EagleHead(other)
     with pytest.raises(ValueError, match=SHAPE.format(owner="greedy_eagle", field=r"head\.hidden_size")) as e:
-        spec.greedy_eagle(target, narrow, prompts[0], 8, 2)
+        loops.greedy_eagle(target, narrow, prompts[0], 8, 2)
     assert "256" in str(e.value) and "train_eagle.py" in str(e.value)
     with pytest.raises(ValueError, match=SHAPE.format(owner="draft_tokens", field=r"head\.hidden_size")):
         eagle.draft_tokens(target, narrow, prompts[0], 2)
@@ -213,17 +213,17 @@ def test_vllm_loads_the_head_with_method_eagle_and_accepts_its_drafts():
     from lablib import BenchConfig, VLLMConfig, VLLMEngine, run
 
     k, wl = 4, load_workload("journey", limit=16)
-    config = VLLMConfig(gpu_memory_utilization=0.3, speculative_config=spec.speculative_config("eagle", k))
+    config = VLLMConfig(gpu_memory_utilization=0.3, speculative_config=vllm_runs.speculative_config("eagle", k))
     with VLLMEngine("embedded", config) as engine:
         result = run(engine, wl, BenchConfig(max_new_tokens=32, progress=False), step="vllm-eagle")
-    c = spec.counters_from_delta(result.engine_facts["last_run"]["metrics_delta"])
+    c = vllm_runs.counters_from_delta(result.engine_facts["last_run"]["metrics_delta"])
     assert c is not None and c.num_drafts > 0 and c.num_accepted_tokens > 0, result.engine_facts["last_run"]
-    assert spec.counters_consistent(c, k) == (True, "consistent")
-    (loop,) = spec.drafter_acceptance(("eagle",), n_prompts=16, max_new_tokens=32, ks=(k,))  # the same prompts
+    assert acceptance.counters_consistent(c, k) == (True, "consistent")
+    (loop,) = acceptance.drafter_acceptance(("eagle",), n_prompts=16, max_new_tokens=32, ks=(k,))  # the same prompts
     assert c.mean_acceptance_length > loop["measured_length"] - 0.3, (c, loop["measured_length"])
     assert [q.output_tokens for q in result.requests] == [32] * 16
-    target, _, tok = spec.load_pair()
-    plain = [spec.greedy(target, p, 32) for p in wl.prompt_ids(tok)]
+    target, _, tok = loops.load_pair()
+    plain = [loops.greedy(target, p, 32) for p in wl.prompt_ids(tok)]
     def prefix(a: list[int], b: list[int]) -> int:
         return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 

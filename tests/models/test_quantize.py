@@ -269,7 +269,7 @@ def test_quantize_puts_the_callers_sigterm_handler_back(tmp_path, monkeypatch):
 
 def test_a_real_gptq_w4a16_quantization_loads_back_and_scores_a_finite_perplexity(tmp_path):
     pytest.importorskip("llmcompressor", reason="install lablib[quant]")
-    from lablib.experiments.quantization import evaluation_set, load_model, perplexity
+    from lablib.experiments.quantization.measures import evaluation_set, load_model, perplexity
 
     out = tmp_path / "gptq"
     facts = q.quantize(TARGET, out, "gptq-w4a16", num_samples=4, threads=1)

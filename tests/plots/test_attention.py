@@ -17,7 +17,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from lablib.experiments import attention as A  # noqa: E402
+from lablib.experiments.attention import findings, study
 from lablib.mechanisms.attention import H200  # noqa: E402
 from lablib.plots import attention as P  # noqa: E402
 from lablib.session import Shown  # noqa: E402
@@ -41,7 +41,7 @@ def as_h200(here: Shown) -> Shown:
             r["extra_mem_bytes"] = 4 * r["batch"] * r["heads"] * r["N"] * (r["N"] if dense else r["head_dim"])
             if r["panel"] == "prefill" and r["kernel"] == "naive" and r["N"] == top:
                 r.update(status="oom", reason="OutOfMemoryError: CUDA out of memory", median_ms=None, tflops=None)
-    return Shown(A.with_prediction(v), False, "recorded on NVIDIA H200, 2026-12-02")
+    return Shown(findings.with_prediction(v), False, "recorded on NVIDIA H200, 2026-12-02")
 
 
 def hf_as_h200(hf: Shown) -> Shown:
@@ -57,12 +57,12 @@ def hf_as_h200(hf: Shown) -> Shown:
 
 @pytest.fixture(scope="module")
 def figures() -> dict[str, go.Figure]:
-    here = A.kernels_here(seq_lens=[64, 128, 256], decode_lens=[256, 4096], repeats=1, warmup=0)
-    hf = Shown(A.hf_prefill("embedded", prompt_lens=[32, 64, 128], device="cpu", repeats=1, warmup=0), True,
-               A.CPU_LABEL)
+    here = study.kernels_here(seq_lens=[64, 128, 256], decode_lens=[256, 4096], repeats=1, warmup=0)
+    hf = Shown(study.hf_prefill("embedded", prompt_lens=[32, 64, 128], device="cpu", repeats=1, warmup=0), True,
+               study.CPU_LABEL)
     gpu, hf_gpu = as_h200(here), hf_as_h200(hf)
     return {
-        "prediction_figure": P.prediction_figure(A.prediction()),
+        "prediction_figure": P.prediction_figure(findings.prediction()),
         "kernel_sweep_figure/cpu": P.kernel_sweep_figure(here), "kernel_sweep_figure/h200": P.kernel_sweep_figure(gpu),
         "kernel_sweep_figure/none": P.kernel_sweep_figure(NOT_RECORDED),
         "tflops_figure/cpu": P.tflops_figure(here), "tflops_figure/h200": P.tflops_figure(gpu),
@@ -160,7 +160,7 @@ def test_the_hf_figure_marks_skips_ooms_and_synthetic_weights(figures):
 
 
 def test_a_head_dim_not_measured_is_refused(figures):
-    here = A.kernels_here(seq_lens=[64], decode_lens=[256], repeats=1, warmup=0, kernels=["naive"])
+    here = study.kernels_here(seq_lens=[64], decode_lens=[256], repeats=1, warmup=0, kernels=["naive"])
     with pytest.raises(ValueError, match=r"head_dim=128: this run measured head dims \[64\]"):
         P.kernel_sweep_figure(here, head_dim=128)
     with pytest.raises(ValueError, match="prediction_figure: no rows"):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from lablib.experiments import parallel as exp
+from lablib.experiments.parallel import fit, model, runs, study
 from lablib.plots import parallel as fig_
 from lablib.plots import style
 from lablib.session import Shown
@@ -16,18 +16,18 @@ BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 @pytest.fixture(scope="module")
 def rows():
-    return exp.cost_rows(batches=BATCHES)
+    return model.cost_rows(batches=BATCHES)
 
 
 def _recorded_tp1() -> Shown:
     """A stand-in for the tp1 recording: the prediction's own numbers, labelled as recorded on another date."""
     made = []
-    for r in exp.prediction_rows(batches=(1, 8, 64)):
+    for r in study.prediction_rows(batches=(1, 8, 64)):
         ms = r["latency_s"] * 1e3 * 1.5
         made.append({"model": r["model"], "scheme": r["scheme"], "t": 1, "batch": r["batch"], "status": "measured",
                      "tpot_ms": ms, "decode_tok_s": r["batch"] / ms * 1e3, "predicted_ms": r["latency_s"] * 1e3,
                      "measured_over_predicted": 1.5, "provenance": "recorded on NVIDIA H200, 2027-01-05"})
-    made.append(exp.not_measured("llama-3.1-70b", "fp8", 1, 128, "the disk is too small") | {
+    made.append(runs.not_measured("llama-3.1-70b", "fp8", 1, 128, "the disk is too small") | {
         "provenance": "recorded on NVIDIA H200, 2027-01-05"})
     return Shown(made, False, "recorded on NVIDIA H200, 2027-01-05")
 
@@ -46,7 +46,7 @@ def _measured_tp(rows) -> list[dict]:
                          "batch": r["batch"], "status": "measured", "tpot_ms": ms, "decode_tok_s": r["batch"] / ms * 1e3,
                          "predicted_ms": r["latency_s"] * 1e3, "context": 260.0, "provenance": MEASURED_ON})
     made = [r for r in made if (r["t"], r["batch"]) != (4, 64)]
-    made.append(exp.not_measured("llama-3.1-8b", "bf16", 4, 64, "needs 4 GPUs") | {"provenance": MEASURED_ON})
+    made.append(runs.not_measured("llama-3.1-8b", "bf16", 4, 64, "needs 4 GPUs") | {"provenance": MEASURED_ON})
     made.append({**made[0], "t": 2, "all_reduce": "nccl", "tpot_ms": 1e3})
     made.append({**made[0], "pp": 2, "tpot_ms": 2e3})
     made.append({**made[0], "model": "llama-3.1-70b", "tpot_ms": 3e3})
@@ -64,15 +64,15 @@ def figures(rows):
         "tp_scaling": fig_.tp_scaling(rows, "llama-3.1-8b"),
         "tp_scaling/70b": fig_.tp_scaling(rows, "llama-3.1-70b", (1, 64, 256)),
         "tp_scaling/measured": fig_.tp_scaling(rows, "llama-3.1-8b", measured=_measured_tp(rows)),
-        "tp_scaling/not-recorded": fig_.tp_scaling(rows, "llama-3.1-8b", measured=exp.tp_scaling(force=False)),
+        "tp_scaling/not-recorded": fig_.tp_scaling(rows, "llama-3.1-8b", measured=study.tp_scaling(force=False)),
         "communication_share": fig_.communication_share(rows, "llama-3.1-8b"),
-        "fit_heatmap": fig_.fit_heatmap(exp.fit_rows()),
-        "two_gpus": fig_.two_gpus(exp.two_gpu_rows()),
-        "two_gpus/70b": fig_.two_gpus(exp.two_gpu_rows("llama-3.1-70b")),
-        "tp1_figure/not-recorded": fig_.tp1_figure(exp.prediction_rows(), {"fixed shapes": tp1_missing,
-                                                                          "labs 01-03": exp.recorded_tp1_points()}),
-        "tp1_figure/recorded": fig_.tp1_figure(exp.prediction_rows(), {"fixed shapes": _recorded_tp1(),
-                                                                      "labs 01-03": exp.recorded_tp1_points()}),
+        "fit_heatmap": fig_.fit_heatmap(fit.fit_rows()),
+        "two_gpus": fig_.two_gpus(model.two_gpu_rows()),
+        "two_gpus/70b": fig_.two_gpus(model.two_gpu_rows("llama-3.1-70b")),
+        "tp1_figure/not-recorded": fig_.tp1_figure(study.prediction_rows(), {"fixed shapes": tp1_missing,
+                                                                          "labs 01-03": study.recorded_tp1_points()}),
+        "tp1_figure/recorded": fig_.tp1_figure(study.prediction_rows(), {"fixed shapes": _recorded_tp1(),
+                                                                      "labs 01-03": study.recorded_tp1_points()}),
     }
 
 
@@ -139,8 +139,8 @@ def test_tp_scaling_without_measured_rows_says_so_and_draws_no_point(figures):
     assert all(len(t.x) == 0 for t in fig.data if t.name == fig_.MEASURED)
     notes = " ".join(a.text for a in fig.layout.annotations)
     assert "vLLM at TP=t: not measured for llama-3.1-8b bf16" in notes and "tp_scaling is not recorded yet" in notes
-    only_70b = fig_.tp_scaling(exp.cost_rows(batches=(1, 64)), "llama-3.1-8b",
-                               measured=[{**r, "model": "llama-3.1-70b"} for r in _measured_tp(exp.cost_rows())[:2]])
+    only_70b = fig_.tp_scaling(model.cost_rows(batches=(1, 64)), "llama-3.1-8b",
+                               measured=[{**r, "model": "llama-3.1-70b"} for r in _measured_tp(model.cost_rows())[:2]])
     assert "hold no measured row of this model and scheme" in " ".join(a.text for a in only_70b.layout.annotations)
 
 
@@ -155,7 +155,7 @@ def test_communication_share_panels_hold_each_t(rows, figures):
 
 def test_fit_heatmap_says_the_smallest_t(figures):
     hm = figures["fit_heatmap"].data[0]
-    rows = exp.fit_rows()
+    rows = fit.fit_rows()
     i = next(k for k, r in enumerate(rows) if (r["model"], r["scheme"]) == ("llama-3.1-70b", "bf16"))
     j = list(hm.x).index("H200")
     assert hm.text[i][j] == "2" and hm.z[i][j] == 1

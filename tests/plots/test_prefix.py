@@ -4,7 +4,7 @@ rows in the shape `experiments.prefix.on_off` returns, each checked against the 
 import pytest
 
 from lablib.engines.hf import HFEngine
-from lablib.experiments import prefix
+from lablib.experiments.prefix import runs, simulated, workloads
 from lablib.plots import prefix as figures
 from lablib.plots import style
 from lablib.results.reference import NotRecorded
@@ -36,18 +36,18 @@ def _on_off_rows():
 
 @pytest.fixture(scope="module")
 def figs(hf):
-    return {"block_states": figures.block_states(prefix.eviction_demo()),
-            "hit_rate_vs_prefix": figures.hit_rate_vs_prefix(prefix.prefix_length_rows(hf)),
-            "cached_per_request": figures.cached_per_request(prefix.advice(hf)),
-            "scarce_memory": figures.scarce_memory(prefix.scarce_memory_rows()),
+    return {"block_states": figures.block_states(simulated.eviction_demo()),
+            "hit_rate_vs_prefix": figures.hit_rate_vs_prefix(simulated.prefix_length_rows(hf)),
+            "cached_per_request": figures.cached_per_request(runs.advice(hf)),
+            "scarce_memory": figures.scarce_memory(simulated.scarce_memory_rows()),
             "on_off_figure": figures.on_off_figure(_on_off_rows(), where="recorded on NVIDIA H200, 2026-12-01"),
-            "on_off_figure/h200": figures.on_off_figure(prefix.on_off(force=False)),  # the shipped recording
+            "on_off_figure/h200": figures.on_off_figure(runs.on_off(force=False)),  # the shipped recording
             "on_off_figure/not-recorded": figures.on_off_figure(Shown(None, False, str(NotRecorded(
-                prefix.ON_OFF_KEY, prefix.ON_OFF_STEP))))}
+                runs.ON_OFF_KEY, runs.ON_OFF_STEP))))}
 
 
 def test_block_states_colours_every_block_by_its_state_at_every_step():
-    demo = prefix.eviction_demo()
+    demo = simulated.eviction_demo()
     fig = figures.block_states(demo)
     heat = fig.data[0]
     kinds = {"free": 0, "cached": 1}
@@ -65,13 +65,13 @@ def test_block_states_colours_every_block_by_its_state_at_every_step():
 
 
 def test_block_states_refuses_a_run_without_snapshots():
-    res = prefix.simulate([[1] * 20, [1] * 20], keep_snapshots=False)
+    res = runs.simulate([[1] * 20, [1] * 20], keep_snapshots=False)
     with pytest.raises(ValueError, match="keep_snapshots=True"):
         figures.block_states(res)
 
 
 def test_hit_rate_vs_prefix_draws_the_rows_and_the_partial_block(hf, figs):
-    rows = prefix.prefix_length_rows(hf)
+    rows = simulated.prefix_length_rows(hf)
     fig = figs["hit_rate_vs_prefix"]
     rate = next(t for t in fig.data if t.name == "hit rate")
     assert list(rate.x) == [128, 200, 512, 1024] and list(rate.y) == pytest.approx([100 * r["hit_rate"] for r in rows])
@@ -80,7 +80,7 @@ def test_hit_rate_vs_prefix_draws_the_rows_and_the_partial_block(hf, figs):
 
 
 def test_cached_per_request_draws_one_line_per_variant(hf, figs):
-    adv = prefix.advice(hf)
+    adv = runs.advice(hf)
     fig = figs["cached_per_request"]
     assert [t.name for t in fig.data] == list(adv)
     for t in fig.data:
@@ -90,7 +90,7 @@ def test_cached_per_request_draws_one_line_per_variant(hf, figs):
 
 def test_scarce_memory_lists_each_order_once_and_marks_where_the_prefixes_fit(figs):
     fig = figs["scarce_memory"]
-    assert [t.name for t in rules.legend(fig)] == list(prefix.ORDERS)
+    assert [t.name for t in rules.legend(fig)] == list(workloads.ORDERS)
     assert [s.x0 for s in fig.layout.shapes] == [64, 64]  # 8 prefixes x 8 blocks
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import plotly.graph_objects as go
 import pytest
 
-from lablib.experiments import speculative as spec
+from lablib.experiments.speculative import maths, study as speculative_study
 from lablib.plots import speculative as sp
 from lablib.plots.style import base_name
 from lablib.session import Shown
@@ -38,12 +38,12 @@ def _vllm_rows() -> list[dict]:
 
 @pytest.fixture(scope="module")
 def study():
-    return spec.cpu_study(n_prompts=1, max_new_tokens=12, ks=(2, 4), rounds=1)
+    return speculative_study.cpu_study(n_prompts=1, max_new_tokens=12, ks=(2, 4), rounds=1)
 
 
 @pytest.fixture(scope="module")
 def figures(study) -> dict[str, go.Figure]:
-    model = spec.batch_model(spec.study_row(study, 4)["alpha"], 4)
+    model = maths.batch_model(speculative_study.study_row(study, 4)["alpha"], 4)
     return {"speedup_vs_alpha": sp.speedup_vs_alpha(), "acceptance_figure": sp.acceptance_figure(study),
             "cpu_speed_figure": sp.cpu_speed_figure(study), "batch_figure": sp.batch_figure(model),
             "vllm_speedup_figure": sp.vllm_speedup_figure({"rows": _vllm_rows()})}

@@ -260,7 +260,7 @@ def test_packing_scaling_parts_merges_their_rows(pack, facts, monkeypatch, tmp_p
     folder's facts-tp_scaling.json (the live cell's) merges the same way."""
     import shutil
 
-    from lablib.experiments.parallel_recording import SCALING_PARTS, scaling_part
+    from lablib.experiments.parallel.record import SCALING_PARTS, scaling_part
 
     out = tmp_path / "reference"
     shutil.copytree(REFERENCE_DIR, out)

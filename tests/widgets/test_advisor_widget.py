@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from lablib.experiments.advisor import Goal, advise
+from lablib.experiments.advisor.plan import Goal, advise
 from lablib.widgets import AdvisorPanel
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 from lablib import widgets
-from lablib.experiments import quantization as qe
+from lablib.experiments.quantization import measures, recording, sizes, speed_runs
 from lablib.hardware.fit import RESERVE_BYTES
 from lablib.mechanisms.gpus import GPU_PEAKS
 from lablib.models import architectures, embedded_path, kv_bytes_per_token
@@ -37,7 +37,7 @@ def _quality() -> list[dict]:
 
 
 def _stored() -> list[dict]:
-    bf16 = {**qe.storage(embedded_path("target"), "bf16"), "vs_bf16": 1.0}
+    bf16 = {**sizes.storage(embedded_path("target"), "bf16"), "vs_bf16": 1.0}
     return [bf16, *({**bf16, "scheme": s, "file_bytes": int(bf16["file_bytes"] * v), "vs_bf16": v,
                      "bits_per_weight": b} for s, v, b in (("fp8-dynamic", 0.61, 8.06), ("gptq-w4a16", 0.42, 4.25),
                                                            ("w8a8-int8", 0.61, 8.06)))]
@@ -49,7 +49,7 @@ def _speed() -> list[dict]:
             for s, g, k, vs in (("bf16", 14.99, 700_000, (210, 1500, 8786, 20000)),
                                 ("fp8", 8.5, 760_000, (299, 2100, 11890, 26000)),
                                 ("gptq-w4a16", 5.4, 790_000, (278, 2000, 8783, 15000)))
-            for b, v in zip(qe.BATCHES, vs)]
+            for b, v in zip(speed_runs.BATCHES, vs)]
 
 
 def _shown(e: qw.QuantizationExplorer) -> dict:
@@ -65,7 +65,7 @@ def _bars(shown: dict, name: str) -> dict:
 
 
 def test_the_schemes_are_the_packages_and_each_real_shape_has_its_format():
-    assert qw.SCHEMES[0] == "bf16" and set(SCHEMES) <= set(qw.SCHEMES) and set(qe.SPEED_SCHEMES) <= set(qw.SCHEMES)
+    assert qw.SCHEMES[0] == "bf16" and set(SCHEMES) <= set(qw.SCHEMES) and set(speed_runs.SPEED_SCHEMES) <= set(qw.SCHEMES)
     assert qw.MODELS == ("embedded", "llama-3.1-8b", "llama-3.1-70b")
     assert qw.weight_format("gptq-w4a16", "llama-3.1-8b") == "w4a16 g128, symmetric (GPTQ)"
     assert qw.weight_format("awq-w4a16", "llama-3.1-70b") == "w4a16 g128, asymmetric (AWQ)"
@@ -79,9 +79,9 @@ def test_the_schemes_are_the_packages_and_each_real_shape_has_its_format():
 def test_memory_on_a_real_shape_is_weights_alones_arithmetic(scheme, model):
     view = qw.scheme_view(scheme, 64, model)
     m, fmt = view["memory"], qw.weight_format(scheme, model)
-    row = next(r for r in qe.weights_alone((model,)) if r["format"] == fmt)
+    row = next(r for r in sizes.weights_alone((model,)) if r["format"] == fmt)
     cfg = architectures()[model]
-    assert m["weight_bytes"] == qe.predicted_bytes(cfg, fmt)
+    assert m["weight_bytes"] == sizes.predicted_bytes(cfg, fmt)
     assert m["weight_bytes"] / 1e9 == pytest.approx(row["weights_GB"])
     assert m["vs_bf16"] == row["vs_bf16"] and row["provenance"] in m["where"]
     head_dim = cfg["hidden_size"] // cfg["num_attention_heads"]
@@ -90,7 +90,7 @@ def test_memory_on_a_real_shape_is_weights_alones_arithmetic(scheme, model):
     assert m["kv_bytes_per_token"] == per_token and m["tokens_per_sequence"] == m["kv_tokens"] // 64
     if scheme != "bf16-kv-fp8":  # the same budget as weights_alone's fit: one 8k sequence fits iff it says so
         assert m["fits_context"] == row["fits_one_H200"]
-    left = 0.9 * GPU_PEAKS["H200"].memory_gb * 1e9 - RESERVE_BYTES - qe.predicted_bytes(cfg, fmt)
+    left = 0.9 * GPU_PEAKS["H200"].memory_gb * 1e9 - RESERVE_BYTES - sizes.predicted_bytes(cfg, fmt)
     assert m["kv_tokens"] == max(0, int(left // per_token))
     assert f"{m['weight_bytes'] / 1e9:.4g} GB of weights" in view["text"]
 
@@ -108,7 +108,7 @@ def test_the_embedded_models_memory_and_quality_are_the_labs_rows():
     view = qw.scheme_view("gptq-w4a16", 1, "embedded", quality, stored, max_increase_pct=1.0)
     assert view["memory"]["weight_bytes"] == stored[2]["file_bytes"] and view["memory"]["bits_per_weight"] == 4.25
     assert "kv_tokens" not in view["memory"] and "live on this CPU" in view["memory"]["where"]
-    gate = qe.quality_gate(quality[2]["ppl"], 10.0, 1.0)
+    gate = measures.quality_gate(quality[2]["ppl"], 10.0, 1.0)
     q = view["quality"]
     assert q["ppl_change_pct"] == gate.increase_pct and q["gate"] == gate.sentence and q["passed"] is False
     assert q["agreement"] == 0.67 and "perplexity +1.60%" in view["text"] and "fails" in view["text"]
@@ -126,7 +126,7 @@ def test_the_embedded_models_memory_and_quality_are_the_labs_rows():
 def test_speed_at_the_batch_is_the_recorded_row_with_its_provenance():
     speed = Shown(_speed(), False, RECORDED)
     view = qw.scheme_view("gptq-w4a16", 64, "llama-3.1-8b", speed=speed)
-    assert view["batches"] == list(qe.BATCHES)
+    assert view["batches"] == list(speed_runs.BATCHES)
     assert view["speed"]["decode_tok_s"] == 8783 and view["speed"]["vs_bf16"] == pytest.approx(8783 / 8786)
     assert view["speed"]["where"] == RECORDED and f"[{RECORDED}]" in view["text"]
     assert view["memory"]["vllm"] == {"weight_gib": 5.4, "kv_tokens": 790_000, "where": RECORDED}
@@ -164,7 +164,7 @@ def test_moving_a_control_updates_the_text_and_the_figure():
 def test_a_missing_recording_draws_no_speed_and_the_caption_says_why():
     e = qw.QuantizationExplorer(speed=Shown(None, False, NOT_RECORDED, "no NVIDIA GPU visible"))
     shown = _shown(e)
-    assert e.view["speed"] == {"decode_tok_s": None, "why": NOT_RECORDED} and e.view["batches"] == list(qe.BATCHES)
+    assert e.view["speed"] == {"decode_tok_s": None, "why": NOT_RECORDED} and e.view["batches"] == list(speed_runs.BATCHES)
     assert not [t for t in shown["data"] if t.get("name") in ("decode tok/s", "perplexity change (%)")]
     assert f"Speed: {NOT_RECORDED}: nothing drawn." in e.caption.value and "--steps quantization" in e.text.value
     assert f"Quality: {qw.NO_QUALITY}" in e.caption.value and NOT_RECORDED in shown["layout"]["title"]["text"]
@@ -195,7 +195,7 @@ def test_from_lab_reads_the_shipped_recording_or_says_it_is_not_recorded():
     assert e.scheme.value == "fp8-dynamic"
     # the shipped recording (quantization-a) ran online fp8, never the fp8-dynamic checkpoint: said, not borrowed
     assert e.view["speed"]["decode_tok_s"] is None and "no speed run of fp8-dynamic" in e.view["speed"]["why"]
-    shipped = qe.speed(force=False).value
+    shipped = recording.speed(force=False).value
     assert f"there: {', '.join(dict.fromkeys(r['scheme'] for r in shipped))}" in e.view["speed"]["why"]
     online = qw.QuantizationExplorer.from_lab(_quality(), _stored(), scheme="fp8")
     recorded = next(r for r in shipped if (r["scheme"], r["batch"]) == ("fp8", 1))

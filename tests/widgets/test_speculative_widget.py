@@ -12,7 +12,7 @@ import dataclasses
 import pytest
 
 from lablib import widgets
-from lablib.experiments.speculative import roofline_of
+from lablib.experiments.speculative.maths import roofline_of
 from lablib.mechanisms.speculative import (
     expected_tokens_per_step,
     optimal_k,
@@ -196,11 +196,11 @@ def test_from_lab_starts_at_the_studys_alpha_and_c():
 @pytest.mark.usefixtures("one_thread")
 def test_from_lab_on_a_real_cpu_study_and_the_shipped_recording():
     pytest.importorskip("transformers").utils.logging.set_verbosity_error()
-    from lablib.experiments import speculative as spec
+    from lablib.experiments.speculative import study as speculative_study
 
-    study = spec.cpu_study(n_prompts=1, max_new_tokens=8, ks=(2, 4), rounds=1)
+    study = speculative_study.cpu_study(n_prompts=1, max_new_tokens=8, ks=(2, 4), rounds=1)
     e = sw.SpeedupExplorer.from_lab(study)  # vLLM: the recording, or "not recorded yet"
-    row = spec.study_row(study, 4)
+    row = speculative_study.study_row(study, 4)
     assert e.alpha.value == pytest.approx(min(row["alpha"], sw.ALPHA_MAX), abs=1e-9)
     assert e.draft_cost.value == pytest.approx(min(study["costs"]["c"], sw.COST_MAX), abs=1e-9)
     assert _trace(_shown(e), "counted by the loop (+/- 3 se)")["y"] == [r["measured_length"] for r in study["rows"]]

@@ -50,7 +50,7 @@ def quiet_progress() -> Iterator[None]:
             hf_logging.enable_progress_bar()
 
 
-def _quantized(model_dir: Path, folder: Path, scheme: str, num_samples: int, python: str | None,
+def quantized_folder(model_dir: Path, folder: Path, scheme: str, num_samples: int, python: str | None,
                threads: int, fresh: bool) -> dict[str, Any]:
     """Reuse `folder` when it holds this very quantization, else (re)make it."""
     facts = read_facts(folder)
@@ -67,9 +67,9 @@ def _quantized(model_dir: Path, folder: Path, scheme: str, num_samples: int, pyt
             "reused": False}
 
 
-def _reuse_or_quantize(model_dir: Path, folder: Path, scheme: str, num_samples: int, ignore: tuple[str, ...],
+def reuse_or_quantize(model_dir: Path, folder: Path, scheme: str, num_samples: int, ignore: tuple[str, ...],
                        python: str | None, threads: int | None, group_size: int | None = None) -> dict[str, Any]:
-    """Like _quantized, and the ignored modules must match too (the lm_head step's second checkpoint, the layer
+    """Like quantized_folder, and the ignored modules must match too (the lm_head step's second checkpoint, the layer
     step's); `group_size` (None: the quantizer's default for the Linears left) must match when given."""
     facts = read_facts(folder)
     want_samples = num_samples if SCHEMES[scheme].calibrated else None
@@ -99,7 +99,7 @@ def quantize_all(schemes: Sequence[str] = tuple(SCHEMES), *, work_dir: str | Pat
     model_dir, work = embedded_path("target"), work_folder(work_dir)
     rows = []
     for s in schemes:
-        f = _quantized(model_dir, work / s, s, num_samples, python, threads, fresh)
+        f = quantized_folder(model_dir, work / s, s, num_samples, python, threads, fresh)
         cal = f.get("calibration")
         rows.append({"scheme": s, "group_size": f["group_size"],
                      "calibration": cal["workload"] if cal else "none (data-free)",

@@ -21,9 +21,9 @@ from typing import Any
 from ... import validate
 from ...models import embedded_path
 from ...models.quantize import SCHEMES, default_group_size, linear_widths
-from .checkpoints import _reuse_or_quantize
+from .checkpoints import reuse_or_quantize
 from .measures import OWNER, provenance, quality_gate, work_folder
-from .quality import _earlier, _on_cpu, _reference, _score
+from .quality import earlier_row, on_cpu, bf16_reference, score_checkpoint
 
 # the part quantized -> the quantizer's ignore= (lm_head kept 16-bit in each) and the checkpoint folder's suffix
 PARTS: dict[str, tuple[tuple[str, ...], str]] = {
@@ -50,15 +50,15 @@ def layer_rows(scheme: str = "gptq-w4a16", *, quality: Sequence[dict[str, Any]],
     validate.integer(OWNER, "threads", threads, "pass e.g. 1 (a shared CPU).")
     model_dir, work = embedded_path("target"), work_folder(work_dir)
     group = default_group_size(linear_widths(model_dir)) if SCHEMES[scheme].grouped else None
-    with _on_cpu(threads):
-        ref = _reference(eval_texts, prompts, max_new_tokens, with_ppl=False)
-        earlier = _earlier(quality, scheme, ref)  # refuses rows of other texts before any quantization
+    with on_cpu(threads):
+        ref = bf16_reference(eval_texts, prompts, max_new_tokens, with_ppl=False)
+        earlier = earlier_row(quality, scheme, ref)  # refuses rows of other texts before any quantization
         bf16_bytes = quality[0]["weight_bytes"]
         rows = []
         for part, (ignore, suffix) in PARTS.items():
             folder = work / f"{scheme}{suffix}"
-            facts = _reuse_or_quantize(model_dir, folder, scheme, num_samples, ignore, python, threads, group)
-            score = _score(folder, ref, max_new_tokens, earlier if not suffix else None)
+            facts = reuse_or_quantize(model_dir, folder, scheme, num_samples, ignore, python, threads, group)
+            score = score_checkpoint(folder, ref, max_new_tokens, earlier if not suffix else None)
             gate = quality_gate(score["ppl"], ref["ppl"], max_increase_pct)
             saved = 100.0 * (1.0 - facts["weight_bytes"] / bf16_bytes)
             rows.append({"scheme": scheme, "quantized": part, "ignore": list(ignore), "linears": facts["targets"],

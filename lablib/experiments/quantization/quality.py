@@ -19,7 +19,7 @@ from ...hardware.device import library_versions
 from ...models import embedded_path, parameter_count
 from ...models.quantize import SCHEMES
 from ...workloads import load_workload
-from .checkpoints import _quantized, _reuse_or_quantize, quiet_progress
+from .checkpoints import quantized_folder, reuse_or_quantize, quiet_progress
 from .measures import (
     OWNER,
     agreement,
@@ -77,7 +77,7 @@ def quality_table(schemes: Sequence[str] = tuple(SCHEMES), *, work_dir: str | Pa
                  "greedy": f"{len(journey)} journey prompts x {max_new_tokens} tokens", "provenance": label}]
         del ref
         for scheme in schemes:
-            facts = _quantized(model_dir, work / scheme, scheme, num_samples, python, threads, fresh)
+            facts = quantized_folder(model_dir, work / scheme, scheme, num_samples, python, threads, fresh)
             torch.set_num_threads(threads)
             model = load_model(work / scheme)
             ppl = perplexity(model, tokenizer, texts)
@@ -109,7 +109,7 @@ def gate_rows(rows: Sequence[dict[str, Any]], max_increase_pct: float) -> list[d
 
 
 @contextlib.contextmanager
-def _on_cpu(threads: int) -> Iterator[None]:
+def on_cpu(threads: int) -> Iterator[None]:
     """torch on `threads` threads (a shared CPU) and no progress bars, both restored after the block."""
     import torch
 
@@ -122,7 +122,7 @@ def _on_cpu(threads: int) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
-def _reference(eval_texts: int | None, prompts: int, max_new_tokens: int, with_ppl: bool = True) -> dict[str, Any]:
+def bf16_reference(eval_texts: int | None, prompts: int, max_new_tokens: int, with_ppl: bool = True) -> dict[str, Any]:
     """The bf16 target's side of every comparison: tokenizer, evaluation ids, journey prompts, its ppl and tokens."""
     from transformers import AutoTokenizer
 
@@ -142,7 +142,7 @@ def _reference(eval_texts: int | None, prompts: int, max_new_tokens: int, with_p
     return out
 
 
-def _earlier(quality: Sequence[dict[str, Any]] | None, scheme: str, ref: dict[str, Any]) -> dict[str, Any] | None:
+def earlier_row(quality: Sequence[dict[str, Any]] | None, scheme: str, ref: dict[str, Any]) -> dict[str, Any] | None:
     """`scheme`'s quality_table row, its bf16 perplexity set into `ref`; refused when the rows were scored on other
     texts or lengths than `ref`'s (None: no rows given, measure here)."""
     if quality is None:
@@ -157,9 +157,9 @@ def _earlier(quality: Sequence[dict[str, Any]] | None, scheme: str, ref: dict[st
     return earlier
 
 
-def _score(folder: Path, ref: dict[str, Any], max_new_tokens: int,
+def score_checkpoint(folder: Path, ref: dict[str, Any], max_new_tokens: int,
            earlier: dict[str, Any] | None = None) -> dict[str, Any]:
-    """A checkpoint's perplexity and greedy agreement against `ref`'s (`_reference`): `earlier`'s when given (the
+    """A checkpoint's perplexity and greedy agreement against `ref`'s (`bf16_reference`): `earlier`'s when given (the
     quality table scored this very folder on the same texts), else measured here on the CPU."""
     keys = ("ppl", "agreement", "mean_first_divergence", "first_divergence")
     if earlier is not None:
@@ -191,18 +191,18 @@ def lm_head_rows(scheme: str = "gptq-w4a16", *, quality: Sequence[dict[str, Any]
     validate.choice(OWNER, "scheme", scheme, list(SCHEMES), f"pick from {list(SCHEMES)}.")
     validate.integer(OWNER, "threads", threads, "pass e.g. 1 (a shared CPU).")
     model_dir, work = embedded_path("target"), work_folder(work_dir)
-    with _on_cpu(threads):
-        made = [("kept 16-bit", work / scheme, _quantized(model_dir, work / scheme, scheme, num_samples, python,
+    with on_cpu(threads):
+        made = [("kept 16-bit", work / scheme, quantized_folder(model_dir, work / scheme, scheme, num_samples, python,
                                                           threads, False)),
                 ("quantized too", work / f"{scheme}+lm_head",
-                 _reuse_or_quantize(model_dir, work / f"{scheme}+lm_head", scheme, num_samples, (), python, threads))]
-        ref = _reference(eval_texts, prompts, max_new_tokens, with_ppl=quality is None)
-        earlier = _earlier(quality, scheme, ref)
+                 reuse_or_quantize(model_dir, work / f"{scheme}+lm_head", scheme, num_samples, (), python, threads))]
+        ref = bf16_reference(eval_texts, prompts, max_new_tokens, with_ppl=quality is None)
+        earlier = earlier_row(quality, scheme, ref)
         cfg = json.loads((model_dir / "config.json").read_text())
         share = cfg["vocab_size"] * cfg["hidden_size"] / parameter_count(cfg)
         rows = []
         for label, folder, facts in made:
-            score = _score(folder, ref, max_new_tokens, earlier if label == "kept 16-bit" else None)
+            score = score_checkpoint(folder, ref, max_new_tokens, earlier if label == "kept 16-bit" else None)
             gate = quality_gate(score["ppl"], ref["ppl"], max_increase_pct)
             st = storage(folder)
             rows.append({"scheme": scheme, "lm_head": label, "stored_as": st["lm_head"],

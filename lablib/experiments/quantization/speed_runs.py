@@ -21,7 +21,7 @@ from ...results.record import Result
 from ...results.store import ResultStore
 from ...session import live_label
 from ...workloads import Workload, load_workload
-from .checkpoints import _reuse_or_quantize
+from .checkpoints import reuse_or_quantize
 from .measures import OWNER
 
 LAB = "06_quantization"
@@ -83,7 +83,7 @@ def prepare_checkpoints(schemes: Sequence[str] = SPEED_SCHEMES, *, model: str = 
     src = _gpu_source(model, work)
     rows = []
     for s in (s for s in schemes if s not in VLLM_SWITCHES):
-        facts = _reuse_or_quantize(src, work / model / s, s, num_samples, ("lm_head",), python, threads)
+        facts = reuse_or_quantize(src, work / model / s, s, num_samples, ("lm_head",), python, threads)
         rows.append({k: facts.get(k) for k in ("scheme", "group_size", "seconds", "wall_s", "weight_bytes", "device",
                                                "reused", "out_dir")})
     return rows

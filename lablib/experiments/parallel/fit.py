@@ -13,14 +13,14 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from .. import validate
-from ..config import VLLMConfig
-from ..hardware.fit import check_fit, tp_fit_table
-from ..mechanisms import parallel as tp
-from ..mechanisms.gpus import GPU_PEAKS
-from ..models.architecture import architectures
-from ..models.spec import ModelSpec
-from .parallel_model import model_shape
+from ... import validate
+from ...config import VLLMConfig
+from ...hardware.fit import check_fit, tp_fit_table
+from ...mechanisms import parallel as tp
+from ...mechanisms.gpus import GPU_PEAKS
+from ...models.architecture import architectures
+from ...models.spec import ModelSpec
+from .model import model_shape
 
 ONE_LONG_SEQUENCE = VLLMConfig(max_model_len=8192)  # the fit view's question: one sequence of 8,192 tokens
 
@@ -113,7 +113,7 @@ def fit_advice(model: str = "llama-3.1-70b", config: VLLMConfig = ONE_LONG_SEQUE
     return out
 
 
-def _raise_unless_fits(advice: dict[str, Any]) -> None:
+def raise_unless_fits(advice: dict[str, Any]) -> None:
     if not advice["fits"]:
         raise ValueError(advice["advice"])
 
@@ -123,7 +123,7 @@ def engine_refusal(model: str = "llama-3.1-70b", config: VLLMConfig = ONE_LONG_S
 
     Without a GPU its preflight refuses first for that (or for vLLM missing); on an H200 it refuses a
     configuration that cannot fit with check_fit's advice. A configuration it accepts starts no worker here."""
-    from ..engines.vllm import VLLMEngine
+    from ...engines.vllm import VLLMEngine
 
     try:
         VLLMEngine(shape_spec(model), config)

@@ -15,10 +15,11 @@ def checks(study: dict[str, Any], hf: dict[str, Any], harness: dict[str, Any], d
            sampling_rule: list[dict[str, Any]], sampling_loop: list[dict[str, Any]], model: dict[str, Any],
            gpu: Any) -> None:
     """Lab 08's Checks cell. Prints what ran and what did not (and returns nothing, so the cell shows it once)."""
-    from ..session import Checks
-    from .speculative import pays_then_reverses, speedup_falls_with_batch
-    from .speculative_sampling import distribution_kept
-    from .speculative_study import acceptance_table
+    from ...session import Checks
+    from .maths import pays_then_reverses
+    from .vllm_runs import speedup_falls_with_batch
+    from .sampling import distribution_kept
+    from .study import acceptance_table
 
     c = Checks("08_speculative_decoding")
     acc = acceptance_table(study)

@@ -21,53 +21,42 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import validate
-from ..bench.offline import prepare, run
-from ..config import BenchConfig
-from ..mechanisms.prefix import PrefixCacheResult, simulate
-from ..results.compare import outputs_agree
-from ..results.record import Result
-from ..workloads import Workload, load_workload
-from .prefix_checks import (  # noqa: F401 - re-exported: the notebook and the tests read them here
-    agreement_lines,
-    caching_cuts_ttft,
-    checks,
-    control_identical,
-    counters_keep_only_the_first,
-    falls_with_capacity,
-    on_off_pairs,
-    part,
-    serve_cuts_ttft,
-    serve_hits_predicted,
-)
-from .prefix_scarce import scarce_lines, scarce_vllm  # noqa: F401 - re-exported, as above
-from .prefix_serving import serve, serve_lines  # noqa: F401 - re-exported, as above
-from .prefix_simulated import (  # noqa: F401 - re-exported, as above
-    BLOCK,
-    chain_rows,
-    eviction_demo,
-    prefix_length_rows,
-    repeat_rows,
-    scarce_memory_rows,
-)
-from .prefix_workloads import (  # noqa: F401 - re-exported, as above
-    BIG,
-    LAB,
-    LENGTHS,
-    ODD_LENGTH,
-    ORDERS,
-    SHARED_SETS,
-    VARIANTS,
-    _ids,
-    distinct_prefix_prompts,
-    lab_workloads,
-    shared_prefix_set,
-    shared_set,
-    shared_tokens,
-    variant,
-)
+from ... import validate
+from ...bench.offline import prepare, run
+from ...config import BenchConfig
+from ...mechanisms.prefix import PrefixCacheResult, simulate
+from ...results.compare import outputs_agree
+from ...results.record import Result
+from ...workloads import Workload, load_workload
+
+from .workloads import BIG, LAB, LENGTHS, token_ids, lab_workloads, shared_set, shared_tokens, variant
 
 NO_WARMUP = BenchConfig(warmup_requests=0)  # what a prediction prepares with: the workload's own output lengths
+
+
+def on_off_pairs(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per model and workload, caching on next to off: TTFT p50 and total throughput, on over off."""
+    by = {(r["model"], r["workload"], r["caching"]): r for r in runs}
+    rows = []
+    for (model, wl, caching), on in by.items():
+        off = by.get((model, wl, "off"))
+        if caching != "on" or off is None:
+            continue
+        rows.append({"model": model, "workload": wl, "shared_tokens": on["shared_tokens"], "hit_rate": on["hit_rate"],
+                     "ttft_p50_on_s": on["ttft_p50_s"], "ttft_p50_off_s": off["ttft_p50_s"],
+                     "ttft_p50_on_over_off": on["ttft_p50_s"] / off["ttft_p50_s"],
+                     "total_tok_s_on_over_off": on["total_tok_s"] / off["total_tok_s"]})
+    return rows
+
+def counters_keep_only_the_first(row: dict[str, Any]) -> bool:
+    """vLLM 0.26's offline counters kept exactly the first request's stats (its prompt as queries, its cached tokens
+    as hits) and none of the later ones'. `LLMEngine.step()` records the scheduler's stats only on a step that
+    returns request outputs, and the scheduler resets its prefix-cache stats every step, so a request admitted on a
+    step without outputs (one at a time, every request after the first) is never counted. Fixed after 0.26 (vLLM
+    PR #48668); `vllm serve` (AsyncLLM) records every step and never had it."""
+    first = row["per_request"][0] if row["per_request"] else None
+    return (first is not None and len(row["per_request"]) > 1 and row["vllm_queries"] == first["prompt_tokens"]
+            and row["vllm_hits"] == first["vllm"])
 
 
 def predict(workload: Workload, engine: Any, *, block_size: int = 16, num_blocks: int | None = None,
@@ -154,9 +143,9 @@ ON_OFF_KEY, ON_OFF_STEP = "prefix_on_off", "prefix-on-off"  # the facts key `rec
 
 def counter_rows(max_num_seqs: int = 1, *, store: Any = None, lab: str = LAB) -> list[dict[str, Any]]:
     """vLLM's hits against the simulator's on every lab workload, each from a reset cache (as `--steps prefix`)."""
-    from ..config import VLLMConfig
-    from ..engines.vllm import VLLMEngine
-    from ..session import live_label
+    from ...config import VLLMConfig
+    from ...engines.vllm import VLLMEngine
+    from ...session import live_label
 
     rows = []
     config = VLLMConfig(gpu_memory_utilization=0.3, max_num_seqs=max_num_seqs, enable_prefix_caching=True)
@@ -171,8 +160,8 @@ def counter_rows(max_num_seqs: int = 1, *, store: Any = None, lab: str = LAB) ->
 def counters(max_num_seqs: int = 1, *, store: Any = None, force: bool | None = None) -> Any:
     """`counter_rows` live on a GPU with vLLM; else what `--steps prefix` (1 at a time) or `prefix-batch` (32)
     recorded."""
-    from ..results.reference import recorded_facts
-    from ..session import live_or_recorded
+    from ...results.reference import recorded_facts
+    from ...session import live_or_recorded
 
     validate.choice("counters", "max_num_seqs", max_num_seqs, (1, 32),
                     "1 (exact by construction) or 32 (the batch case).")
@@ -184,7 +173,7 @@ def counters(max_num_seqs: int = 1, *, store: Any = None, force: bool | None = N
                             recorded_with=lambda rows: {"max_num_seqs": rows[0]["max_num_seqs"]})
 
 
-def _run_from_empty_cache(engine: Any, workload: Workload, caching: bool, lab: str, step: str,
+def run_from_empty_cache(engine: Any, workload: Workload, caching: bool, lab: str, step: str,
                           store: Any = None) -> Result:
     """One run of the workload's own output lengths (its Result appended to `store`, when given); with caching on,
     from a reset cache after a warm-up."""
@@ -211,9 +200,9 @@ def on_off_runs(models: tuple[Any, ...] = ("embedded", BIG), *, lab: str = LAB, 
 
     Every request arrives at once (vLLM's default scheduler), with the workload's own 32 output tokens. Returns
     {"runs": one on_off_row per run, "agreement": outputs_agree per model and workload} and the Results."""
-    from ..config import VLLMConfig
-    from ..engines.vllm import VLLMEngine
-    from ..models.synthetic import synthetic_spec
+    from ...config import VLLMConfig
+    from ...engines.vllm import VLLMEngine
+    from ...models.synthetic import synthetic_spec
 
     runs, agreement, results = [], [], []
     for model in models:
@@ -228,12 +217,12 @@ def on_off_runs(models: tuple[Any, ...] = ("embedded", BIG), *, lab: str = LAB, 
                 tag = model if isinstance(model, str) else model.name
                 for wl in wls:
                     step = f"prefix-{'on' if caching else 'off'}-{wl.name}-{tag}"
-                    r = _run_from_empty_cache(eng, wl, caching, lab, step)
-                    runs.append(on_off_row(r, wl, caching, shared_tokens(_ids(wl, eng))))
+                    r = run_from_empty_cache(eng, wl, caching, lab, step)
+                    runs.append(on_off_row(r, wl, caching, shared_tokens(token_ids(wl, eng))))
                     by_caching.setdefault(caching, []).append(r)
                     results.append(r)
                     if not caching:  # the same run again on the same engine: how far greedy tokens move by themselves
-                        by_caching.setdefault("again", []).append(_run_from_empty_cache(eng, wl, False, lab, step))
+                        by_caching.setdefault("again", []).append(run_from_empty_cache(eng, wl, False, lab, step))
         agreement += [{**outputs_agree(on, off), "off_twice": _identical(outputs_agree(again, off))}
                       for on, off, again in zip(by_caching[True], by_caching[False], by_caching["again"])]
     return {"runs": runs, "agreement": agreement}, results
@@ -246,10 +235,10 @@ def _identical(agree: dict[str, Any]) -> str:
 def on_off(models: tuple[Any, ...] = ("embedded", BIG), *, store: Any = None, force: bool | None = None) -> Any:
     """`on_off_runs` live on a GPU with vLLM (its Results appended to `store`); else what `record` recorded: the asked
     models' runs when the recording holds them all, else every model's (and the line under the cell says so)."""
-    from ..results.reference import recorded_facts
-    from ..session import asked_rows, live_or_recorded
+    from ...results.reference import recorded_facts
+    from ...session import asked_rows, live_or_recorded
 
-    names = [_run_name(m) for m in models]
+    names = [run_name(m) for m in models]
 
     def live() -> dict[str, Any]:
         value, results = on_off_runs(models)
@@ -265,7 +254,7 @@ def on_off(models: tuple[Any, ...] = ("embedded", BIG), *, store: Any = None, fo
                             recorded_with=lambda v: {"models": sorted({r["model"] for r in v["runs"]})})
 
 
-def _run_name(model: Any) -> str:
+def run_name(model: Any) -> str:
     """The name a Result of `on_off_runs` carries for `model`: BIG runs as its synthetic checkpoint."""
     return f"synthetic:{BIG}" if model == BIG else model if isinstance(model, str) else model.name
 

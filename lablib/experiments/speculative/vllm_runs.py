@@ -28,22 +28,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .. import validate
-from ..config import BenchConfig, VLLMConfig
-from ..engines.process import environ
-from ..hardware.device import device_facts
-from ..mechanisms.speculative import (
+from ... import validate
+from ...config import BenchConfig, VLLMConfig
+from ...engines.process import environ
+from ...hardware.device import device_facts
+from ...mechanisms.speculative import (
     SpecCounters,
     estimate_alpha,
     expected_tokens_per_step,
     implied_draft_cost,
 )
-from ..models import embedded_path
-from ..models.eagle import check_head_dir, eagle_path
-from ..results.reference import recorded_facts
-from ..session import Shown, live_label, live_or_recorded
-from ..workloads import load_workload
-from .speculative import MODEL_DRAFTERS, counters_consistent, drafter_acceptance
+from ...models import embedded_path
+from ...models.eagle import check_head_dir, eagle_path
+from ...results.reference import recorded_facts
+from ...session import Shown, live_label, live_or_recorded
+from ...workloads import load_workload
+from .acceptance import MODEL_DRAFTERS, counters_consistent, drafter_acceptance
 
 LAB = "08_speculative_decoding"
 STEP = "speculative"  # the recording step: scripts/record_reference.py --steps speculative calls `record` below
@@ -323,8 +323,8 @@ def vllm_spec_runs(methods: Sequence[str] = METHODS, ks: Sequence[int] = (2, 4),
                               f"n_prompts={min(64, max(batches))}, or smaller batches.")
     validate.integer(owner, "max_new_tokens", max_new_tokens, "new tokens per request, e.g. 64.")
     runs = list(runs) if runs is not None else settings(methods, ks, prompt_lookup, defaults_baseline)  # refusals first
-    from ..bench.offline import run
-    from ..engines.vllm import VLLMEngine
+    from ...bench.offline import run
+    from ...engines.vllm import VLLMEngine
 
     wl = load_workload("journey", limit=n_prompts)
     bench = BenchConfig(warmup_requests=1, max_new_tokens=max_new_tokens, progress=False,

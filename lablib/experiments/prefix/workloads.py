@@ -18,10 +18,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import validate
-from ..bench.offline import prepare
-from ..config import BenchConfig
-from ..workloads import Request, Workload, load_workload
+from ... import validate
+from ...bench.offline import prepare
+from ...config import BenchConfig
+from ...workloads import Request, Workload, load_workload
 
 LAB = "07_prefix_caching"
 BIG = "llama-3.1-8b"  # the synthetic checkpoint whose prefill is long enough for TTFT to show the saving
@@ -45,7 +45,7 @@ def variant(kind: str, base: str | Workload = "shared-prefix-512", tokenizer: An
     if tokenizer is None:
         from transformers import AutoTokenizer
 
-        from ..models import embedded_path
+        from ...models import embedded_path
 
         tokenizer = AutoTokenizer.from_pretrained(str(embedded_path("target")))
 
@@ -77,10 +77,10 @@ def _common_prefix_chars(wl: Workload) -> int:
     return n
 
 
-def _tokenizer(tokenizer: Any) -> Any:
+def embedded_tokenizer(tokenizer: Any) -> Any:
     if tokenizer is not None:
         return tokenizer
-    from ..models import load_tokenizer, resolve_model
+    from ...models import load_tokenizer, resolve_model
 
     return load_tokenizer(resolve_model("embedded"))
 
@@ -100,7 +100,7 @@ def shared_prefix_set(tokens: int, tokenizer: Any = None) -> Workload:
     token with the embedded tokenizer (`tokenizer`, when given, must be the same one)."""
     validate.integer("shared_prefix_set", "tokens", tokens,
                      "e.g. 200 (12.5 blocks of 16); 1024 is the longest shipped.", 3, 1024)
-    tok, base = _tokenizer(tokenizer), load_workload("shared-prefix-1024")
+    tok, base = embedded_tokenizer(tokenizer), load_workload("shared-prefix-1024")
     ids = tok(base.requests[0].prompt)["input_ids"]
     head = tok.decode(ids[1:1023])  # the 1024 set's shared text without bos and its closing line break
     if not all(r.prompt.startswith(head + "\n") for r in base.requests):
@@ -130,7 +130,7 @@ def shared_set(tokens: int, tokenizer: Any = None) -> Workload:
     return load_workload(name) if name in SHARED_SETS else shared_prefix_set(tokens, tokenizer)
 
 
-def _ids(workload: Workload, engine: Any) -> list[list[int]]:
+def token_ids(workload: Workload, engine: Any) -> list[list[int]]:
     return [list(p.prompt_ids) for p in prepare(workload, engine, BenchConfig(warmup_requests=0))]
 
 
@@ -153,10 +153,10 @@ def distinct_prefix_prompts(prefixes: int = 8, per_prefix: int = 4, prefix_token
         which = [0 if k % 2 == 0 else 1 + (k // 2) % (prefixes - 1) for k in range(n)]
     else:
         which = [k % prefixes for k in range(n)]
-    return _prefixed(which, prefix_tokens, _tokenizer(tokenizer))
+    return prefixed(which, prefix_tokens, embedded_tokenizer(tokenizer))
 
 
-def _prefixed(which: list[int], prefix_tokens: int, tok: Any) -> list[list[int]]:
+def prefixed(which: list[int], prefix_tokens: int, tok: Any) -> list[list[int]]:
     """Request k: evaluation window which[k]'s first prefix_tokens ids, then shared-prefix-128's k-th own snippet."""
     evaluation = load_workload("evaluation").requests[:max(which) + 1]
     windows = [tok(r.prompt)["input_ids"][:prefix_tokens] for r in evaluation]

@@ -17,87 +17,32 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..mechanisms import parallel as tp
-from ..results.reference import load_reference, recorded_facts
-from ..results.store import ResultStore
-from ..session import Shown, asked_rows, live_label, live_or_recorded
-from .parallel_fit import (  # noqa: F401 - re-exported: the notebook and the tests read them here
-    ONE_LONG_SEQUENCE,
-    _raise_unless_fits,
-    check_tp,
-    engine_refusal,
-    fit_advice,
-    fit_rows,
-    gpu_bytes,
-    shape_spec,
-)
-from .parallel_model import (  # noqa: F401 - re-exported, as above
-    BATCHES,
-    LINKS,
-    SIMULATED,
-    TPS,
-    calibrated_overhead,
-    cost_rows,
-    dominance_rows,
-    headline,
-    link_rows,
-    lookup,
-    model_shape,
-    overhead_effect,
-    pcie_share_above_nvlink,
-    two_gpu_rows,
-)
+from ...mechanisms import parallel as tp
+from ...results.reference import load_reference, recorded_facts
+from ...results.store import ResultStore
+from ...session import Shown, asked_rows, live_label, live_or_recorded
+from .fit import ONE_LONG_SEQUENCE, raise_unless_fits, check_tp, fit_advice
+from .model import cost_rows
 
-from .parallel_nodes import (  # noqa: F401 - re-exported, as above
-    engine_plans,
-    multi_node_paths,
-    needs_several_nodes,
-    nodes_line,
-)
-from .parallel_recording import (  # noqa: F401 - re-exported, as above
+from .record import (
     COMPARED_GPUS,
     COMPARED_RUNS,
     SCALING,
     SCALING_BATCHES,
-    SCALING_PARTS,
     SCALING_PREFIX,
     SCALING_RUNS,
     SCALING_STEP,
     TP1,
     TP1_BATCHES,
     TP1_RUNS,
-    _live_keeper,
+    live_keeper,
     keeps_as_tp1,
     measure_runs,
-    merge_scaling,
-    part_of,
-    record,
-    record_scaling,
     recorded_label,
-    remaining_runs,
-    run_facts,
-    run_key,
     scaling_grid,
-    scaling_part,
     tp1_grid,
 )
-from .parallel_runs import (  # noqa: F401 - re-exported, as above
-    ALL_REDUCES,
-    DUMMY_SHAPES,
-    LAB,
-    OUTPUT_LEN,
-    PROMPT_LEN,
-    QUANTIZATION,
-    Run,
-    _gpus_here,
-    dummy_weights,
-    fixed_shapes,
-    measure,
-    no_room_on_disk,
-    not_measured,
-    predict,
-    why_not,
-)
+from .runs import OUTPUT_LEN, PROMPT_LEN, gpus_here, predict
 
 # --- beside the measured runs: the model's line, and what is refused before any engine starts -----
 
@@ -110,14 +55,14 @@ def prediction_rows(runs: tuple[tuple[str, str], ...] = TP1_RUNS, batches: tuple
 
 def refusals(model: str = "llama-3.1-70b") -> list[dict[str, str]]:
     """The bad inputs the lab refuses before any engine starts, each with the message a user gets."""
-    gpus, note = _gpus_here()
+    gpus, note = gpus_here()
     more = max(2, 2 * gpus)  # more GPUs than a worker here can use
     here = f"{gpus} GPUs a worker can use, {note}" if note else f"{gpus} GPUs"
     machine = f"the GPUs a worker can use here ({note})" if note else None
     asked = [("tensor_parallel_size=3 (does not divide the heads)", lambda: check_tp(model, 3)),
              (f"tensor_parallel_size={more} on this machine ({here})", lambda: check_tp(model, more, gpus, machine)),
              ("bf16 at tensor_parallel_size=1 on one H200 (does not fit)",
-              lambda: _raise_unless_fits(fit_advice(model, ONE_LONG_SEQUENCE)))]
+              lambda: raise_unless_fits(fit_advice(model, ONE_LONG_SEQUENCE)))]
     out = []
     for what, call in asked:
         try:
@@ -169,7 +114,7 @@ def tp1_baseline(runs: tuple[tuple[str, str], ...] = TP1_RUNS, batches: tuple[in
     planned = tp1_grid(runs)  # bad knobs refused on every machine, before the mode decides
 
     def live() -> list[dict[str, Any]]:
-        keep = _live_keeper(TP1, store) if store is not None and keeps_as_tp1(runs, batches) else None
+        keep = live_keeper(TP1, store) if store is not None and keeps_as_tp1(runs, batches) else None
         rows, _ = measure_runs(planned, tuple(batches), store=store, on_run=keep)
         return [{**row, "provenance": live_label()} for row in rows]
 
@@ -200,11 +145,11 @@ def tp_scaling(runs: tuple[tuple[str, str, tuple[int, ...]], ...] = SCALING_RUNS
     ran = scaling_grid(QUICK_SCALING_RUNS, (), ()) if quick else planned
 
     def live() -> list[dict[str, Any]]:
-        keep = _live_keeper(SCALING, store, merge=True) if quick and store is not None else None
+        keep = live_keeper(SCALING, store, merge=True) if quick and store is not None else None
         rows, _ = measure_runs(ran, tuple(batches), store=store, on_run=keep, step_prefix=SCALING_PREFIX)
         return [{**row, "provenance": live_label()} for row in rows]
 
-    if force is None and _gpus_here()[0] < 2:
+    if force is None and gpus_here()[0] < 2:
         force = False  # one usable GPU: show what a multi-GPU machine recorded
     fields = ("model", "scheme", "t", "pp", "all_reduce")
     points = [(r.model, r.scheme, r.t, r.pp, r.all_reduce) for r in planned]

@@ -16,11 +16,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .. import validate
-from ..hardware.device import torch_threads
-from ..mechanisms.speculative import SpecCounters, acceptance, estimate_alpha
-from ..workloads import load_workload
-from .speculative_loops import (
+from ... import validate
+from ...hardware.device import torch_threads
+from ...mechanisms.speculative import SpecCounters, acceptance, estimate_alpha
+from ...workloads import load_workload
+from .loops import (
     SpeculativeRun,
     greedy,
     greedy_eagle,

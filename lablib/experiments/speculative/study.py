@@ -19,20 +19,38 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from .. import validate
-from ..mechanisms.speculative import SpecCounters, speedup
-from ..workloads import load_workload
-from .speculative_acceptance import acceptance_report, counters_consistent
-from .speculative_loops import (
-    _check,
-    _forward,
-    _keep,
-    _torch,
+from ... import validate
+from ...mechanisms.speculative import SpecCounters, speedup
+from ...workloads import load_workload
+from .acceptance import acceptance_report, counters_consistent
+from .loops import (
+    check_loop_args,
+    forward_argmax,
+    crop_cache,
+    import_torch,
     greedy,
     greedy_speculative,
     load_pair,
     provenance,
 )
+
+
+def summary_lines(study: dict[str, Any], model: dict[str, Any]) -> str:
+    """What this run showed, in three lines: acceptance vs the formula, speed on this CPU, the model's reversal."""
+    acc = acceptance_table(study)
+    cost = {r["k"]: r for r in cost_table(study)}
+    return "\n".join([
+        "loop, live on this CPU: " + "; ".join(
+            f"k={r['k']} alpha {r['alpha']:.2f}, {r['mean_length']:.2f} tokens per step "
+            f"(formula {r['formula_length']:.2f})"
+            for r in acc),
+        "speed on this CPU (noisy): " + "; ".join(
+            f"k={k} {r['this_run']:.2f}x measured, {r['predicted_in_loop']:.2f}x predicted in the loop"
+            for k, r in cost.items()) + f"; c = {study['costs']['c']:.2f}",
+        f"batch model ({model['gpu']}, {model['target']} + {model['draft']}, alpha {model['alpha']:.2f}, "
+        f"k={model['k']}): "
+        + "; ".join(f"{name} {pts[0].speedup:.2f}x at batch 1, slower from batch {model['reversal'][name]}"
+                    for name, pts in model["curves"].items())])
 
 
 def forward_costs(target: Any, draft: Any, input_ids: Any, ks: Sequence[int] = (1, 2, 4, 8),
@@ -45,17 +63,17 @@ def forward_costs(target: Any, draft: Any, input_ids: Any, ks: Sequence[int] = (
     """
     ks = validate.integers("forward_costs", "ks", ks, "pass draft lengths, e.g. (1, 2, 4, 8).")
     validate.integer("forward_costs", "repeats", repeats, "time at least one round, e.g. 50.")
-    ids = _check(target, draft, input_ids, max(ks) + 1, max(ks))
+    ids = check_loop_args(target, draft, input_ids, max(ks) + 1, max(ks))
     shapes = [(draft, 1), (target, 1), *((target, k + 1) for k in ks)]
     times: list[list[float]] = [[] for _ in shapes]
-    with _torch().inference_mode():
-        caches = {id(m): _forward(m, ids, None, 1)[1] for m in (target, draft)}
+    with import_torch().inference_mode():
+        caches = {id(m): forward_argmax(m, ids, None, 1)[1] for m in (target, draft)}
         for _ in range(repeats + 1):
             for (model, n), got in zip(shapes, times):
                 t0 = time.perf_counter()
-                _forward(model, ids[-1:] * n, caches[id(model)], n)
+                forward_argmax(model, ids[-1:] * n, caches[id(model)], n)
                 got.append(time.perf_counter() - t0)
-                _keep(caches[id(model)], len(ids))
+                crop_cache(caches[id(model)], len(ids))
     draft_ms, target_ms, *verify = (1000 * statistics.median(t[1:]) for t in times)
     verify_ms = dict(zip(ks, verify))
     return {"context": len(ids), "draft_ms": draft_ms, "target_ms": target_ms, "c": draft_ms / target_ms,
@@ -80,14 +98,14 @@ def cpu_study(n_prompts: int = 8, max_new_tokens: int = 64, ks: Sequence[int] = 
     for name, value in (("n_prompts", n_prompts), ("rounds", rounds), ("threads", threads)):
         validate.integer(owner, name, value, "pass a small positive count, e.g. 8 prompts, 3 rounds, 1 thread.")
     ks = validate.integers(owner, "ks", ks, "pass draft lengths, e.g. (1, 2, 4, 8).")
-    torch = _torch()
+    torch = import_torch()
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
         target, draft, tok = pair or load_pair()
         prompts = load_workload("journey", limit=n_prompts).prompt_ids(tok)
         for p in prompts:
-            _check(target, draft, p, max_new_tokens, max(ks))
+            check_loop_args(target, draft, p, max_new_tokens, max(ks))
         costs = forward_costs(target, draft, prompts[0], ks)
         total = len(prompts) * max_new_tokens
         per_round: list[dict[Any, Any]] = []
@@ -211,9 +229,10 @@ def harness_runs(n_prompts: int = 16, max_new_tokens: int = 32, k: int = 4, *, s
     validate.integer(owner, "n_prompts", n_prompts, "journey prompts, e.g. 16.", 1, 64)
     validate.integer(owner, "max_new_tokens", max_new_tokens, "new tokens per request, e.g. 32.")
     validate.integer(owner, "k", k, "tokens proposed per verify step, e.g. 4.", 1, 16)
-    from ..config import BenchConfig, HFConfig
-    from ..engines.hf import HFEngine
-    from .journey import Step, run_step
+    from ...config import BenchConfig, HFConfig
+    from ...engines.hf import HFEngine
+    from ...bench.offline import run_step
+    from ..journey import Step
 
     wl = load_workload("journey", limit=n_prompts)
     bench = BenchConfig(max_new_tokens=max_new_tokens, progress=False)

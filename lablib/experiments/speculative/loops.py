@@ -28,11 +28,11 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from .. import validate
-from ..engines.hf import exact_draft_length
-from ..hardware.device import device_facts, torch_threads
-from ..models import load_hf_model, load_tokenizer, resolve_model
-from ..workloads import load_workload
+from ... import validate
+from ...engines.hf import exact_draft_length
+from ...hardware.device import device_facts, torch_threads
+from ...models import load_hf_model, load_tokenizer, resolve_model
+from ...workloads import load_workload
 
 OWNER = "greedy_speculative"
 
@@ -58,7 +58,7 @@ class SpeculativeRun:
     steps: list[Step]  # in order
 
 
-def _torch() -> Any:
+def import_torch() -> Any:
     import torch
 
     return torch
@@ -71,7 +71,7 @@ def _ids(owner: str, input_ids: Any, vocab: int) -> list[int]:
                              "(one request: tokenizer(text).input_ids).", 0, vocab - 1)
 
 
-def _check(target: Any, draft: Any | None, input_ids: Any, max_new_tokens: int, k: int | None,
+def check_loop_args(target: Any, draft: Any | None, input_ids: Any, max_new_tokens: int, k: int | None,
            owner: str = OWNER) -> list[int]:
     """Refuse bad arguments before any forward pass: k, max_new_tokens, the vocabularies, the context."""
     vocab = target.config.vocab_size
@@ -91,31 +91,31 @@ def _check(target: Any, draft: Any | None, input_ids: Any, max_new_tokens: int, 
     return ids
 
 
-def _seen(cache: Any) -> int:
+def cache_length(cache: Any) -> int:
     return 0 if cache is None else cache.get_seq_length()
 
 
-def _keep(cache: Any, length: int) -> None:
+def crop_cache(cache: Any, length: int) -> None:
     """Crop a DynamicCache to its first `length` positions (crop takes minus the number to remove)."""
-    if _seen(cache) > length:
-        cache.crop(length - _seen(cache))
+    if cache_length(cache) > length:
+        cache.crop(length - cache_length(cache))
 
 
-def _forward(model: Any, fed: list[int], cache: Any, keep: int) -> tuple[Any, Any]:
+def forward_argmax(model: Any, fed: list[int], cache: Any, keep: int) -> tuple[Any, Any]:
     """One forward over `fed` on top of `cache`: the argmax at the last `keep` positions, and the cache."""
-    torch = _torch()
+    torch = import_torch()
     out = model(torch.tensor([fed]), past_key_values=cache, use_cache=True, logits_to_keep=keep)
     return out.logits[0, -keep:].argmax(-1), out.past_key_values
 
 
 def greedy(target: Any, input_ids: Any, max_new_tokens: int) -> list[int]:
     """The naive path: one target forward per new token, KV cache kept, argmax (EOS ignored)."""
-    seq = _check(target, None, input_ids, max_new_tokens, None)
+    seq = check_loop_args(target, None, input_ids, max_new_tokens, None)
     out: list[int] = []
     cache, fed = None, seq
-    with _torch().inference_mode():
+    with import_torch().inference_mode():
         while len(out) < max_new_tokens:
-            best, cache = _forward(target, fed, cache, 1)
+            best, cache = forward_argmax(target, fed, cache, 1)
             fed = [int(best[0])]
             out += fed
     return out
@@ -123,26 +123,26 @@ def greedy(target: Any, input_ids: Any, max_new_tokens: int) -> list[int]:
 
 def greedy_speculative(target: Any, draft: Any, input_ids: Any, max_new_tokens: int, k: int) -> SpeculativeRun:
     """The draft proposes k tokens, the target verifies them in one pass; output = the target's greedy tokens."""
-    seq = _check(target, draft, input_ids, max_new_tokens, k)
+    seq = check_loop_args(target, draft, input_ids, max_new_tokens, k)
     n_prompt = len(seq)
     steps: list[Step] = []
     t_cache = d_cache = None  # each holds every sequence position but the last token, which it is fed next
-    with _torch().inference_mode():
+    with import_torch().inference_mode():
         while len(seq) - n_prompt < max_new_tokens:
             drafts: list[int] = []
             t0 = time.perf_counter()
             for _ in range(k):  # 1. draft: feed what its cache has not seen yet (the prompt, on the first step)
-                best, d_cache = _forward(draft, (seq + drafts)[_seen(d_cache):], d_cache, 1)
+                best, d_cache = forward_argmax(draft, (seq + drafts)[cache_length(d_cache):], d_cache, 1)
                 drafts.append(int(best[0]))
             t1 = time.perf_counter()
             # 2. verify: row i of `best` is the target's choice after seq + drafts[:i], i = 0..k
-            best, t_cache = _forward(target, (seq + drafts)[_seen(t_cache):], t_cache, k + 1)
+            best, t_cache = forward_argmax(target, (seq + drafts)[cache_length(t_cache):], t_cache, k + 1)
             best = best.tolist()
             t2 = time.perf_counter()
             accepted = next((i for i in range(k) if drafts[i] != best[i]), k)  # 3. longest agreeing prefix
             new = drafts[:accepted] + [best[accepted]]  # + the correction, or the bonus when all k agreed
-            _keep(t_cache, len(seq) + accepted)  # 4. drop rejected drafts; the new last token is fed next step
-            _keep(d_cache, len(seq) + accepted)
+            crop_cache(t_cache, len(seq) + accepted)  # 4. drop rejected drafts; the new last token is fed next step
+            crop_cache(d_cache, len(seq) + accepted)
             new = new[:max_new_tokens - (len(seq) - n_prompt)]
             mask = tuple(i < accepted for i in range(k))
             steps.append(Step(tuple(drafts), accepted, mask, tuple(new), t1 - t0, t2 - t1))
@@ -163,15 +163,15 @@ def greedy_eagle(target: Any, head: Any, input_ids: Any, max_new_tokens: int, k:
     vLLM's first token comes from the prefill, undrafted; here every token comes from a step, as in
     `greedy_speculative`, so the two loops' counters compare one for one.
     """
-    from ..models.eagle import check_pair, propose, target_features
+    from ...models.eagle import check_pair, propose, target_features
 
-    seq = _check(target, None, input_ids, max_new_tokens, k, "greedy_eagle")
+    seq = check_loop_args(target, None, input_ids, max_new_tokens, k, "greedy_eagle")
     check_pair(target, head, "greedy_eagle")
     if len(seq) < 2:
         raise validate.refuse("greedy_eagle", "input_ids", seq, "at least 2 tokens (the head reads the feature "
                               "of the token before the last)", "pass the prompt with its bos token, as tokenizers add.")
     n_prompt, steps, h_cache = len(seq), [], None
-    with _torch().inference_mode():
+    with import_torch().inference_mode():
         features, _, t_cache = target_features(target, seq[:-1], None)  # the head's rows: tokens seq[1:], these
         tokens = seq[1:]
         while len(seq) - n_prompt < max_new_tokens:
@@ -182,8 +182,8 @@ def greedy_eagle(target: Any, head: Any, input_ids: Any, max_new_tokens: int, k:
             t2 = time.perf_counter()
             accepted = next((i for i in range(k) if drafts[i] != best[i]), k)  # 3.
             new = drafts[:accepted] + [best[accepted]]
-            _keep(t_cache, len(seq) + accepted)  # 4.
-            _keep(h_cache, len(seq) - 1)
+            crop_cache(t_cache, len(seq) + accepted)  # 4.
+            crop_cache(h_cache, len(seq) - 1)
             tokens, features = new, verified[:, :accepted + 1]  # the head's next rows, all from the target
             mask = tuple(i < accepted for i in range(k))
             new = new[:max_new_tokens - (len(seq) - n_prompt)]
@@ -199,8 +199,8 @@ def hf_assisted(target: Any, draft: Any, input_ids: Any, max_new_tokens: int, k:
     except near the end, where HF drafts fewer (max_length - 1 caps it).
     The draft's config is restored afterwards.
     """
-    torch = _torch()
-    ids = _check(target, draft, input_ids, max_new_tokens, k)
+    torch = import_torch()
+    ids = check_loop_args(target, draft, input_ids, max_new_tokens, k)
     gen = copy.deepcopy(target.generation_config)
     gen.update(do_sample=False, max_new_tokens=max_new_tokens, eos_token_id=None, pad_token_id=0)
     saved, mine = draft.generation_config, exact_draft_length(copy.deepcopy(draft.generation_config), k)
@@ -216,7 +216,7 @@ def hf_assisted(target: Any, draft: Any, input_ids: Any, max_new_tokens: int, k:
 
 def provenance(threads: int | None = None) -> str:
     """The label every timing carries: which CPU, how many torch threads."""
-    torch = _torch()
+    torch = import_torch()
     return (f"measured on this machine's CPU ({device_facts().get('cpu') or 'unknown CPU'}), torch "
             f"{torch.__version__}, {threads or torch.get_num_threads()} thread(s)")
 
@@ -229,7 +229,7 @@ def load_pair() -> tuple[Any, Any, Any]:
 
 def load_eagle(target: Any) -> Any:
     """The EAGLE head shipped for the embedded target (data/models/eagle; float32, CPU, eval), checked against it."""
-    from ..models.eagle import load_head
+    from ...models.eagle import load_head
 
     return load_head(target=target)
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-from .prefix_workloads import BIG
+from .runs import counters_keep_only_the_first, on_off_pairs
+from .workloads import BIG
 
 
 def part(shown: Any, key: str, then: Any = None) -> Any:
@@ -19,32 +20,6 @@ def part(shown: Any, key: str, then: Any = None) -> Any:
     stays no value."""
     value = None if shown.value is None else shown.value[key] if then is None else then(shown.value[key])
     return shown.derived(value)  # the same label and stand-ins
-
-
-def on_off_pairs(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per model and workload, caching on next to off: TTFT p50 and total throughput, on over off."""
-    by = {(r["model"], r["workload"], r["caching"]): r for r in runs}
-    rows = []
-    for (model, wl, caching), on in by.items():
-        off = by.get((model, wl, "off"))
-        if caching != "on" or off is None:
-            continue
-        rows.append({"model": model, "workload": wl, "shared_tokens": on["shared_tokens"], "hit_rate": on["hit_rate"],
-                     "ttft_p50_on_s": on["ttft_p50_s"], "ttft_p50_off_s": off["ttft_p50_s"],
-                     "ttft_p50_on_over_off": on["ttft_p50_s"] / off["ttft_p50_s"],
-                     "total_tok_s_on_over_off": on["total_tok_s"] / off["total_tok_s"]})
-    return rows
-
-
-def counters_keep_only_the_first(row: dict[str, Any]) -> bool:
-    """vLLM 0.26's offline counters kept exactly the first request's stats (its prompt as queries, its cached tokens
-    as hits) and none of the later ones'. `LLMEngine.step()` records the scheduler's stats only on a step that
-    returns request outputs, and the scheduler resets its prefix-cache stats every step, so a request admitted on a
-    step without outputs (one at a time, every request after the first) is never counted. Fixed after 0.26 (vLLM
-    PR #48668); `vllm serve` (AsyncLLM) records every step and never had it."""
-    first = row["per_request"][0] if row["per_request"] else None
-    return (first is not None and len(row["per_request"]) > 1 and row["vllm_queries"] == first["prompt_tokens"]
-            and row["vllm_hits"] == first["vllm"])
 
 
 CONTROL = "-shared-after"  # the workload whose shared part follows a per-request line: caching on reuses nothing
@@ -151,7 +126,7 @@ def checks(idea: Any, chain: Any, lengths: Any, advice: Any, demo: Any, scarce: 
     runs, the eviction demo, the scarce-memory rows, the sequential counters, the on/off runs, the transformers
     reuse study, the server's load tests, the counters 32 at once and vLLM's scarce-memory runs. Prints what ran
     and what did not (and returns nothing, so the cell shows it once)."""
-    from ..session import Checks
+    from ...session import Checks
 
     c = Checks("07_prefix_caching")
     c.that(
@@ -220,7 +195,7 @@ def checks(idea: Any, chain: Any, lengths: Any, advice: Any, demo: Any, scarce: 
         part(onoff, "runs"), "prefix caching cuts TTFT p50 on every shared-prefix set (synthetic 8B)", caching_cuts_ttft
     )
     if scarce_vllm is not None:  # prefix_scarce.scarce_vllm: vLLM with a pool of the simulator's capacity
-        from .prefix_scarce import pool_as_asked
+        from .scarce import pool_as_asked
 
         c.live(scarce_vllm, "vLLM's pool holds exactly the blocks asked for (the capacity and its null block)",
                pool_as_asked, lambda rows: [(r["num_blocks"], r["kv_blocks"]) for r in rows])

@@ -13,9 +13,9 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from .. import validate
-from ..bench.attention import TILED
-from ..mechanisms.attention import (
+from ... import validate
+from ...bench.attention import TILED
+from ...mechanisms.attention import (
     H200,
     AttentionShape,
     Gpu,
@@ -23,7 +23,7 @@ from ..mechanisms.attention import (
     naive_traffic,
     predict,
 )
-from ..session import Shown
+from ...session import Shown
 
 PREDICT_LENS = tuple(2**i for i in range(8, 17))  # 256 .. 65536, the microbenchmark's lengths
 

@@ -14,11 +14,11 @@ import dataclasses
 import math
 from typing import Any
 
-from .. import validate
-from ..hardware.fit import SCHEME_BYTES
-from ..mechanisms import parallel as tp
-from ..mechanisms.pipeline import compare_two_gpus
-from ..models.architecture import architectures, parameter_count
+from ... import validate
+from ...hardware.fit import SCHEME_BYTES
+from ...mechanisms import parallel as tp
+from ...mechanisms.pipeline import compare_two_gpus
+from ...models.architecture import architectures, parameter_count
 
 SIMULATED = ("simulated on this machine (lablib.mechanisms.parallel and .pipeline, spec-sheet peaks): a model, "
              "not a measurement")

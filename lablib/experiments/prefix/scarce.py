@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..workloads import Request, Workload
-from .prefix_simulated import BLOCK
-from .prefix_workloads import LAB, ORDERS, _tokenizer, distinct_prefix_prompts
+from ...workloads import Request, Workload
+from .simulated import BLOCK
+from .workloads import LAB, ORDERS, embedded_tokenizer, distinct_prefix_prompts
 
 CAPACITIES = (48, 80)  # blocks: at 48 round-robin keeps nothing that comes back; at 80 it loses some of it
 MAX_MODEL_LEN = 512  # longer than any request here (at most ~190 tokens) and the warm-up; 32 blocks at least
@@ -28,7 +28,7 @@ def scarce_workload(order: str, tokenizer: Any = None) -> Workload:
 
     The prompts are the simulator's token ids decoded; what an engine is sent is re-tokenized, and the prediction
     is made on those very ids (`prefix.predict`), so the two always count the same tokens."""
-    tok = _tokenizer(tokenizer)
+    tok = embedded_tokenizer(tokenizer)
     reqs = []
     for k, ids in enumerate(distinct_prefix_prompts(order=order, tokenizer=tok)):
         text = tok.decode(ids, skip_special_tokens=True)
@@ -62,11 +62,11 @@ def scarce_vllm_rows(capacities: tuple[int, ...] = CAPACITIES, orders: tuple[str
     """The embedded model on vLLM with a pool of each capacity (+ the null block), every order from a reset cache.
 
     Each run's Result goes to `store` (and is appended to `results`, when given); the refusals come first."""
-    from .. import validate
-    from ..config import VLLMConfig
-    from ..engines.vllm import VLLMEngine
-    from ..session import live_label
-    from .prefix import _run_from_empty_cache, predict
+    from ... import validate
+    from ...config import VLLMConfig
+    from ...engines.vllm import VLLMEngine
+    from ...session import live_label
+    from .runs import run_from_empty_cache, predict
 
     for order in orders:
         validate.choice("scarce_vllm_rows", "orders", order, ORDERS)
@@ -81,7 +81,7 @@ def scarce_vllm_rows(capacities: tuple[int, ...] = CAPACITIES, orders: tuple[str
         with VLLMEngine("embedded", config) as eng:
             for order in orders:
                 wl = scarce_workload(order, eng.tokenizer)
-                result = _run_from_empty_cache(eng, wl, True, lab, f"prefix-scarce-{order}-{cap}", store)
+                result = run_from_empty_cache(eng, wl, True, lab, f"prefix-scarce-{order}-{cap}", store)
                 if results is not None:
                     results.append(result)
                 predicted = predict(wl, eng, block_size=int(eng.facts.get("block_size") or BLOCK), num_blocks=cap)
@@ -92,8 +92,8 @@ def scarce_vllm_rows(capacities: tuple[int, ...] = CAPACITIES, orders: tuple[str
 
 def scarce_vllm(capacities: tuple[int, ...] = CAPACITIES, *, store: Any = None, force: bool | None = None) -> Any:
     """`scarce_vllm_rows` live on a GPU with vLLM; else what `--steps prefix-scarce` recorded."""
-    from ..results.reference import recorded_facts
-    from ..session import asked_rows, live_or_recorded
+    from ...results.reference import recorded_facts
+    from ...session import asked_rows, live_or_recorded
 
     def recorded() -> list[dict[str, Any]]:
         rows = recorded_facts(KEY, STEP)
@@ -121,7 +121,7 @@ def record(out_dir: Any, store: Any, facts: dict[str, Any]) -> None:
     import dataclasses
     import time
 
-    from ..hardware.device import device_facts
+    from ...hardware.device import device_facts
 
     results: list[Any] = []
     rows = scarce_vllm_rows(lab="reference", results=results)

@@ -16,7 +16,7 @@ tests and scripts/train_eagle.py call `experiments.speculative` for all of them)
   (`batch_model`: where the verify pass stops being free and the speedup reverses), and `summary_lines`.
 
 The vLLM half (the draft model, n-gram and the EAGLE head on vLLM against a pinned baseline,
-`speculative_config`, `gpu_study`, `record`) is `lablib.experiments.speculative_vllm`; its names are
+`speculative_config`, `gpu_study`, `record`) is `lablib.experiments.speculative.vllm_runs`; its names are
 re-exported here, loaded on first use, so that `spec.gpu_study` and the CPU loop share one name space.
 """
 from __future__ import annotations
@@ -24,9 +24,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from .. import validate
-from ..mechanisms.gpus import GPU_PEAKS
-from ..mechanisms.speculative import (
+from ... import validate
+from ...mechanisms.gpus import GPU_PEAKS
+from ...mechanisms.speculative import (
     Roofline,
     acceptance,
     break_even_alpha,
@@ -36,53 +36,7 @@ from ..mechanisms.speculative import (
     speedup,
     speedup_vs_batch,
 )
-from ..models.architecture import architectures, parameter_count
-from .speculative_acceptance import (  # noqa: F401 - re-exported: the notebook and the tests read them here
-    DRAFTER_NAMES,
-    MODEL_DRAFTERS,
-    AcceptanceReport,
-    acceptance_report,
-    counters_consistent,
-    drafter_acceptance,
-    drafter_lines,
-    drafter_table,
-    spec_counters,
-)
-from .speculative_loops import (  # noqa: F401 - re-exported, as above
-    OWNER,
-    SpeculativeRun,
-    Step,
-    assisted_matches,
-    greedy,
-    greedy_eagle,
-    greedy_speculative,
-    hf_assisted,
-    load_eagle,
-    load_pair,
-    provenance,
-)
-from .speculative_sampling import (  # noqa: F401 - re-exported, as above
-    VERIFY_RULES,
-    apply_rule,
-    chi2_sf,
-    distribution_kept,
-    loop_test,
-    rule_test,
-    sample,
-    speculative_sample,
-)
-from .speculative_checks import checks  # noqa: F401 - re-exported, as above: the notebook's Checks cell
-from .speculative_study import (  # noqa: F401 - re-exported, as above
-    acceptance_table,
-    cost_lines,
-    cost_table,
-    cpu_study,
-    forward_costs,
-    harness_lines,
-    harness_runs,
-    loop_lines,
-    study_row,
-)
+from ...models.architecture import architectures, parameter_count
 
 # ------------------------------------------------------------------------------------------------------------------
 # Lab 08's other steps. The maths (tables from lablib.mechanisms.speculative) and the batch model at 8B scale;
@@ -147,50 +101,3 @@ def pays_then_reverses(model: dict[str, Any]) -> bool:
     """`batch_model`'s claim: every drafter pays at batch 1 and is slower than plain decoding from some batch on."""
     return all(points[0].batch == 1 and points[0].speedup > 1 for points in model["curves"].values()) and all(
         b is not None for b in model["reversal"].values())
-
-
-
-def summary_lines(study: dict[str, Any], model: dict[str, Any]) -> str:
-    """What this run showed, in three lines: acceptance vs the formula, speed on this CPU, the model's reversal."""
-    acc = acceptance_table(study)
-    cost = {r["k"]: r for r in cost_table(study)}
-    return "\n".join([
-        "loop, live on this CPU: " + "; ".join(
-            f"k={r['k']} alpha {r['alpha']:.2f}, {r['mean_length']:.2f} tokens per step "
-            f"(formula {r['formula_length']:.2f})"
-            for r in acc),
-        "speed on this CPU (noisy): " + "; ".join(
-            f"k={k} {r['this_run']:.2f}x measured, {r['predicted_in_loop']:.2f}x predicted in the loop"
-            for k, r in cost.items()) + f"; c = {study['costs']['c']:.2f}",
-        f"batch model ({model['gpu']}, {model['target']} + {model['draft']}, alpha {model['alpha']:.2f}, "
-        f"k={model['k']}): "
-        + "; ".join(f"{name} {pts[0].speedup:.2f}x at batch 1, slower from batch {model['reversal'][name]}"
-                    for name, pts in model["curves"].items())])
-
-
-# The vLLM half, re-exported on first use (PEP 562): `spec.gpu_study` works, and importing the CPU loop loads no
-# vLLM-side code. speculative_vllm imports this module, so the names cannot be imported at the top.
-VLLM_NAMES = ("LAB", "STEP", "METHODS", "VLLM_METHODS", "NOT_IN_THIS_LAB", "REFUSED_WITH_SPECULATION",
-              "PinnedVLLMConfig", "RUNNER_ENV", "runner_env", "speculative_config", "Setting", "settings",
-              "counters_from_delta", "vllm_spec_runs", "loop_acceptance", "cross_check", "gpu_study", "gpu_table",
-              "record", "speedup_falls_with_batch", "engine_lines")
-
-
-# speculative_synthetic's, likewise
-SYNTHETIC_NAMES = ("synthetic_study", "synthetic_speed_runs", "synthetic_config", "synthetic_lines")
-
-
-def __getattr__(name: str) -> Any:
-    if name in VLLM_NAMES:
-        from . import speculative_vllm
-
-        return getattr(speculative_vllm, name)
-    if name in SYNTHETIC_NAMES:
-        from . import speculative_synthetic
-
-        return getattr(speculative_synthetic, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *VLLM_NAMES, *SYNTHETIC_NAMES])

@@ -26,11 +26,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from .. import validate
-from ..hardware.device import device_facts
-from ..results.record import Result
-from ..results.store import ResultStore
-from .parallel_runs import LAB, OUTPUT_LEN, PROMPT_LEN, Run, _gpus_here, _too_few, measure, not_measured
+from ... import validate
+from ...hardware.device import device_facts
+from ...results.record import Result
+from ...results.store import ResultStore
+from .runs import LAB, OUTPUT_LEN, PROMPT_LEN, Run, gpus_here, too_few, measure, not_measured
 
 TP1 = "tp1"  # step and facts key of the one-GPU baseline
 SCALING = "tp_scaling"  # facts key of the multi-GPU runs
@@ -109,7 +109,7 @@ def measure_runs(planned: Sequence[Run], batches: tuple[int, ...], store: Result
     rows: list[dict[str, Any]] = []
     results: list[Result] = []
     for run in planned:
-        short = _too_few(run.gpus)
+        short = too_few(run.gpus)
         if short:
             got, new = [not_measured(run.model, run.scheme, run.t, b, short, run.pp, run.all_reduce)
                         for b in batches], []
@@ -134,7 +134,7 @@ def run_facts(rows: list[dict[str, Any]], results: list[Result]) -> dict[str, An
     machine = device_facts()
     gpu = next((r.hardware.get("gpu") for r in results if r.hardware.get("gpu")), None) or machine.get("gpu")
     date = min((r.recorded_at[:10] for r in results), default=time.strftime("%Y-%m-%d", time.gmtime()))
-    return {"rows": rows, "gpu": gpu, "gpu_count": _gpus_here(machine)[0], "date": date, "prompt_len": PROMPT_LEN,
+    return {"rows": rows, "gpu": gpu, "gpu_count": gpus_here(machine)[0], "date": date, "prompt_len": PROMPT_LEN,
             "output_len": OUTPUT_LEN}
 
 
@@ -182,7 +182,7 @@ def _keeper(key: str, store: ResultStore, facts: dict[str, Any], merge: bool = F
     return kept
 
 
-def _live_keeper(key: str, store: ResultStore, merge: bool = False) -> OnRun:
+def live_keeper(key: str, store: ResultStore, merge: bool = False) -> OnRun:
     """A live cell's on_run: facts[key] as its recording step writes them, kept beside the lab's Results after
     every run (`ResultStore.keep_facts`; bench.run stored the Results already). With `merge`, the rows add to
     those the same store kept before (`merge_scaling`)."""
@@ -251,7 +251,7 @@ def remaining_runs(facts: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     row: "recorded ...", the recorded reason it was not measured (a 2-GPU machine cannot make TP=4), or "not run yet";
     `needs` says which machine makes it."""
     if facts is None:
-        from ..results.reference import reference_facts
+        from ...results.reference import reference_facts
 
         facts = reference_facts()
     out = [{"run": f"TP=1 baseline: {r.model} {r.scheme}, batch {'/'.join(map(str, TP1_BATCHES))}",

@@ -14,9 +14,9 @@ import math
 from functools import lru_cache
 from typing import Any
 
-from ..mechanisms import parallel as tp
-from ..results.reference import load_reference, reference_steps
-from .parallel_model import model_shape
+from ...mechanisms import parallel as tp
+from ...results.reference import load_reference, reference_steps
+from ..parallel.model import model_shape
 
 GPUS = {"H200": tp.H200, "H100": tp.H100_SXM, "A100": tp.A100_80GB, "L40S": tp.L40S}
 SCHEMES = ("bf16", "fp8", "w4a16")  # cheapest last

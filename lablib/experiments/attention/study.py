@@ -48,42 +48,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .. import validate
-from ..bench.attention import run_attention_bench
-from ..hardware.device import device_facts, library_versions, torch_threads
-from ..models import ModelSpec, load_hf_model, resolve_model
-from ..results.reference import NotRecorded, recorded_facts
-from ..results.store import ResultStore
-from ..session import Shown, asked_rows, live_or_recorded
-from .attention_findings import (  # noqa: F401 - re-exported: the notebook and the tests read them here
-    PREDICT_LENS,
-    SLOPED,
-    all_correct,
-    decode_bandwidth_grows,
-    describe_here,
-    describe_prediction,
-    flash_memory_small,
-    kernels_ran,
-    observations,
-    prediction,
-    prediction_summary,
-    rows_of,
-    same_next_token,
-    sdpa_beats_eager,
-    speedup_table,
-    speedups,
-    table,
-    tiled_beat_naive,
-    with_prediction,
-)
-from .attention_vllm import (  # noqa: F401 - re-exported, as above
-    NOT_WIRED,
-    VLLM_BACKENDS,
-    _vllm_sweep_live,
-    backend_llm_kwargs,
-    vllm_backend_sweep,
-    wired,
-)
+from ... import validate
+from ...bench.attention import run_attention_bench
+from ...hardware.device import device_facts, library_versions, torch_threads
+from ...models import ModelSpec, load_hf_model, resolve_model
+from ...results.reference import NotRecorded, recorded_facts
+from ...results.store import ResultStore
+from ...session import Shown, asked_rows, live_or_recorded
+from .findings import with_prediction
+from .backends import NOT_WIRED, vllm_sweep_live, wired
 
 STEP = KEY = "attention"  # scripts/record_reference.py --steps attention writes facts["attention"]
 BIG = "llama-3.1-8b"  # the synthetic 8B shape of the GPU runs
@@ -280,7 +253,7 @@ def hf_prefill_gpu(force: bool | None = None, prompt_lens: Sequence[int] = HF_GP
     The recording ran HF_RECORD_LENS: it shows the asked lengths when it holds them all, else every length it
     has, and the line under the cell says which lengths (and which model) stand in."""
     def live() -> dict[str, Any]:
-        from ..models.synthetic import synthetic_spec
+        from ...models.synthetic import synthetic_spec
 
         return hf_prefill(synthetic_spec(BIG), prompt_lens=prompt_lens, device="cuda")
 
@@ -298,7 +271,7 @@ def vllm_backends(force: bool | None = None) -> Shown[list[dict[str, Any]] | Non
     """The backend sweep on the embedded model, live or recorded, once wired (`wired`); until then, says so."""
     if not wired():
         return Shown(None, False, NOT_WIRED)
-    return live_or_recorded(lambda: _vllm_sweep_live()[0], lambda: _recorded_part("vllm_backends")["rows"], force=force)
+    return live_or_recorded(lambda: vllm_sweep_live()[0], lambda: _recorded_part("vllm_backends")["rows"], force=force)
 
 
 # --- the GPU session's step -------------------------------------------------------------------------------------
@@ -318,12 +291,12 @@ def record(out_dir: str | Path, store: ResultStore, facts: dict[str, Any],
         got.update(rows=rows, provenance=prov)
         (out / "attention-bench.json").write_text(json.dumps({"rows": rows, "provenance": prov}, default=str))
     if "hf" in parts:
-        from ..models.synthetic import synthetic_spec
+        from ...models.synthetic import synthetic_spec
 
         got["hf_prefill"] = hf_prefill(synthetic_spec(BIG), prompt_lens=HF_RECORD_LENS, device="cuda")
         (out / "attention-hf.json").write_text(json.dumps(got["hf_prefill"], default=str))
     if "vllm" in parts and wired():
-        rows, results = _vllm_sweep_live()
+        rows, results = vllm_sweep_live()
         for r in results:
             store.append(dataclasses.replace(r, provenance="recorded"))
         got["vllm_backends"] = {"rows": rows, "provenance": {"device": results[0].hardware.get("gpu") if results else None,
@@ -348,11 +321,12 @@ def journey_rung(requests: int = 16, batch: int = 16, max_new_tokens: int = 32, 
     validate.integer(owner, "requests", requests, "journey requests, e.g. 16.", 1, 64)
     validate.integer(owner, "batch", batch, "a static batch size > 1, e.g. 16.", 2, 64)
     validate.integer(owner, "max_new_tokens", max_new_tokens, "new tokens per request, e.g. 32.")
-    from ..config import BenchConfig
-    from ..results.compare import outputs_agree
-    from ..session import live_label
-    from ..workloads import load_workload
-    from .journey import hf_steps, run_step
+    from ...config import BenchConfig
+    from ...results.compare import outputs_agree
+    from ...session import live_label
+    from ...workloads import load_workload
+    from ...bench.offline import run_step
+    from ..journey import hf_steps
 
     wl, bench = load_workload("journey", limit=requests), BenchConfig(max_new_tokens=max_new_tokens, progress=False)
     results = [run_step(step, "embedded", wl, bench, lab="02_attention", store=store, threads=threads)
@@ -373,9 +347,10 @@ def journey_rung(requests: int = 16, batch: int = 16, max_new_tokens: int = 32, 
 def _float32_pair(wl: Any, bench: Any, batch: int, threads: int | None) -> list[Any]:
     """The rung's eager and sdpa runs again in float32 on the CPU, where the claim was measured (not stored: they check
     the tokens, not the speed; the embedded model takes seconds)."""
-    from ..config import HFConfig
-    from ..engines.hf import HFEngine
-    from .journey import Step, run_step
+    from ...config import HFConfig
+    from ...engines.hf import HFEngine
+    from ...bench.offline import run_step
+    from ..journey import Step
 
     return [run_step(Step(f"hf-static-b{batch}-{impl}-float32", lambda m, impl=impl: HFEngine(m, HFConfig(
                 "static", batch, attn_implementation=impl, dtype="float32", device="cpu"))), "embedded", wl, bench,

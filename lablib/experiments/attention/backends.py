@@ -14,11 +14,11 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .. import validate
-from ..bench.offline import run
-from ..config import BenchConfig, VLLMConfig
-from ..results.store import ResultStore
-from ..workloads import Workload, load_workload
+from ... import validate
+from ...bench.offline import run
+from ...config import BenchConfig, VLLMConfig
+from ...results.store import ResultStore
+from ...workloads import Workload, load_workload
 
 VLLM_BACKENDS = ("FLASH_ATTN", "FLASHINFER", "TRITON_ATTN", "FLEX_ATTENTION")
 NOT_WIRED = ("vLLM attention backends: not wired yet (VLLMConfig has no attention_backend field, so VLLMEngine cannot "
@@ -69,8 +69,8 @@ def wired() -> bool:
     return "attention_backend" in {f.name for f in dataclasses.fields(VLLMConfig)}
 
 
-def _vllm_sweep_live(model: str = "embedded", store: ResultStore | None = None) -> tuple[list[dict], list[Any]]:
-    from ..engines.vllm import VLLMEngine
+def vllm_sweep_live(model: str = "embedded", store: ResultStore | None = None) -> tuple[list[dict], list[Any]]:
+    from ...engines.vllm import VLLMEngine
 
     cfg = VLLMConfig(gpu_memory_utilization=0.3)
     return vllm_backend_sweep(lambda b, kw: VLLMEngine(model, dataclasses.replace(cfg, attention_backend=b)),

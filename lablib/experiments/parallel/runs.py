@@ -7,7 +7,7 @@ t the shape cannot split into, more GPUs than a worker here can use, which is NV
 CUDA_VISIBLE_DEVICES, a configuration that cannot fit) becomes a row that says "not measured" and why, never a
 number (`not_measured`, `why_not`); the 70B shape, and a synthetic checkpoint larger than the free disk, run on
 vLLM's dummy weights instead (`dummy_weights`). The notebook's calls (`lablib.experiments.parallel`) and the
-recording steps (`lablib.experiments.parallel_recording`) both measure through here.
+recording steps (`lablib.experiments.parallel.record`) both measure through here.
 """
 from __future__ import annotations
 
@@ -18,28 +18,28 @@ import shutil
 import statistics
 from typing import Any
 
-from .. import validate
-from ..config import BenchConfig, VLLMConfig
-from ..engines.process import environ
-from ..hardware.device import device_facts, nvml_memory, usable_gpu_count
-from ..hardware.fit import check_fit
-from ..hardware.roofline import lookup_gpu
-from ..mechanisms import parallel as tp
-from ..mechanisms.pipeline import pipeline_step
-from ..models.architecture import architectures, parameter_count
-from ..models.synthetic import synthetic_folder
-from ..results.record import Result
-from ..results.store import ResultStore
-from ..workloads import Request, Workload, load_workload
-from .parallel_fit import check_tp, gpu_bytes, shape_spec
-from .parallel_model import model_shape
+from ... import validate
+from ...config import BenchConfig, VLLMConfig
+from ...engines.process import environ
+from ...hardware.device import device_facts, nvml_memory, usable_gpu_count
+from ...hardware.fit import check_fit
+from ...hardware.roofline import lookup_gpu
+from ...mechanisms import parallel as tp
+from ...mechanisms.pipeline import pipeline_step
+from ...models.architecture import architectures, parameter_count
+from ...models.synthetic import synthetic_folder
+from ...results.record import Result
+from ...results.store import ResultStore
+from ...workloads import Request, Workload, load_workload
+from .fit import check_tp, gpu_bytes, shape_spec
+from .model import model_shape
 
 LAB = "09_tensor_parallelism"
 PROMPT_LEN, OUTPUT_LEN = 128, 256  # the fixed shapes of the measured runs
 QUANTIZATION = {"bf16": None, "fp8": "fp8"}  # scheme -> VLLMConfig.quantization (online FP8 of a bf16 checkpoint)
 
 
-def _gpus_here(facts: dict[str, Any] | None = None) -> tuple[int, str]:
+def gpus_here(facts: dict[str, Any] | None = None) -> tuple[int, str]:
     """The GPUs a worker started here can use (`usable_gpu_count`), and, when CUDA_VISIBLE_DEVICES hides some
     of those NVML counts, the note that says so ("CUDA_VISIBLE_DEVICES='0' of its 8 GPUs"), else ""."""
     facts = device_facts() if facts is None else facts
@@ -53,7 +53,7 @@ def fixed_shapes(n: int, prompt_len: int = PROMPT_LEN, output_len: int = OUTPUT_
     """n distinct prompts of exactly prompt_len tokens (held-out code from the evaluation set, the embedded
     tokenizer's ids, which a synthetic checkpoint takes), output_len tokens each. A synthetic model is sent the
     chat form (bench.offline.prepare renders it), a few tokens longer: rows use the context the records report."""
-    from ..models import load_tokenizer, resolve_model
+    from ...models import load_tokenizer, resolve_model
 
     validate.integer("fixed_shapes", "n", n, "ask for at least one request, e.g. 8.")
     tok = load_tokenizer(resolve_model("embedded"))
@@ -168,9 +168,9 @@ def not_measured(model: str, scheme: str, t: int, batch: int, why: str, pp: int 
             "predicted_ms": None, "measured_over_predicted": None, "weights": None}
 
 
-def _too_few(t: int, facts: dict[str, Any] | None = None) -> str | None:
+def too_few(t: int, facts: dict[str, Any] | None = None) -> str | None:
     """Why t GPUs cannot be used here ("needs 4 GPUs, this machine has 2"), or None when a worker can use t GPUs."""
-    gpus, note = _gpus_here(facts)
+    gpus, note = gpus_here(facts)
     if t <= gpus:
         return None
     return f"needs {t} GPU{'s' if t > 1 else ''}, this machine " + (
@@ -180,7 +180,7 @@ def _too_few(t: int, facts: dict[str, Any] | None = None) -> str | None:
 def why_not(model: str, scheme: str, t: int, config: VLLMConfig, facts: dict[str, Any] | None = None) -> str | None:
     """Why this run cannot happen on this machine (GPUs a worker can use: t x the config's pipeline stages; memory),
     or None when it can (a checkpoint the disk cannot hold is no reason: `measure` runs vLLM's dummy weights then)."""
-    short = _too_few(t * config.pipeline_parallel_size, facts)
+    short = too_few(t * config.pipeline_parallel_size, facts)
     if short:
         return short
     mem = nvml_memory()
@@ -252,9 +252,9 @@ def measure(model: str, scheme: str = "bf16", t: int = 1, batches: tuple[int, ..
     why = why_not(model, scheme, t, config)
     if why:
         return [not_measured(model, scheme, t, b, why, pp, all_reduce) for b in batches], []
-    from ..bench.offline import run as bench_run
-    from ..engines.vllm import VLLMEngine
-    from ..models.synthetic import synthetic_spec
+    from ...bench.offline import run as bench_run
+    from ...engines.vllm import VLLMEngine
+    from ...models.synthetic import synthetic_spec
 
     disk = dummy_weights(model)
     if disk:  # vLLM draws the weights itself: same shape, same speed, nothing on disk

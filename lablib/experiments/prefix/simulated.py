@@ -10,15 +10,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import validate
-from ..mechanisms.prefix import PrefixCacheResult, chain_hashes, simulate
-from ..workloads import load_workload
-from .prefix_workloads import (
+from ... import validate
+from ...mechanisms.prefix import PrefixCacheResult, chain_hashes, simulate
+from ...workloads import load_workload
+from .workloads import (
     LENGTHS,
     ORDERS,
-    _ids,
-    _prefixed,
-    _tokenizer,
+    token_ids,
+    prefixed,
+    embedded_tokenizer,
     distinct_prefix_prompts,
     shared_set,
     shared_tokens,
@@ -30,7 +30,7 @@ BLOCK = 16  # vLLM's default block size, the simulator's here
 
 def repeat_rows(engine: Any, lengths: tuple[int, ...] = (15, 16, 17, 48, 63, 64, 65, 100)) -> list[dict[str, Any]]:
     """The last-token rule on real token ids: a shipped prompt's first n tokens sent twice, what the second hits."""
-    ids = _ids(load_workload("shared-prefix-1024").head(1), engine)[0]
+    ids = token_ids(load_workload("shared-prefix-1024").head(1), engine)[0]
     validate.integers("repeat_rows", "lengths", lengths, f"prompt lengths up to {len(ids)} tokens.", 1, len(ids))
     rows = []
     for n in lengths:
@@ -46,8 +46,8 @@ def chain_rows(engine: Any, blocks: int = 10, base: str = "shared-prefix-128") -
     Shared part first, the two agree block for block over the shared prompt and differ after it; with a
     per-request line first they differ from block 0, and so in every later block, however much text they share."""
     wl = load_workload(base).head(2)
-    first = [chain_hashes(p, BLOCK) for p in _ids(wl, engine)]
-    after = [chain_hashes(p, BLOCK) for p in _ids(variant("shared-after", wl, engine.tokenizer), engine)]
+    first = [chain_hashes(p, BLOCK) for p in token_ids(wl, engine)]
+    after = [chain_hashes(p, BLOCK) for p in token_ids(variant("shared-after", wl, engine.tokenizer), engine)]
     rows = []
     for i in range(blocks):
         a, b, c, d = (h[i][:8] if i < len(h) else None for h in (*first, *after))
@@ -66,7 +66,7 @@ def prefix_length_rows(engine: Any, lengths: tuple[int, ...] = LENGTHS) -> list[
     rows = []
     for n in lengths:
         wl = shared_set(n, getattr(engine, "tokenizer", None))
-        ids = _ids(wl, engine)
+        ids = token_ids(wl, engine)
         got = simulate([(p, 1) for p in ids], block_size=BLOCK, keep_snapshots=False)
         shared = shared_tokens(ids)
         later = sorted(got.cached_tokens[1:])
@@ -85,7 +85,7 @@ def scarce_memory_rows(capacities: tuple[int, ...] = tuple(range(16, 161, 16)), 
     One request at a time. `prefix_blocks` is what all the prefixes take together: with less room than that
     plus one request's own blocks, LRU evicts, and a prefix reused only after every other one (round-robin) is
     gone before it comes back."""
-    tok, rows = _tokenizer(tokenizer), []
+    tok, rows = embedded_tokenizer(tokenizer), []
     for order in orders:
         prompts = distinct_prefix_prompts(prefixes, per_prefix, prefix_tokens, order, tok)
         for cap in capacities:
@@ -102,5 +102,5 @@ def eviction_demo(num_blocks: int = 20, order: tuple[int, ...] = (0, 0, 1, 2, 0,
     4 tokens out each. Prefix 0 is popular: its blocks are shared while two requests hold them and stay cached
     between its uses; the rare ones are evicted before they come back."""
     validate.integers("eviction_demo", "order", order, "prefix indices 0..63, e.g. (0, 0, 1, 2, 0).", 0, 63)
-    prompts = _prefixed(list(order), 48, _tokenizer(tokenizer))
+    prompts = prefixed(list(order), 48, embedded_tokenizer(tokenizer))
     return simulate([(p, 4) for p in prompts], block_size=BLOCK, num_blocks=num_blocks, concurrency=2)

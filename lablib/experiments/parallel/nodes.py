@@ -18,8 +18,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from .. import validate
-from .parallel_fit import fit_rows
+from ... import validate
+from .fit import fit_rows
 
 GPUS = ("H200", "L4", "T4")  # a large, a small and a smallest GPU of the fit table: where each path starts differs
 GPUS_PER_NODE = 8  # an HGX/DGX node; the fit table's largest t

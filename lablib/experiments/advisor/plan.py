@@ -23,14 +23,12 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from .. import validate
-from ..mechanisms import parallel as tp
-from ..models.architecture import architectures
-from ..results.reference import reference_facts
-from .advisor_latency import (  # noqa: F401 - re-exported: the notebook and the tests read them here
-    GPUS, MODEL, QUANT_BATCHES, RECORDED, SCHEMES, beyond_bound_ms, calibration, calibration_rows, predicted_tpot_ms,
-    summary_of)
-from .parallel_model import model_shape
+from ... import validate
+from ...mechanisms import parallel as tp
+from ...models.architecture import architectures
+from ...results.reference import reference_facts
+from .latency import GPUS, MODEL, QUANT_BATCHES, RECORDED, SCHEMES, beyond_bound_ms, predicted_tpot_ms, summary_of
+from ..parallel.model import model_shape
 
 FP8_GPUS = ("H200", "H100", "L40S")  # compute capability 8.9 or 9.0: FP8 tensor cores for weights and KV
 QUALITY_ROW = {"bf16": "bf16", "fp8": "fp8-dynamic", "w4a16": "gptq-w4a16"}  # facts["quantization_quality"] rows

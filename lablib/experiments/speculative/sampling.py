@@ -34,11 +34,11 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from .. import validate
-from ..hardware.device import torch_threads
-from ..stats import chi2_sf, detectable_w, goodness_of_fit, homogeneity  # noqa: F401 - re-exported
-from ..workloads import load_workload
-from .speculative_loops import SpeculativeRun, Step, _check, _keep, _seen, _torch, load_pair
+from ... import validate
+from ...hardware.device import torch_threads
+from ...stats import chi2_sf, detectable_w, goodness_of_fit, homogeneity  # noqa: F401 - re-exported
+from ...workloads import load_workload
+from .loops import SpeculativeRun, Step, check_loop_args, crop_cache, cache_length, import_torch, load_pair
 
 OWNER = "speculative_sample"
 VERIFY_RULES = ("leviathan", "accept_all", "resample_from_p")  # the correct rule, then two wrong ones
@@ -52,12 +52,12 @@ def _temperature(owner: str, temperature: Any) -> float:
 
 def _probs(logits: Any, temperature: float) -> Any:
     """softmax(logits / T) in float64: the residual p - q and the tests' expected counts n p keep their digits."""
-    return _torch().softmax(logits.double() / temperature, dim=-1)
+    return import_torch().softmax(logits.double() / temperature, dim=-1)
 
 
 def _logits(model: Any, fed: list[int], cache: Any, keep: int) -> tuple[Any, Any]:
     """One forward over `fed` on top of `cache`: the logits at the last `keep` positions, and the cache."""
-    torch = _torch()
+    torch = import_torch()
     out = model(torch.tensor([fed]), past_key_values=cache, use_cache=True, logits_to_keep=keep)
     return out.logits[0, -keep:], out.past_key_values
 
@@ -69,7 +69,7 @@ def apply_rule(p: Any, q: Any, drafts: Any, generator: Any, rule: str = "leviath
     leviathan keeps x with probability min(1, p(x)/q(x)) and falls back on norm(max(0, p - q)) (on p where the
     residual is empty, p = q); accept_all keeps every draft; resample_from_p falls back on p itself.
     """
-    torch = _torch()
+    torch = import_torch()
     validate.choice("apply_rule", "rule", rule, VERIFY_RULES)
     u = torch.rand(drafts.shape, generator=generator, dtype=torch.float64)
     keep = u * q.gather(1, drafts) < p.gather(1, drafts)
@@ -85,26 +85,26 @@ def apply_rule(p: Any, q: Any, drafts: Any, generator: Any, rule: str = "leviath
 def _run(target: Any, draft: Any, seq: list[int], max_new_tokens: int, k: int, temperature: float, generator: Any,
          rule: str, t_cache: Any = None, d_cache: Any = None) -> SpeculativeRun:
     """The loop on caches that hold a prefix of `seq` (none, or a shared prompt): greedy_speculative's four steps."""
-    torch = _torch()
+    torch = import_torch()
     n_prompt, seq, steps = len(seq), list(seq), []
     while len(seq) - n_prompt < max_new_tokens:
         drafts: list[int] = []
         qs = []
         t0 = time.perf_counter()
         for _ in range(k):  # 1. draft: sample from q, feeding the draft's cache what it has not seen
-            logits, d_cache = _logits(draft, (seq + drafts)[_seen(d_cache):], d_cache, 1)
+            logits, d_cache = _logits(draft, (seq + drafts)[cache_length(d_cache):], d_cache, 1)
             qs.append(_probs(logits, temperature))
             drafts.append(int(torch.multinomial(qs[-1][0], 1, generator=generator)))
         t1 = time.perf_counter()
-        logits, t_cache = _logits(target, (seq + drafts)[_seen(t_cache):], t_cache, k + 1)  # 2. p at k+1 rows
+        logits, t_cache = _logits(target, (seq + drafts)[cache_length(t_cache):], t_cache, k + 1)  # 2. p at k+1 rows
         p = _probs(logits, temperature)
         t2 = time.perf_counter()
         keep, fallback = apply_rule(p[:k], torch.cat(qs), torch.tensor(drafts)[:, None], generator, rule)  # 3.
         accepted = next((i for i in range(k) if not keep[i, 0]), k)
         last = int(fallback[accepted, 0]) if accepted < k else int(torch.multinomial(p[k], 1, generator=generator))
         new = drafts[:accepted] + [last]  # the residual's token at the first rejection, or the bonus from p_{k+1}
-        _keep(t_cache, len(seq) + accepted)  # 4. drop rejected drafts
-        _keep(d_cache, len(seq) + accepted)
+        crop_cache(t_cache, len(seq) + accepted)  # 4. drop rejected drafts
+        crop_cache(d_cache, len(seq) + accepted)
         new = new[:max_new_tokens - (len(seq) - n_prompt)]
         steps.append(Step(tuple(drafts), accepted, tuple(i < accepted for i in range(k)), tuple(new), t1 - t0, t2 - t1))
         seq += new
@@ -113,7 +113,7 @@ def _run(target: Any, draft: Any, seq: list[int], max_new_tokens: int, k: int, t
 
 def _generator(seed: int, owner: str = OWNER) -> Any:
     validate.integer(owner, "seed", seed, "pass a seed >= 0, e.g. 0.", 0)
-    return _torch().Generator().manual_seed(seed)
+    return import_torch().Generator().manual_seed(seed)
 
 
 def speculative_sample(target: Any, draft: Any, input_ids: Any, max_new_tokens: int, k: int, temperature: float,
@@ -123,18 +123,18 @@ def speculative_sample(target: Any, draft: Any, input_ids: Any, max_new_tokens: 
     The run and its steps are `greedy_speculative`'s types, counted alike (exactly max_new_tokens tokens; EOS is
     not a stop). `rule` is the verify rule: "leviathan", the correct one, or one of the wrong ones the tests reject.
     """
-    seq = _check(target, draft, input_ids, max_new_tokens, k, OWNER)
+    seq = check_loop_args(target, draft, input_ids, max_new_tokens, k, OWNER)
     temperature = _temperature(OWNER, temperature)
     validate.choice(OWNER, "rule", rule, VERIFY_RULES)
-    with _torch().inference_mode():
+    with import_torch().inference_mode():
         return _run(target, draft, seq, max_new_tokens, k, temperature, _generator(seed), rule)
 
 
 def sample(target: Any, input_ids: Any, max_new_tokens: int, temperature: float, n: int = 1,
            seed: int = 0) -> list[list[int]]:
     """The naive path: n sequences sampled from p at temperature T, one target forward per token (batched over n)."""
-    torch = _torch()
-    seq = _check(target, None, input_ids, max_new_tokens, None, "sample")
+    torch = import_torch()
+    seq = check_loop_args(target, None, input_ids, max_new_tokens, None, "sample")
     temperature = _temperature("sample", temperature)
     validate.integer("sample", "n", n, "draw at least one sequence, e.g. 1000.", 1)
     generator, out = _generator(seed, "sample"), []
@@ -168,7 +168,7 @@ def _prompts(pair: tuple[Any, Any, Any] | None, n_prompts: int) -> tuple[Any, An
 
 def rule_law(p: Any, q: Any, rule: str) -> Any:
     """The distribution a rule emits at one position, in closed form (leviathan's is p; the wrong ones are not)."""
-    torch = _torch()
+    torch = import_torch()
     if rule == "accept_all":
         return q
     both, residual = torch.minimum(p, q), (p - q).clamp_min(0)
@@ -187,7 +187,7 @@ def rule_test(pair: tuple[Any, Any, Any] | None = None, prompts: Sequence[int] =
     validate.integer("rule_test", "n", n, "run the rule at least once, e.g. 200000.", 1)
     picked = validate.integers("rule_test", "prompts", prompts, "journey prompt indices 0..63, e.g. (0, 3).", 0, 63)
     temps = _settings("rule_test", temperatures, alpha, rules, seed)
-    torch, rows = _torch(), []
+    torch, rows = import_torch(), []
     with torch_threads(threads), torch.inference_mode():
         target, draft, ids = _prompts(pair, max(picked) + 1)
         for prompt in picked:
@@ -225,10 +225,10 @@ def loop_test(pair: tuple[Any, Any, Any] | None = None, temperatures: Sequence[f
     validate.integer("loop_test", "position", position, "an output position >= 0, e.g. 2 (the 3rd new token).", 0)
     validate.integer("loop_test", "k", k, "draft at least one token per step, e.g. k=2.", 1)
     temps = _settings("loop_test", temperatures, alpha, [rule], seed)
-    torch, rows = _torch(), []
+    torch, rows = import_torch(), []
     with torch_threads(threads), torch.inference_mode():
         target, draft, prompts = _prompts(pair, n_prompts)
-        prompts = [_check(target, draft, ids, position + 1, k, "loop_test") for ids in prompts]
+        prompts = [check_loop_args(target, draft, ids, position + 1, k, "loop_test") for ids in prompts]
         for ti, temperature in enumerate(temps):
             strata = []
             for pi, seq in enumerate(prompts):
@@ -239,8 +239,8 @@ def loop_test(pair: tuple[Any, Any, Any] | None = None, temperatures: Sequence[f
                     run = _run(target, draft, seq, position + 1, k, temperature, _generator(base + r), rule,
                                t_cache, d_cache)
                     spec[run.tokens[position]] += 1
-                    _keep(t_cache, len(seq) - 1)
-                    _keep(d_cache, len(seq) - 1)
+                    crop_cache(t_cache, len(seq) - 1)
+                    crop_cache(d_cache, len(seq) - 1)
                 plain = sample(target, seq, position + 1, temperature, plain_runs, base + runs)
                 strata.append((spec, Counter(s[position] for s in plain)))
             test = homogeneity(strata, alpha)

@@ -39,11 +39,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .. import validate
-from ..bench.loadgen import run_online
-from ..bench.prom import fetch_metrics, parse_prometheus
-from ..results.record import Result
-from .prefix_workloads import BIG, LAB, SHARED_SETS, _ids, variant
+from ... import validate
+from ...bench.loadgen import run_online
+from ...bench.prom import fetch_metrics, parse_prometheus
+from ...results.record import Result
+from .workloads import BIG, LAB, SHARED_SETS, token_ids, variant
 
 KEY, STEP = "prefix_serve", "prefix-serve"  # the facts key `record` writes, and its step's name
 RATES = (2.0, 8.0, 32.0, 128.0)  # requests/s: one at a time, overlapping, queued (32 requests per test)
@@ -63,7 +63,7 @@ def check(workload: str, rates: Sequence[float], limit: int | None = None) -> li
 
 def serve_workload(name: str, limit: int | None = None) -> Any:
     """A set of WORKLOADS by name (the shared-after variant built from shared-prefix-512), its first `limit`."""
-    from ..workloads import load_workload
+    from ...workloads import load_workload
 
     wl = variant("shared-after", "shared-prefix-512") if name.endswith("-shared-after") else load_workload(name)
     return wl.head(limit) if limit else wl
@@ -151,12 +151,12 @@ def serve_runs(model: Any = BIG, workload: str = "shared-prefix-512", rates: Seq
     """The set on vLLM's OpenAI server, caching off then on (one server each), a load test per rate; (rows, Results).
 
     Inputs, every prompt's length against the context included, are checked before the first server starts."""
-    from ..engines.server import ServerEngine, VLLMServer
-    from ..models import ModelSpec, resolve_model
-    from ..models.synthetic import synthetic_spec
-    from ..results.store import results_dir
-    from .prefix import predict  # when called: prefix re-exports this module's names
-    from .serving import check_context, server_config
+    from ...engines.server import ServerEngine, VLLMServer
+    from ...models import ModelSpec, resolve_model
+    from ...models.synthetic import synthetic_spec
+    from ...results.store import results_dir
+    from .runs import predict
+    from ..serving import check_context, server_config
 
     rates = check(workload, rates, limit)
     wl = serve_workload(workload, limit)
@@ -173,7 +173,7 @@ def serve_runs(model: Any = BIG, workload: str = "shared-prefix-512", rates: Seq
         server = VLLMServer(cfg, log_path=out / f"server-caching-{'on' if on else 'off'}.log",
                             env=DEV_MODE if on else None)
         eng = ServerEngine(spec, base_url=server.base_url, api_key=server.api_key, served_model_name=server.model)
-        ids = _ids(wl, eng)
+        ids = token_ids(wl, eng)
         recorded = {"server": cfg.to_dict(), "model_info": {**eng.spec.describe(), "name": cfg.name}}
         with server:
             got, done = load_tests(server.base_url, server.api_key, server.model, wl, ids, rates,
@@ -189,9 +189,9 @@ def serve(model: Any = BIG, workload: str = "shared-prefix-512", rates: Sequence
     """`serve_runs` live on a GPU with vLLM (its Results appended to `store`); else what `record` recorded, at the
     asked rates when the recording has them all (else all of them, and the line under the cell says so), or a
     Shown with no value whose label says it is not recorded yet and which step records it."""
-    from ..results.reference import recorded_facts
-    from ..session import asked_rows, live_or_recorded
-    from .prefix import _run_name  # when called, as predict above
+    from ...results.reference import recorded_facts
+    from ...session import asked_rows, live_or_recorded
+    from .runs import run_name
 
     rates = check(workload, rates, limit)
 
@@ -205,7 +205,7 @@ def serve(model: Any = BIG, workload: str = "shared-prefix-512", rates: Sequence
         return asked_rows(recorded_facts(KEY, STEP), "rate", rates)
 
     return live_or_recorded(live, recorded, force=force,
-                            asked={"model": _run_name(model), "workload": workload, "rates": rates, "limit": limit},
+                            asked={"model": run_name(model), "workload": workload, "rates": rates, "limit": limit},
                             recorded_with=lambda rows: {"model": rows[0]["model"], "workload": rows[0]["workload"],
                                                         "rates": list(dict.fromkeys(r["rate"] for r in rows)),
                                                         "limit": rows[0]["limit"]})

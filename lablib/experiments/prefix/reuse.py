@@ -17,13 +17,13 @@ import copy
 import time
 from typing import Any
 
-from .. import validate
-from ..bench.offline import prepare
-from ..config import BenchConfig
-from ..hardware.device import torch_threads
-from ..stats import percentile
-from ..workloads import load_workload
-from .prefix_workloads import shared_tokens
+from ... import validate
+from ...bench.offline import prepare
+from ...config import BenchConfig
+from ...hardware.device import torch_threads
+from ...stats import percentile
+from ...workloads import load_workload
+from .workloads import shared_tokens
 
 
 def reusable_tokens(prompt_len: int, shared: int, block_size: int = 16) -> int:

@@ -1,0 +1,8 @@
+"""Lab 02, attention: the IO model's prediction, then the kernels and the engines measured against it.
+
+Modules import one way, each only from those before it: findings < backends < study.
+
+- `findings`: the IO model's prediction and what each measurement says;
+- `backends`: vLLM's attention backends, one engine per `attention_backend`;
+- `study`: the notebook's calls: kernels here, the GPU sweep, HF prefill per kernel, the journey rung.
+"""
