@@ -48,9 +48,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from lablib.mechanisms._checks import require_int
 from lablib.mechanisms.gpus import GPU_PEAKS, HOPPER_SMEM_PER_BLOCK_BYTES, HOPPER_SMEM_PER_SM_BYTES, HOPPER_SXM_SMS
-from lablib.validate import choice, integers, number, refuse
+from lablib.validate import choice, integer, integers, number, refuse
 
 STATS_BYTES = 4  # row statistics (m, l, logsumexp) are fp32 in every flash kernel
 Order = Literal["fa1", "fa2"]
@@ -72,7 +71,7 @@ class Gpu:
         number("Gpu", "peak_flops", self.peak_flops, fix, 0.0, low_open=True)
         number("Gpu", "hbm_bandwidth", self.hbm_bandwidth, fix, 0.0, low_open=True)
         for field in ("sram_bytes", "smem_per_sm_bytes", "sms"):
-            require_int("Gpu", field, getattr(self, field), 1, fix)
+            integer("Gpu", field, getattr(self, field), fix, 1)
 
 
 # The H200 SXM from the project's spec-sheet table (mechanisms.gpus: bf16 dense 989.5 TFLOP/s, HBM3e 4.8 TB/s)
@@ -96,18 +95,18 @@ class AttentionShape:
 
     def __post_init__(self) -> None:
         own = "AttentionShape"
-        require_int(own, "query_len", self.query_len, 1, "pass the number of query tokens (1 for decode).")
-        require_int(own, "head_dim", self.head_dim, 1, "pass the model's head dim, e.g. 64 or 128.")
-        require_int(own, "batch", self.batch, 1, "pass the number of sequences.")
-        require_int(own, "heads", self.heads, 1, "pass the number of query heads.")
-        require_int(own, "element_bytes", self.element_bytes, 1, "2 for bf16/fp16, 4 for fp32, 1 for fp8.")
+        integer(own, "query_len", self.query_len, "pass the number of query tokens (1 for decode).", 1)
+        integer(own, "head_dim", self.head_dim, "pass the model's head dim, e.g. 64 or 128.", 1)
+        integer(own, "batch", self.batch, "pass the number of sequences.", 1)
+        integer(own, "heads", self.heads, "pass the number of query heads.", 1)
+        integer(own, "element_bytes", self.element_bytes, "2 for bf16/fp16, 4 for fp32, 1 for fp8.", 1)
         if self.kv_heads is not None:
-            require_int(own, "kv_heads", self.kv_heads, 1, "pass the number of K/V heads, or None for MHA.")
+            integer(own, "kv_heads", self.kv_heads, "pass the number of K/V heads, or None for MHA.", 1)
             if self.heads % self.kv_heads:
                 raise refuse(own, "kv_heads", self.kv_heads, f"a divisor of heads={self.heads}",
                              "GQA shares each K/V head between a whole number of query heads.")
         if self.context_len is not None:
-            require_int(own, "context_len", self.context_len, 1, "pass the number of keys, or None for query_len.")
+            integer(own, "context_len", self.context_len, "pass the number of keys, or None for query_len.", 1)
         if self.causal and self.query_len > self.n_k:
             raise refuse(own, "query_len", self.query_len, f"<= context_len={self.n_k} when causal",
                          "causal attention needs at least as many keys as queries.")
@@ -170,12 +169,11 @@ def block_sizes(sram_bytes: int, head_dim: int, element_bytes: int) -> tuple[int
 
     M must hold one row each of Q, K, V and O (4 d elements), or no block exists.
     """
-    require_int("block_sizes", "head_dim", head_dim, 1, "pass the model's head dim.")
-    require_int("block_sizes", "element_bytes", element_bytes, 1, "2 for bf16.")
+    integer("block_sizes", "head_dim", head_dim, "pass the model's head dim.", 1)
+    integer("block_sizes", "element_bytes", element_bytes, "2 for bf16.", 1)
     need = 4 * head_dim * element_bytes
-    require_int("block_sizes", "sram_bytes", sram_bytes, need,
-                f"SRAM must hold one row each of Q, K, V, O (4 x head_dim x element_bytes = {need} bytes); "
-                f"use the GPU's shared memory per block, e.g. H200.sram_bytes={H200.sram_bytes}.")
+    integer("block_sizes", "sram_bytes", sram_bytes, f"SRAM must hold one row each of Q, K, V, O (4 x head_dim x element_bytes = {need} bytes); "
+                f"use the GPU's shared memory per block, e.g. H200.sram_bytes={H200.sram_bytes}.", need)
     b_c = math.ceil((sram_bytes // element_bytes) / (4 * head_dim))
     return min(b_c, head_dim), b_c
 
@@ -272,7 +270,7 @@ def predict(seq_lens: Sequence[int], head_dim: int = 128, *, batch: int = 1, tok
     """
     lens = integers("predict", "seq_lens", seq_lens, "pass lengths, e.g. [256, 1024, 4096].")
     if tokens is not None:
-        require_int("predict", "tokens", tokens, 1, "pass batch x length, e.g. 16384, or None.")
+        integer("predict", "tokens", tokens, "pass batch x length, e.g. 16384, or None.", 1)
     sram, rows = gpu.sram_bytes if sram_bytes is None else sram_bytes, []
     for n in lens:
         b = max(1, tokens // n) if tokens is not None else batch

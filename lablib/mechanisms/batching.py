@@ -30,7 +30,8 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
-from lablib.mechanisms._checks import check_requests, require_int
+from lablib.mechanisms.checks import check_requests
+from lablib.validate import integer
 from lablib.stats import percentile
 
 
@@ -156,7 +157,7 @@ def static_batching(
 ) -> ScheduleResult:
     """Batches of batch_size in arrival order; each waits for its last member and runs to its longest one."""
     reqs, times, order = _check_workload(requests, arrivals)
-    require_int("static_batching", "batch_size", batch_size, 1, "use the number of sequences the GPU runs at once, e.g. 8.")
+    integer("static_batching", "batch_size", batch_size, "use the number of sequences the GPU runs at once, e.g. 8.", 1)
     cost = cost or CostModel()
     records: dict[int, RequestRecord] = {}
     steps: list[StepRecord] = []
@@ -201,8 +202,8 @@ def continuous_batching(
     batch's prompts, continuous was never slower in a 600-workload sweep.
     """
     reqs, times, order = _check_workload(requests, arrivals)
-    require_int("continuous_batching", "max_num_seqs", max_num_seqs, 1, "allow at least one running sequence, e.g. 8.")
-    require_int("continuous_batching", "max_num_batched_tokens", max_num_batched_tokens, 1, "use vLLM's default, 2048 or more.")
+    integer("continuous_batching", "max_num_seqs", max_num_seqs, "allow at least one running sequence, e.g. 8.", 1)
+    integer("continuous_batching", "max_num_batched_tokens", max_num_batched_tokens, "use vLLM's default, 2048 or more.", 1)
     if not chunked_prefill:
         for i, (p, _) in enumerate(reqs):
             if p > max_num_batched_tokens:

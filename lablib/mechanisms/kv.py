@@ -31,7 +31,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from lablib.mechanisms._checks import check_requests, require_int
+from lablib.mechanisms.checks import check_requests
+from lablib.validate import integer
 from lablib.models.architecture import (  # noqa: F401 (the formula, taught here)
     DTYPE_BYTES,
     bytes_per_element,
@@ -45,8 +46,8 @@ def kv_cache_bytes(
     num_layers: int, num_kv_heads: int, head_dim: int, dtype_bytes: int | str, context_len: int, batch: int
 ) -> int:
     """Bytes of K/V for `batch` sequences of `context_len` tokens each."""
-    require_int("kv_cache_bytes", "context_len", context_len, 0, "pass the number of tokens per sequence.")
-    require_int("kv_cache_bytes", "batch", batch, 0, "pass the number of sequences.")
+    integer("kv_cache_bytes", "context_len", context_len, "pass the number of tokens per sequence.", 0)
+    integer("kv_cache_bytes", "batch", batch, "pass the number of sequences.", 0)
     return kv_bytes_per_token(num_layers, num_kv_heads, head_dim, dtype_bytes) * context_len * batch
 
 
@@ -117,9 +118,9 @@ def simulate_fragmentation(
     output in the workload, the smallest cap that serves every request).
     """
     reqs = check_requests(requests)
-    require_int("simulate_fragmentation", "block_size", block_size, 1, "use 16, vLLM's default.")
-    require_int("simulate_fragmentation", "max_model_len", max_model_len, 1, "use the model's context length, e.g. 2048.")
-    require_int("simulate_fragmentation", "budget_tokens", budget_tokens, 1, "pass the KV slots left after the weights.")
+    integer("simulate_fragmentation", "block_size", block_size, "use 16, vLLM's default.", 1)
+    integer("simulate_fragmentation", "max_model_len", max_model_len, "use the model's context length, e.g. 2048.", 1)
+    integer("simulate_fragmentation", "budget_tokens", budget_tokens, "pass the KV slots left after the weights.", 1)
     if reserve not in ("max_model_len", "max_possible"):
         raise ValueError(f"reserve={reserve!r} is not a policy: use 'max_model_len' or 'max_possible'.")
     if not isinstance(progress, (int, float)) or not 0.0 <= progress <= 1.0:
@@ -127,7 +128,7 @@ def simulate_fragmentation(
     longest_out = max(o for _, o in reqs)
     if max_new_tokens is None:
         max_new_tokens = longest_out
-    require_int("simulate_fragmentation", "max_new_tokens", max_new_tokens, longest_out, "a smaller cap would truncate some requests.")
+    integer("simulate_fragmentation", "max_new_tokens", max_new_tokens, "a smaller cap would truncate some requests.", longest_out)
     for i, (p, o) in enumerate(reqs):
         if p + o > max_model_len:
             raise ValueError(

@@ -23,7 +23,8 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from lablib.mechanisms._checks import check_requests, require_int
+from lablib.mechanisms.checks import check_requests
+from lablib.validate import integer
 
 
 class OutOfBlocksError(RuntimeError):
@@ -40,8 +41,8 @@ class BlockAllocator:
     """
 
     def __init__(self, num_blocks: int, block_size: int = 16) -> None:
-        require_int("BlockAllocator", "num_blocks", num_blocks, 1, "give the cache at least one block.")
-        require_int("BlockAllocator", "block_size", block_size, 1, "use 16, vLLM's default.")
+        integer("BlockAllocator", "num_blocks", num_blocks, "give the cache at least one block.", 1)
+        integer("BlockAllocator", "block_size", block_size, "use 16, vLLM's default.", 1)
         self.num_blocks = num_blocks
         self.block_size = block_size
         self._free: deque[int] = deque(range(num_blocks))
@@ -79,7 +80,7 @@ class BlockAllocator:
         """Give a new request blocks for its first num_tokens tokens; returns its block table."""
         if request_id in self._tables:
             raise ValueError(f"request {request_id} already holds blocks: free it before allocating again.")
-        require_int("BlockAllocator.allocate", "num_tokens", num_tokens, 1, "a request holds at least its first prompt token.")
+        integer("BlockAllocator.allocate", "num_tokens", num_tokens, "a request holds at least its first prompt token.", 1)
         self._tables[request_id] = self._take(request_id, self.blocks_needed(num_tokens))
         self._tokens[request_id] = num_tokens
         return tuple(self._tables[request_id])
@@ -156,7 +157,7 @@ def replay_block_allocation(
     reqs = check_requests(requests)
     alloc = BlockAllocator(num_blocks, block_size)
     if max_num_seqs is not None:
-        require_int("replay_block_allocation", "max_num_seqs", max_num_seqs, 1, "allow at least one running request, or pass None.")
+        integer("replay_block_allocation", "max_num_seqs", max_num_seqs, "allow at least one running request, or pass None.", 1)
     for i, (p, o) in enumerate(reqs):
         if alloc.blocks_needed(p + o) > num_blocks:
             raise ValueError(

@@ -40,7 +40,6 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from lablib.mechanisms._checks import require_int
 from lablib.validate import integer, refuse
 
 ROOT_HASH = ""  # the parent hash of a prompt's first block
@@ -81,8 +80,8 @@ class PrefixCache:
     """
 
     def __init__(self, num_blocks: int, block_size: int = 16) -> None:
-        require_int("PrefixCache", "num_blocks", num_blocks, 1, "give the cache at least one block.")
-        require_int("PrefixCache", "block_size", block_size, 1, "use 16, vLLM's default.")
+        integer("PrefixCache", "num_blocks", num_blocks, "give the cache at least one block.", 1)
+        integer("PrefixCache", "block_size", block_size, "use 16, vLLM's default.", 1)
         self.num_blocks, self.block_size = num_blocks, block_size
         self.ref_counts = [0] * num_blocks
         self.hash_of: list[str | None] = [None] * num_blocks
@@ -297,8 +296,8 @@ def simulate(requests: Sequence[Sequence[int] | tuple[Sequence[int], int | Seque
     num_blocks=None gives every request its own blocks: nothing is ever evicted.
     """
     reqs = _workload(requests)
-    require_int("simulate", "block_size", block_size, 1, "use 16, vLLM's default.")
-    require_int("simulate", "concurrency", concurrency, 1, "run at least one request at a time.")
+    integer("simulate", "block_size", block_size, "use 16, vLLM's default.", 1)
+    integer("simulate", "concurrency", concurrency, "run at least one request at a time.", 1)
     life = [math.ceil((len(p) + o - 1) / block_size) for p, o, _ in reqs]
     if num_blocks is None:
         num_blocks = sum(life)
@@ -340,7 +339,7 @@ def predict_hits(prompts: Sequence[Sequence[int]], block_size: int = 16) -> list
 
     Counts prompt blocks only (outputs given as lengths, which stay unhashed).
     """
-    require_int("predict_hits", "block_size", block_size, 1, "use 16, vLLM's default.")
+    integer("predict_hits", "block_size", block_size, "use 16, vLLM's default.", 1)
     if not isinstance(prompts, Sequence) or len(prompts) == 0:
         raise refuse("predict_hits", "prompts", prompts, "a non-empty list of prompts", "pass each prompt's token ids.")
     seen: set[str] = set()

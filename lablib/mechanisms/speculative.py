@@ -44,8 +44,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 
-from lablib.mechanisms._checks import require_int
-from lablib.validate import integers, number, refuse
+from lablib.validate import integer, integers, number, refuse
 
 Real = float | Fraction  # a Fraction in gives exact results out, where the maths is rational
 
@@ -64,7 +63,7 @@ def _alpha(owner: str, alpha: object) -> Real:
 
 
 def _k(owner: str, k: object) -> int:
-    require_int(owner, "k", k, 1, "draft at least one token per step, e.g. k=4.")
+    integer(owner, "k", k, "draft at least one token per step, e.g. k=4.", 1)
     return k  # type: ignore[return-value]
 
 
@@ -122,7 +121,7 @@ def alpha_from_per_position(accepted_per_pos: Sequence[int], num_drafts: int) ->
     Assumes every draft had k = len(accepted_per_pos) tokens (a model drafter; n-gram drafts can be shorter).
     """
     owner = "alpha_from_per_position"
-    require_int(owner, "num_drafts", num_drafts, 1, "pass the delta of vllm:spec_decode_num_drafts over the run.")
+    integer(owner, "num_drafts", num_drafts, "pass the delta of vllm:spec_decode_num_drafts over the run.", 1)
     counts = integers(owner, "accepted_per_pos", accepted_per_pos, "pass the delta of "
                       "vllm:spec_decode_num_accepted_tokens_per_pos, one count per position.", 0, num_drafts)
     if any(later > earlier for earlier, later in itertools.pairwise(counts)):
@@ -143,9 +142,9 @@ class SpecCounters:
 
     def __post_init__(self) -> None:
         fix = "take the counters' deltas over one run from get_metrics() or /metrics."
-        require_int("SpecCounters", "num_drafts", self.num_drafts, 1, fix)
-        require_int("SpecCounters", "num_draft_tokens", self.num_draft_tokens, self.num_drafts, fix)
-        require_int("SpecCounters", "num_accepted_tokens", self.num_accepted_tokens, 0, fix)
+        integer("SpecCounters", "num_drafts", self.num_drafts, fix, 1)
+        integer("SpecCounters", "num_draft_tokens", self.num_draft_tokens, fix, self.num_drafts)
+        integer("SpecCounters", "num_accepted_tokens", self.num_accepted_tokens, fix, 0)
         if self.num_accepted_tokens > self.num_draft_tokens:
             raise refuse("SpecCounters", "num_accepted_tokens", self.num_accepted_tokens,
                          f"at most num_draft_tokens={self.num_draft_tokens}", fix)
@@ -184,7 +183,7 @@ def estimate_alpha(counters: SpecCounters) -> float:
 def simulate_acceptance(alpha: float, k: int, steps: int, seed: int = 0) -> SpecCounters:
     """Monte Carlo of the i.i.d. model: per step, accept each draft with probability alpha until one is rejected."""
     alpha, k = _alpha("simulate_acceptance", alpha), _k("simulate_acceptance", k)
-    require_int("simulate_acceptance", "steps", steps, 1, "simulate at least one step, e.g. 10000.")
+    integer("simulate_acceptance", "steps", steps, "simulate at least one step, e.g. 10000.", 1)
     rng = random.Random(seed)
     per_pos = [0] * k
     for _ in range(steps):
@@ -220,7 +219,7 @@ def implied_draft_cost(length: float, k: int, measured_speedup: float, verify_co
 
 def optimal_k(alpha: Real, draft_cost: Real, k_max: int = 16, verify_cost: Real = 1) -> tuple[int, Real]:
     """The k in 1..k_max with the highest speedup (smallest k on a tie), and that speedup."""
-    require_int("optimal_k", "k_max", k_max, 1, "search at least k=1, e.g. k_max=16.")
+    integer("optimal_k", "k_max", k_max, "search at least k=1, e.g. k_max=16.", 1)
     return max(((k, speedup(alpha, k, draft_cost, verify_cost)) for k in range(1, k_max + 1)),
                key=lambda pair: (pair[1], -pair[0]))
 
@@ -258,8 +257,8 @@ class Roofline:
 
     def step_time(self, batch: int, positions: int = 1) -> float:
         """Seconds for one forward over `positions` tokens of each of `batch` sequences."""
-        require_int("Roofline.step_time", "batch", batch, 1, "pass the number of running sequences.")
-        require_int("Roofline.step_time", "positions", positions, 1, "1 for decode, k+1 for a verify pass.")
+        integer("Roofline.step_time", "batch", batch, "pass the number of running sequences.", 1)
+        integer("Roofline.step_time", "positions", positions, "1 for decode, k+1 for a verify pass.", 1)
         work = self.flops_per_token * batch * positions / self.peak_flops
         return max(self.weight_bytes / self.bandwidth, work) + self.overhead
 
@@ -298,6 +297,6 @@ def speedup_vs_batch(alpha: float, k: int, batches: Sequence[int], target: Roofl
 def reversal_batch(alpha: float, k: int, target: Roofline, draft: Roofline | None = None,
                    max_batch: int = 4096) -> int | None:
     """The smallest batch in 1..max_batch where speculation is slower than plain decoding, or None."""
-    require_int("reversal_batch", "max_batch", max_batch, 1, "search up to the engine's max_num_seqs, e.g. 4096.")
+    integer("reversal_batch", "max_batch", max_batch, "search up to the engine's max_num_seqs, e.g. 4096.", 1)
     points = speedup_vs_batch(alpha, k, range(1, max_batch + 1), target, draft)
     return next((p.batch for p in points if p.speedup < 1), None)

@@ -1,4 +1,4 @@
-"""Argument checks the mechanisms share: integers in range, and (prompt_len, output_len) pairs.
+"""The workload check the mechanisms share: (prompt_len, output_len) pairs.
 
 Every simulator takes its workload as (prompt_len, output_len) pairs and a few integer
 knobs; a bad one is refused in the project's one message shape (`lablib.validate`), naming
@@ -8,11 +8,6 @@ the function, the value, the allowed range and a fix, before any simulation star
 from collections.abc import Sequence
 
 from lablib.validate import integer, refuse
-
-
-def require_int(owner: str, name: str, value: object, minimum: int, fix: str) -> None:
-    """Raise ValueError unless value is an int (not a bool) >= minimum; `fix` says what to pass instead."""
-    integer(owner, name, value, fix, minimum)
 
 
 def check_requests(requests: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -26,6 +21,6 @@ def check_requests(requests: Sequence[tuple[int, int]]) -> list[tuple[int, int]]
             raise refuse("workload", f"requests[{i}]", pair, "a (prompt_len, output_len) pair",
                          "give each request as two token counts.")
         for name, value in zip(("prompt_len", "output_len"), pair):
-            require_int("workload", f"requests[{i}].{name}", value, 1, "lengths count tokens; correct or drop that request.")
+            integer("workload", f"requests[{i}].{name}", value, "lengths count tokens; correct or drop that request.")
         checked.append((pair[0], pair[1]))
     return checked
