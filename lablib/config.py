@@ -28,6 +28,34 @@ HF_SPECULATIVE = ("", "draft", "ngram")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 
 
+# The labs, in order: (id, what it does, what it needs to run live). The one list of lab ids.
+LABS = sorted([
+    ("00_setup", "this page: hardware, NVML, what fits", "cpu"),
+    ("01_batching", "naive HF generate vs static batching; the memory wall; prefill vs decode", "cpu"),
+    ("03_kv_cache", "KV-cache sizes, fragmentation and paging, the gpu_memory_utilization sweep", "vllm"),
+    ("04_continuous_batching", "static vs continuous batching (Gantt), HF vs vLLM on the journey, scheduler knobs",
+     "vllm"),
+    ("02_attention", "the IO model of attention, naive vs FlashAttention kernels against sequence length", "vllm"),
+    ("05_serving", "the OpenAI server under Poisson load, /metrics, vllm bench serve as referee", "vllm"),
+    ("06_quantization", "GPTQ/AWQ W4A16, FP8, W8A8 with llm-compressor: memory, speed and quality", "vllm"),
+    ("07_prefix_caching", "hashed KV blocks: the simulator's hits against vLLM's counters, TTFT vs shared prefix",
+     "vllm"),
+    ("08_speculative_decoding", "draft, n-gram and EAGLE: acceptance maths, the loop, where it stops paying", "vllm"),
+    ("09_tensor_parallelism", "the TP cost model, what fits on 1/2/4/8 GPUs, TP=1 measured as the baseline", "vllm"),
+    ("10_the_whole_journey", "every rung on one workload, each lab's gain, and the tuning advisor", "vllm"),
+])
+LAB_IDS = tuple(lab for lab, _, _ in LABS)
+
+
+def lab_id(number: str) -> str:
+    """A lab's id from its number: lab_id("08") is "08_speculative_decoding"."""
+    for lab in LAB_IDS:
+        if lab.startswith(number + "_"):
+            return lab
+    raise validate.refuse("lab_id", "number", number, ", ".join(lab[:2] for lab in LAB_IDS),
+                          "pass a lab's two-digit number, e.g. '08'.")
+
+
 @dataclass(frozen=True)
 class HFConfig:
     """Hugging Face `generate`: one request at a time ("naive") or left-padded batches ("static")."""

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, Callable, Generic, TypeVar
 
+from .config import lab_id, LABS
 from .results.reference import reference_facts
 
 T = TypeVar("T")
@@ -180,7 +181,7 @@ def display_if_live(widget: Any, instead: str) -> Any:
 class Checks:
     """A lab's Checks cell: assertions on the run the user just made, and an honest count of what was checked.
 
-        c = Checks("03_kv_cache")
+        c = Checks(lab_id("03"))
         c.that("paging wastes under 4%", report.paged.waste_fraction < 0.04)
         c.live(gmu, "VRAM back to baseline after every engine", lambda rows: all(r["back_to_baseline"] for r in rows))
         c.done()
@@ -217,24 +218,6 @@ class Checks:
     def done(self) -> None:
         """Print the summary: a Checks cell's last line (returning nothing, so the cell shows it once)."""
         print(self.summary())
-
-
-LABS = [
-    ("00_setup", "this page: hardware, NVML, what fits", "cpu"),
-    ("01_batching", "naive HF generate vs static batching; the memory wall; prefill vs decode", "cpu"),
-    ("03_kv_cache", "KV-cache sizes, fragmentation and paging, the gpu_memory_utilization sweep", "vllm"),
-    ("04_continuous_batching", "static vs continuous batching (Gantt), HF vs vLLM on the journey, scheduler knobs",
-     "vllm"),
-    ("02_attention", "the IO model of attention, naive vs FlashAttention kernels against sequence length", "vllm"),
-    ("05_serving", "the OpenAI server under Poisson load, /metrics, vllm bench serve as referee", "vllm"),
-    ("06_quantization", "GPTQ/AWQ W4A16, FP8, W8A8 with llm-compressor: memory, speed and quality", "vllm"),
-    ("07_prefix_caching", "hashed KV blocks: the simulator's hits against vLLM's counters, TTFT vs shared prefix",
-     "vllm"),
-    ("08_speculative_decoding", "draft, n-gram and EAGLE: acceptance maths, the loop, where it stops paying", "vllm"),
-    ("09_tensor_parallelism", "the TP cost model, what fits on 1/2/4/8 GPUs, TP=1 measured as the baseline", "vllm"),
-    ("10_the_whole_journey", "every rung on one workload, each lab's gain, and the tuning advisor", "vllm"),
-]
-LABS.sort(key=lambda lab: lab[0])  # in the labs' order
 
 
 def lab_plan() -> list[dict[str, str]]:

@@ -489,7 +489,12 @@ Serving capacity (256 requests at once): {lab.get('serve_capacity_rps') or 0:.1f
 
 {lab_text}
 """
-    (OUT / "README.md").write_text(text)
+    # The notes written by hand under the marker (the log of GPU sessions) survive a re-pack: the generated part
+    # above is replaced, the marker and everything after it are kept as they are.
+    marker = "<!-- Written by hand below this line: pack_reference.py keeps it. -->"
+    old = (OUT / "README.md").read_text() if (OUT / "README.md").exists() else ""
+    kept = old[old.index(marker):] if marker in old else ""
+    (OUT / "README.md").write_text(text + kept)
 
 
 if __name__ == "__main__":

@@ -41,6 +41,7 @@ from .prom import (
     parse_prometheus,
     window_means,
 )
+from ..config import lab_id
 
 
 def check_rate(rate: float, where: str) -> float:
@@ -87,7 +88,7 @@ def _histograms(base_url: str, api_key: str | None) -> dict[str, float] | None:
 def run_online(base_url: str, api_key: str | None, model: str, workload: Workload, rates: Sequence[float], *,
                seed: int = 0, prompts: Sequence[Prompt] | None = None, max_tokens: int | Sequence[int] | None = None,
                max_concurrency: int | None = None, warmup_requests: int = 1, metrics: Sequence[str] | None =
-               DEFAULT_GAUGES, metrics_interval_s: float = 0.5, timeline: bool = True, lab: str = "05_serving",
+               DEFAULT_GAUGES, metrics_interval_s: float = 0.5, timeline: bool = True, lab: str = lab_id("05"),
                server: dict[str, Any] | None = None, store: ResultStore | None = None,
                on_metrics: Callable[[float, dict[str, float | None]], None] | None = None,
                on_result: Callable[[Result], None] | None = None,

@@ -23,6 +23,7 @@ import re
 from typing import Any
 
 from ..results.record import Result
+from ..config import lab_id
 
 
 def batch_size(r: Result) -> int:
@@ -101,7 +102,7 @@ def checks(results: list[Result]) -> None:
     largest = max((r for r in hf if r.step.startswith("hf-static")), key=batch_size)
     best = max(hf, key=lambda r: r.summary["output_tok_s"])
     step = next(row for row in step_costs(results)["rows"] if row["step"] == largest.step)
-    c = Checks("01_batching")
+    c = Checks(lab_id("01"))
     c.that(f"a decode step of {step['batch']} sequences costs less than {step['batch']} steps of one",
            step["vs_B_single_steps"] < 1, f"{step['step_ms']:.2f} ms = {step['vs_B_single_steps']:.2f} x "
            f"{step['batch']} single steps")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from ..config import VLLMConfig
+from ..config import lab_id, VLLMConfig
 from ..models import ModelSpec
 from ..results.record import Result
 from ..results.store import ResultStore
@@ -19,7 +19,7 @@ from .sweeps import config_sweep
 
 def gpu_memory_utilization_sweep(values: list[float], model: str | ModelSpec = "embedded", workload: str = "journey",
                                  enforce_eager: bool = True, store: ResultStore | None = None,
-                                 lab: str = "03_kv_cache", on_row: Callable[[dict[str, Any]], None] | None = None
+                                 lab: str = lab_id("03"), on_row: Callable[[dict[str, Any]], None] | None = None
                                  ) -> tuple[list[dict[str, Any]], list[Result]]:
     """Start one vLLM engine per value, run the workload, record KV capacity, throughput and VRAM after close."""
     configs = [VLLMConfig(gpu_memory_utilization=g, enforce_eager=enforce_eager) for g in values]  # validate all first

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..config import BenchConfig, HFConfig, VLLMConfig
+from ..config import BenchConfig, HFConfig, lab_id, VLLMConfig
 from ..models import ModelSpec
 from ..results.record import Result
 from ..results.store import ResultStore
@@ -23,7 +23,7 @@ from .sweeps import config_sweep
 
 def scheduler_sweep(max_num_seqs: list[int] = (8, 32, 128, 256), max_num_batched_tokens: list[int | None] = (None,),
                     model: str | ModelSpec = "embedded", workload: str = "journey", store: ResultStore | None = None,
-                    lab: str = "04_continuous_batching", **engine: Any) -> tuple[list[dict[str, Any]], list[Result]]:
+                    lab: str = lab_id("04"), **engine: Any) -> tuple[list[dict[str, Any]], list[Result]]:
     """vLLM's scheduler knobs: one engine per (max_num_seqs, max_num_batched_tokens) pair."""
     configs = [VLLMConfig(max_num_seqs=n, max_num_batched_tokens=b, **engine)
                for n in max_num_seqs for b in max_num_batched_tokens]
@@ -66,7 +66,7 @@ def pair(hf: Result, vllm: Result) -> dict[str, Any]:
 
 
 def journey_comparison(workload: str = "journey", *, gpu_memory_utilization: float = 0.3, hf_batch: int = 64,
-                       store: ResultStore | None = None, lab: str = "04_continuous_batching",
+                       store: ResultStore | None = None, lab: str = lab_id("04"),
                        force: bool | None = None) -> Shown[dict[str, Any]]:
     """HF static batching (one batch of `hf_batch`) against vLLM on the whole journey, same requests, same model.
 

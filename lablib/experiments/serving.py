@@ -42,7 +42,7 @@ from ..bench.loadgen import run_online
 from ..models import ModelSpec, embedded_path, resolve_model
 from ..results.record import Result
 from ..results.store import ResultStore, results_dir
-from ..config import ServerConfig
+from ..config import lab_id, ServerConfig
 from ..engines.server import VLLMServer
 from ..workloads import load_workload
 
@@ -115,7 +115,7 @@ def _started(cfg: ServerConfig, out_dir: Path, out: dict[str, Any]) -> Iterator[
 
 def rate_sweep(model: str | ModelSpec = "embedded", workload: str = "journey", repeat: int = 4,
                fractions: Sequence[float] = FRACTIONS, *, seed: int = 0, cross_check: bool = True,
-               out_dir: str | Path | None = None, store: ResultStore | None = None, lab: str = "05_serving",
+               out_dir: str | Path | None = None, store: ResultStore | None = None, lab: str = lab_id("05"),
                on_metrics: Callable[[float, dict[str, float | None]], None] | None = None,
                on_result: Callable[[Result], None] | None = None, metrics_interval_s: float = 0.25,
                **knobs: Any) -> dict[str, Any]:
@@ -154,7 +154,7 @@ def check_levels(levels: Sequence[int]) -> list[int]:
 
 def concurrency_sweep(model: str | ModelSpec = "embedded", workload: str = "journey", repeat: int = 2,
                       levels: Sequence[int] = (1, 4, 16, 64), *, seed: int = 0, out_dir: str | Path | None = None,
-                      store: ResultStore | None = None, lab: str = "05_serving",
+                      store: ResultStore | None = None, lab: str = lab_id("05"),
                       on_result: Callable[[Result], None] | None = None, **knobs: Any) -> dict[str, Any]:
     """One server, the workload sent with at most N requests in flight for each N in `levels`.
 
@@ -176,7 +176,7 @@ def concurrency_sweep(model: str | ModelSpec = "embedded", workload: str = "jour
 
 def cross_check(model: str | ModelSpec = "embedded", workload: str = "journey", repeat: int = 4, times: int = 3, *,
                 max_concurrency: int | None = None, seed: int = 0, out_dir: str | Path | None = None,
-                store: ResultStore | None = None, lab: str = "03_serving", confidence: float | None = None,
+                store: ResultStore | None = None, lab: str = lab_id("05"), confidence: float | None = None,
                 max_cv: float | None = None, max_bound: float | None = None, min_window_s: float | None = None,
                 timeline: bool = False, **knobs: Any) -> dict[str, Any]:
     """The referee: the lab's client and `vllm bench serve` on one server, `times` rounds, the first client alternating.
@@ -216,7 +216,7 @@ def cross_check(model: str | ModelSpec = "embedded", workload: str = "journey", 
 
 def cross_check_endpoint(base_url: str, api_key: str | None, model: str, tokenizer: str, workload: str = "journey",
                          repeat: int = 4, times: int = 3, *, max_concurrency: int | None = None, seed: int = 0,
-                         out_dir: str | Path | None = None, store: ResultStore | None = None, lab: str = "05_serving",
+                         out_dir: str | Path | None = None, store: ResultStore | None = None, lab: str = lab_id("05"),
                          confidence: float | None = None, max_cv: float | None = None, max_bound: float | None = None,
                          min_window_s: float | None = None, timeline: bool = False) -> dict[str, Any]:
     """`cross_check`'s referee against a server somebody else runs: any OpenAI-compatible endpoint.
@@ -293,7 +293,7 @@ MEASURED_SERVER_KNOBS = ("max_num_seqs", "gpu_memory_utilization", "max_model_le
                          "extra_args")
 
 
-def rate_sweep_or_recorded(model: str | ModelSpec = "embedded", repeat: int = 4, *, lab: str = "05_serving",
+def rate_sweep_or_recorded(model: str | ModelSpec = "embedded", repeat: int = 4, *, lab: str = lab_id("05"),
                            force: bool | None = None, **kw: Any):
     """`rate_sweep` live on a GPU with vLLM; otherwise the one recorded on the H200 (the synthetic 8B).
 

@@ -40,7 +40,7 @@ MODELS = ("embedded",)  # the models the labs' cells run
 class LabRun:
     """One lab's run: where it came from, how it went, and what it wrote."""
 
-    lab: str  # the notebook's stem ("01_batching")
+    lab: str  # the notebook's stem (lab_id("01"))
     source: str  # the notebook that was run
     status: str = "not run"  # "ok" or "failed"
     wall_s: float = 0.0  # seconds from kernel start to the last cell
@@ -61,7 +61,7 @@ class LabRun:
 KERNEL_QUIET = ["--IPKernelApp.log_level=ERROR"]
 
 def select(labs: list[str] | None, labs_dir: Path = LABS_DIR) -> list[Path]:
-    """The notebooks to run: each of `labs` is a notebook path or a lab's number or name ("01", "01_batching")."""
+    """The notebooks to run: each of `labs` is a notebook path or a lab's number or name ("01", lab_id("01"))."""
     every = lab_notebooks(labs_dir)
     if not labs:
         if not every:

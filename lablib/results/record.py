@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from ..stats import distribution
+from ..config import lab_id
 
 SCHEMA = 1
 
@@ -115,7 +116,7 @@ class Result:
     built from a recorded Result says so.
     """
 
-    lab: str  # which lab or command produced it, e.g. "01_batching"
+    lab: str  # which lab or command produced it, e.g. lab_id("01")
     step: str  # the journey step or sweep point, e.g. "hf-naive", "hf-static-b8"
     engine: str  # "hf-naive", "hf-static", "vllm", "simulator"
     config: dict[str, Any]  # the engine knobs that were set

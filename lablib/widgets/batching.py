@@ -32,7 +32,7 @@ import plotly.graph_objects as go
 
 from .. import plots
 from ..bench.offline import run as bench_run
-from ..config import HF_MODES, BenchConfig, HFConfig
+from ..config import BenchConfig, HF_MODES, HFConfig, lab_id
 from ..engines.hf import HFEngine
 from ..models import EMBEDDED, PRESETS
 from ..plots.style import colour, finish
@@ -59,7 +59,7 @@ def empty_figure(title: str, xtitle: str, ytitle: str, message: str) -> go.Figur
 class BatchingPanel:
     """Run HF naive / static batching from controls; live per-request plot, then throughput vs batch size."""
 
-    def __init__(self, lab: str = "01_batching", store: str | Path | None = None, model: str = "embedded",
+    def __init__(self, lab: str = lab_id("01"), store: str | Path | None = None, model: str = "embedded",
                  requests: int = 8, max_new_tokens: int | None = 16, max_engines: int = 4):
         self.lab = lab
         self.store = ResultStore(store) if store is not None else ResultStore.for_lab(lab)

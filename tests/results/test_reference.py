@@ -4,6 +4,7 @@ renders from both. Pure file checks: well under a second."""
 
 import gzip
 import json
+import shutil
 
 import pytest
 
@@ -84,6 +85,7 @@ def test_readme_is_rendered_from_facts_and_results(pack, facts, monkeypatch, tmp
     with gzip.open(REFERENCE_DIR / "h200.jsonl.gz", "rt", encoding="utf-8") as f:
         by_step = {r["step"]: r for r in map(json.loads, f.read().splitlines())}
     monkeypatch.setattr(pack, "OUT", tmp_path)
+    shutil.copy(REFERENCE_DIR / "README.md", tmp_path / "README.md")  # the hand-written part below the marker is kept
     pack.write_readme(by_step, facts)
     assert (tmp_path / "README.md").read_text() == (REFERENCE_DIR / "README.md").read_text(), REPACK
     text = (tmp_path / "README.md").read_text()  # a notebook renumbered since its run is named as such; others not

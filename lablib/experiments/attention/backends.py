@@ -16,7 +16,7 @@ from typing import Any
 
 from ... import validate
 from ...bench.offline import run
-from ...config import BenchConfig, VLLMConfig
+from ...config import BenchConfig, lab_id, VLLMConfig
 from ...results.store import ResultStore
 from ...workloads import Workload, load_workload
 
@@ -34,7 +34,7 @@ def backend_llm_kwargs(backend: str, base: VLLMConfig = VLLMConfig()) -> dict[st
 def vllm_backend_sweep(start_engine: Callable[[str, dict[str, Any]], Any], backends: Sequence[str] = VLLM_BACKENDS, *,
                        workload: str | Workload = "journey", base: VLLMConfig = VLLMConfig(),
                        bench: BenchConfig = BenchConfig(progress=False), store: ResultStore | None = None,
-                       lab: str = "02_attention") -> tuple[list[dict[str, Any]], list[Any]]:
+                       lab: str = lab_id("02")) -> tuple[list[dict[str, Any]], list[Any]]:
     """One engine per backend, made by `start_engine(backend, backend_llm_kwargs(backend, base))`, the workload run.
 
     Each row: the backend asked for, the one the engine reported running (vLLM's log line, engine.facts

@@ -57,6 +57,7 @@ from ...results.store import ResultStore
 from ...session import Shown, asked_rows, live_or_recorded
 from .findings import with_prediction
 from .backends import NOT_WIRED, vllm_sweep_live, wired
+from ...config import lab_id
 
 STEP = KEY = "attention"  # scripts/record_reference.py --steps attention writes facts["attention"]
 BIG = "llama-3.1-8b"  # the synthetic 8B shape of the GPU runs
@@ -329,7 +330,7 @@ def journey_rung(requests: int = 16, batch: int = 16, max_new_tokens: int = 32, 
     from ..journey import hf_steps
 
     wl, bench = load_workload("journey", limit=requests), BenchConfig(max_new_tokens=max_new_tokens, progress=False)
-    results = [run_step(step, "embedded", wl, bench, lab="02_attention", store=store, threads=threads)
+    results = [run_step(step, "embedded", wl, bench, lab=lab_id("02"), store=store, threads=threads)
                for step in hf_steps([batch])[-2:]]  # hf-static-b<batch> (eager), then its -sdpa rung
     eager, sdpa = results
     rows = [{"panel": "rung", "rung": r.step, "attention": r.config["attn_implementation"],
@@ -354,7 +355,7 @@ def _float32_pair(wl: Any, bench: Any, batch: int, threads: int | None) -> list[
 
     return [run_step(Step(f"hf-static-b{batch}-{impl}-float32", lambda m, impl=impl: HFEngine(m, HFConfig(
                 "static", batch, attn_implementation=impl, dtype="float32", device="cpu"))), "embedded", wl, bench,
-                     lab="02_attention", threads=threads) for impl in ("eager", "sdpa")]
+                     lab=lab_id("02"), threads=threads) for impl in ("eager", "sdpa")]
 
 
 def journey_rung_lines(shown: Shown[dict[str, Any]]) -> str:

@@ -19,7 +19,7 @@ import statistics
 from typing import Any
 
 from ... import validate
-from ...config import BenchConfig, VLLMConfig
+from ...config import BenchConfig, lab_id, VLLMConfig
 from ...engines.process import environ
 from ...hardware.device import device_facts, nvml_memory, usable_gpu_count
 from ...hardware.fit import check_fit
@@ -34,7 +34,7 @@ from ...workloads import Request, Workload, load_workload
 from .fit import check_tp, gpu_bytes, shape_spec
 from .model import model_shape
 
-LAB = "09_tensor_parallelism"
+LAB = lab_id("09")
 PROMPT_LEN, OUTPUT_LEN = 128, 256  # the fixed shapes of the measured runs
 QUANTIZATION = {"bf16": None, "fp8": "fp8"}  # scheme -> VLLMConfig.quantization (online FP8 of a bf16 checkpoint)
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from .runs import counters_keep_only_the_first, on_off_pairs
 from .workloads import BIG
+from ...config import lab_id
 
 
 def part(shown: Any, key: str, then: Any = None) -> Any:
@@ -128,7 +129,7 @@ def checks(idea: Any, chain: Any, lengths: Any, advice: Any, demo: Any, scarce: 
     and what did not (and returns nothing, so the cell shows it once)."""
     from ...session import Checks
 
-    c = Checks("07_prefix_caching")
+    c = Checks(lab_id("07"))
     c.that(
         "a repeated 64-token prompt caches 48 tokens: whole blocks, the last token recomputed",
         idea.loc[64, "cached_second_time"] == 48,

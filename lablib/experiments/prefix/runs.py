@@ -23,7 +23,7 @@ from typing import Any
 
 from ... import validate
 from ...bench.offline import prepare, run
-from ...config import BenchConfig
+from ...config import BenchConfig, lab_id
 from ...mechanisms.prefix import PrefixCacheResult, simulate
 from ...results.compare import outputs_agree
 from ...results.record import Result
@@ -115,7 +115,7 @@ def judged(row: dict[str, Any]) -> dict[str, Any]:
             "counters_undercount": undercount, "verdict": verdict}
 
 
-def measure(engine: Any, workload: Workload, *, max_new_tokens: int | None = 8, lab: str = "07_prefix_caching",
+def measure(engine: Any, workload: Workload, *, max_new_tokens: int | None = 8, lab: str = lab_id("07"),
             step: str | None = None, store: Any = None) -> dict[str, Any]:
     """One measured run from an empty prefix cache, next to the simulator's prediction for it.
 

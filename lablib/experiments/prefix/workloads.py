@@ -20,10 +20,10 @@ from typing import Any
 
 from ... import validate
 from ...bench.offline import prepare
-from ...config import BenchConfig
+from ...config import BenchConfig, lab_id
 from ...workloads import Request, Workload, load_workload
 
-LAB = "07_prefix_caching"
+LAB = lab_id("07")
 BIG = "llama-3.1-8b"  # the synthetic checkpoint whose prefill is long enough for TTFT to show the saving
 VARIANTS = ("shared-first", "shared-after", "multi-turn")
 SHARED_SETS = ("shared-prefix-128", "shared-prefix-512", "shared-prefix-1024")

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ... import validate
-from ...config import BenchConfig, VLLMConfig
+from ...config import BenchConfig, lab_id, VLLMConfig
 from ...models import embedded_path
 from ...models.quantize import SCHEMES, read_facts
 from ...results.record import Result
@@ -24,7 +24,7 @@ from ...workloads import Workload, load_workload
 from .checkpoints import reuse_or_quantize
 from .measures import OWNER
 
-LAB = "06_quantization"
+LAB = lab_id("06")
 GPU_WORK = "/tmp/lablib-quantized"  # where the GPU session's quantized synthetic checkpoints go (64 GiB disk there)
 SPEED_MODEL = "llama-3.1-8b"
 BATCHES = (1, 8, 64, 256)

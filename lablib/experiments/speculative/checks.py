@@ -9,6 +9,7 @@ and the speedup falling with batch only where `gpu` was measured on this machine
 from __future__ import annotations
 
 from typing import Any
+from ...config import lab_id
 
 
 def checks(study: dict[str, Any], hf: dict[str, Any], harness: dict[str, Any], drafters: list[dict[str, Any]],
@@ -21,7 +22,7 @@ def checks(study: dict[str, Any], hf: dict[str, Any], harness: dict[str, Any], d
     from .sampling import distribution_kept
     from .study import acceptance_table
 
-    c = Checks("08_speculative_decoding")
+    c = Checks(lab_id("08"))
     acc = acceptance_table(study)
     c.that("the loop emits exactly the target's greedy tokens, every k", all(r["identical_to_greedy"] for r in acc))
     c.that("the loop's counters are consistent (vLLM's definitions)", all(r["counters_consistent"] for r in acc))

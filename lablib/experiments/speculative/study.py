@@ -33,6 +33,7 @@ from .loops import (
     load_pair,
     provenance,
 )
+from ...config import lab_id
 
 
 def summary_lines(study: dict[str, Any], model: dict[str, Any]) -> str:
@@ -214,7 +215,7 @@ HARNESS = (("naive generate", ""), ("draft model", "draft"), ("n-gram (prompt lo
 
 
 def harness_runs(n_prompts: int = 16, max_new_tokens: int = 32, k: int = 4, *, store: Any = None,
-                 lab: str = "08_speculative_decoding", threads: int | None = 1) -> dict[str, Any]:
+                 lab: str = lab_id("08"), threads: int | None = 1) -> dict[str, Any]:
     """Naive generate, then transformers' assisted generation with the embedded draft and with prompt lookup,
     each an `HFEngine` run by `bench.run` on the same journey prompts (one warm-up request, exact lengths): what
     the journey's lab 08 rungs measure, with the latencies every other lab reports. On the CPU on every machine,

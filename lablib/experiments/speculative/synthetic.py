@@ -30,6 +30,7 @@ from ...hardware.device import device_facts
 from ...results.reference import recorded_facts
 from ...session import Shown, live_or_recorded
 from .vllm_runs import Setting, speculative_config, vllm_spec_runs
+from ...config import lab_id
 
 TARGET, DRAFT = "llama-3.1-8b", "llama-3.2-1b"  # synthetic shapes of data/synthetic/architectures.json
 LABEL = "synthetic acceptance: the speed is real, the acceptance rate is set"
@@ -48,7 +49,7 @@ def synthetic_config(k: int, length: float, target: str | Path, draft: str | Pat
 
 def synthetic_speed_runs(length: float, k: int = 4, batches: Sequence[int] = (1, 4, 16, 64), *, n_prompts: int = 64,
                          max_new_tokens: int = 128, gpu_memory_utilization: float = 0.9, store: Any = None,
-                         lab: str = "08_speculative_decoding") -> list[dict[str, Any]]:
+                         lab: str = lab_id("08")) -> list[dict[str, Any]]:
     """The pinned baseline and the synthetic 1B draft at acceptance length L on the synthetic 8B, per batch size.
 
     Both pinned (V1 runner, async off: what a draft model forces), one engine each serving every batch size. A

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from ... import validate
-from ...config import BenchConfig, VLLMConfig
+from ...config import BenchConfig, lab_id, VLLMConfig
 from ...engines.process import environ
 from ...hardware.device import device_facts
 from ...mechanisms.speculative import (
@@ -45,7 +45,7 @@ from ...session import Shown, live_label, live_or_recorded
 from ...workloads import load_workload
 from .acceptance import MODEL_DRAFTERS, counters_consistent, drafter_acceptance
 
-LAB = "08_speculative_decoding"
+LAB = lab_id("08")
 STEP = "speculative"  # the recording step: scripts/record_reference.py --steps speculative calls `record` below
 METHODS = ("draft_model", "ngram", "eagle")  # what this lab runs on vLLM
 # vLLM 0.26's SpeculativeMethod (vllm/config/speculative.py), its MTP model types folded into "mtp"
