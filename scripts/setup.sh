@@ -23,11 +23,18 @@ fi
 [ -x .venv/bin/python ] || python3 -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -c "import torch" 2>/dev/null || .venv/bin/python -m pip install -q "torch==2.13.0"
-if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then  # notebooks: outputs stripped on commit (nbstripout)
-  git config --local --replace-all include.path "$PWD/.nbstripout.gitconfig" nbstripout
-fi
 if [ "$extra" = "test" ]; then
   .venv/bin/python -m pip install -q -e ".[test]"
 else
   .venv/bin/python -m pip install -q -e .
+fi
+# Notebooks: outputs stripped on commit by nbstripout, a git filter git treats as required once enabled. Enable it
+# only where .venv has nbstripout (`setup.sh test`, or the [lab] extras): an enabled filter that is missing makes
+# `git status` and `git diff` fail with "clean filter 'nbstripout' failed".
+if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then
+  if .venv/bin/python -c "import nbstripout" 2>/dev/null; then
+    git config --local --replace-all include.path "$PWD/.nbstripout.gitconfig" nbstripout
+  else
+    git config --local --unset-all include.path nbstripout || true
+  fi
 fi
