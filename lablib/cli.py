@@ -7,6 +7,10 @@ the rungs run here next to those recorded on the H200 (data/reference/), then th
     lablab --requests 16 --batch-sizes 1,8
     lablab --model qwen2.5-0.5b     # a preset (needs the Hugging Face hub)
 
+Torch computes the HF rungs on one thread, as the notebooks do (--threads to change it). The run checks that it
+had its core to itself: a share of it well under 1 means other work ran on the same cores, and the summary's `cpu`
+field and the report's first lines say so, with the figures (lablib.hardware.contention says how it is judged).
+
 The last line printed is one JSON document (the summary), so scripts can read it.
 """
 from __future__ import annotations
@@ -35,10 +39,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--results", type=Path, default=None,
                     help="folder for the JSONL results (default: the repository's results/, or $LABLIB_RESULTS)")
     ap.add_argument("--report", type=Path, default=Path("reports/journey.html"))
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch threads for the HF rungs (default 1, as in the notebooks: on a shared CPU a second "
+                         "OpenMP thread spins against other work and a run comes out several times slower; one "
+                         "thread measures the same thing steadily, and the contention check is calibrated for it)")
     args = ap.parse_args(argv)
 
     from .config import BenchConfig
-    from .experiments.journey import default_store, road, run_journey
+    from .experiments.journey import best_on_road, default_store, road, run_journey
+    from .hardware.contention import ADVICE, CpuMeter
     from .report import write_report
 
     t0 = time.time()
@@ -46,22 +55,31 @@ def main(argv: list[str] | None = None) -> int:
         if args.requests is not None and args.requests < 1:
             raise ValueError(f"--requests={args.requests}: allowed integers >= 1 (the first N requests of the "
                              "workload). Fix: e.g. --requests 8, or leave it out to run them all.")
+        if args.threads < 1:
+            raise ValueError(f"--threads={args.threads}: allowed integers >= 1 (torch threads for the HF rungs). "
+                             "Fix: --threads 1 on a shared CPU, or up to the cores of a machine of your own.")
         bench = BenchConfig(max_new_tokens=args.max_new_tokens)
         store = default_store(args.results)
-        results, skipped = run_journey(args.model, args.workload, args.requests, args.batch_sizes, store, bench)
+        meter = CpuMeter(args.threads)
+        results, skipped = run_journey(args.model, args.workload, args.requests, args.batch_sizes, store, bench,
+                                       cpu_threads=args.threads, cpu=meter)
     except ValueError as e:
         print(f"lablab: {e}", file=sys.stderr)
         return 2
     shown = road(results, args.batch_sizes)  # the live rungs and the H200's recorded ones, in the ladder's order
-    report = write_report(shown, args.report, skipped=skipped)
-    same = [r for r in results if r.workload.get("name") == args.workload]  # a rung's own workload is no race
-    best = max(same or results, key=lambda r: r.summary["output_tok_s"])
-    naive = next((r for r in results if r.step == "hf-naive"), None)
+    cpu = meter.result()
+    if cpu.contended:
+        print(f"lablab: {ADVICE}: the HF rungs got {cpu.figures()}.", file=sys.stderr)
+    report = write_report(shown, args.report, skipped=skipped, cpu=cpu)
+    best = best_on_road(results, args.workload)  # live, this workload, no side road: like with like
+    naive = next((r for r in results if r.step == "hf-naive" and r.workload.get("name") == args.workload), None)
     summary = {
         "results": str(store.path), "report": str(report), "wall_s": round(time.time() - t0, 1),
         "steps": {r.step: round(r.summary["output_tok_s"], 2) for r in results},
-        "best": best.step, "speedup_over_naive": round(best.summary["output_tok_s"] / naive.summary["output_tok_s"], 2)
-        if naive else None, "skipped": skipped, "hardware": results[0].hardware.get("gpu") or "CPU",
+        "best": best.step if best else None, "speedup_over_naive":
+        round(best.summary["output_tok_s"] / naive.summary["output_tok_s"], 2) if best and naive else None,
+        "contended": cpu.contended, "cpu": cpu.to_dict(), "skipped": skipped,
+        "hardware": results[0].hardware.get("gpu") or "CPU",
         "recorded": {r.step: round(r.summary["output_tok_s"], 2) for r in shown if r.provenance == "recorded"}}
     print(json.dumps(summary))
     return 0

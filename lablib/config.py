@@ -169,6 +169,11 @@ class VLLMConfig:
     # Lab 09 pins {"pass_config": {"fuse_allreduce_rms": False}}: vLLM 0.26's default -O2 fuses all-reduce + RMSNorm
     # into one FlashInfer kernel for TP > 1 on Hopper (vllm/config/vllm.py, enable_allreduce_rms_fusion)
     compilation_config: dict[str, Any] | None = None
+    # vLLM 0.26 moves draft_model and ngram speculation to its V1 model runner with async scheduling off
+    # (vllm/config/vllm.py), so a speculative run set against a default baseline compares two engines: lab 08 pins
+    # both in every run. None leaves vLLM's choice.
+    async_scheduling: bool | None = None  # False: async scheduling off (an `LLM(...)` argument)
+    model_runner_v2: bool | None = None  # False: the V1 runner; VLLMEngine.start sets VLLM_USE_V2_MODEL_RUNNER=0
 
     def __post_init__(self) -> None:
         validate.fraction("VLLMConfig", "gpu_memory_utilization", self.gpu_memory_utilization,
@@ -212,6 +217,10 @@ class VLLMConfig:
         validate.choice("VLLMConfig", "kv_cache_dtype", self.kv_cache_dtype, KV_CACHE_DTYPES)
         validate.choice("VLLMConfig", "quantization", self.quantization, QUANTIZATIONS)
         validate.integer("VLLMConfig", "seed", self.seed, "any integer >= 0, e.g. 0.", 0)
+        for name in ("async_scheduling", "model_runner_v2"):
+            if getattr(self, name) not in (None, True, False):
+                raise validate.refuse("VLLMConfig", name, getattr(self, name), "None, True or False",
+                                      "None leaves vLLM's choice; False pins it off in every run.")
 
     def _check_nodes(self) -> None:
         """nnodes > 1 is vLLM's multiprocess executor across machines: named explicitly, with node 0's address, a
@@ -257,8 +266,10 @@ class VLLMConfig:
         return self.tensor_parallel_size * self.pipeline_parallel_size
 
     def llm_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments for `vllm.LLM`, leaving vLLM's defaults where the config says None."""
+        """Keyword arguments for `vllm.LLM`, leaving vLLM's defaults where the config says None (the model runner is
+        an environment variable, not an argument: VLLMEngine.start sets it)."""
         kw = {k: v for k, v in asdict(self).items() if v is not None}
+        kw.pop("model_runner_v2", None)
         return kw
 
     def to_dict(self) -> dict[str, Any]:

@@ -1,6 +1,8 @@
 """The main job's HTML report: the whole road at a glance, then the numbers, then where they came from.
 
 The page reads top to bottom as a newcomer needs it:
+0. one sentence, computed from the Results, of what this machine measured and what the H200 recorded; and, where
+   the run shared its CPU with other work (`hardware.contention`), a warning with the figures;
 1. one picture of the whole road (`plots.journey.whole_road`): output tok/s per rung, log scale,
    the rungs run live on this machine next to those recorded on the H200, each bar labelled;
 2. why the live rungs look the way they do here (on a CPU, naive generate can match static
@@ -21,15 +23,18 @@ from pathlib import Path
 from typing import Any
 
 from . import plots
+from .experiments.journey import best_on_road, side_roads
+from .hardware.contention import ADVICE, CpuShare
 from .plots.journey import model_name, tok_s_text, where, whole_road
 from .results.record import Result
+from .stats import latency_text
 
 GIB = 2**30
 CSS = """body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1200px;padding:0 1em;line-height:1.45}
 table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #ccc;padding:3px 7px;font-size:13px;text-align:left}
 th{background:#f3f3f3}td.n{text-align:right;font-variant-numeric:tabular-nums}.lede{font-size:1.1em}
 details{margin:.3em 0}summary{cursor:pointer}pre{background:#f6f6f6;padding:1em;overflow:auto;font-size:12px}
-.gloss{color:#555;font-size:13px}"""
+.gloss{color:#555;font-size:13px}.warn{border-left:4px solid #c62828;background:#fdecea;padding:.5em 1em}"""
 
 
 def _e(v: object) -> str:
@@ -41,13 +46,6 @@ def _ms(seconds: float | None) -> str:
         return "—"
     ms = seconds * 1e3
     return f"{ms:,.0f}" if ms >= 100 else f"{ms:.1f}"
-
-
-def _latency(seconds: float | None) -> str:
-    """A latency with its unit: ms below 10 s ("358 ms"), seconds above ("20.1 s"), never "228,550 ms"."""
-    if seconds is None:
-        return "—"
-    return f"{_ms(seconds)} ms" if seconds < 10 else f"{seconds:,.1f} s"
 
 
 def _mbu(r: Result) -> str:
@@ -77,7 +75,7 @@ def rung_rows(results: list[Result]) -> list[dict[str, str]]:
             "rung": r.step, "measured": where(r), "model": model_name(r),
             "workload": f"{r.workload.get('name', '?')} ({s['requests']} requests)",
             "output tok/s": tok_s_text(s["output_tok_s"]), "wall time (s)": f"{s['wall_s']:.1f}",
-            "TTFT p50 / p99": f"{_latency(s['ttft_s']['p50'])} / {_latency(s['ttft_s']['p99'])}",
+            "TTFT p50 / p99": f"{latency_text(s['ttft_s']['p50'])} / {latency_text(s['ttft_s']['p99'])}",
             "TPOT p50 (ms)": _ms(s["tpot_s"]["p50"]), "peak memory (GiB)": _memory(r),
             "decode bandwidth (GB/s)": f"{bw / 1e9:.1f}" if isinstance(bw, (int, float)) else "—",
             "% of roofline (MBU)": _mbu(r)})
@@ -101,6 +99,43 @@ def idle_slot_fraction(r: Result) -> float | None:
 def _best(results: list[Result], engine: str) -> Result | None:
     runs = [r for r in results if r.engine == engine]
     return max(runs, key=lambda r: r.summary["output_tok_s"]) if runs else None
+
+
+def _recorded_pair(rec: list[Result]) -> tuple[Result | None, Result | None, list[Result]]:
+    """The H200's HF static batching and bf16 vLLM on one model and workload, and every recording of those."""
+    hf = _best(rec, "hf-static")
+    same = [r for r in rec if hf and r.model.get("name") == hf.model.get("name")  # one model, one workload
+            and r.workload.get("name") == hf.workload.get("name")]
+    return hf, _best([r for r in same if not r.config.get("quantization")], "vllm"), same  # not the FP8 rung
+
+
+def headline(results: list[Result]) -> str:
+    """The report's first sentence, every number from `results`: naive generate and the best rung of the road as
+    this machine ran them, then vLLM over HF static batching as the H200 recorded them ("" where neither ran)."""
+    out = []
+    naive = next((r for r in results if r.provenance == "live" and r.step == "hf-naive"
+                  and r.workload.get("name") == "journey"), None)
+    best = best_on_road(results)
+    if naive and best and best is not naive:
+        a, b = naive.summary["output_tok_s"], best.summary["output_tok_s"]
+        gpu = naive.hardware.get("gpu")
+        out.append(f"Here, on {f'the GPU ({gpu})' if gpu else 'the CPU'}: naive generate {tok_s_text(a)} output tok/s "
+                   f"&rarr; the road's best, {_e(best.step)}, {tok_s_text(b)} output tok/s ({b / a:.2f}&times;).")
+    hf, vllm, _ = _recorded_pair([r for r in results if r.provenance == "recorded"])
+    if hf and vllm:
+        x, y = hf.summary["output_tok_s"], vllm.summary["output_tok_s"]
+        out.append(f"Recorded on the {_e(vllm.hardware.get('gpu') or 'GPU')}: vLLM {tok_s_text(y)} output tok/s, "
+                   f"{y / x:.1f}&times; HF static batching ({tok_s_text(x)} output tok/s), on {_e(model_name(vllm))}.")
+    return " ".join(out)
+
+
+def _cpu_note(cpu: CpuShare | None) -> str:
+    """The contention check's verdict near the top: a warning where the run shared its CPU, a quiet line if not."""
+    if cpu is None or cpu.contended is None:
+        return ""
+    if cpu.contended:
+        return f'<p class="warn"><b>{_e(ADVICE[0].upper() + ADVICE[1:])}.</b> The HF rungs got {_e(cpu.figures())}.</p>'
+    return f'<p class="gloss">The HF rungs had their CPU to themselves: {_e(cpu.figures())}.</p>'
 
 
 def _story(results: list[Result]) -> str:
@@ -134,10 +169,7 @@ def _story(results: list[Result]) -> str:
                 text += (" Static batching wastes work of its own: each batch decodes until its longest member is "
                          f"done, so {idle:.0%} of {_e(static.step)}'s decode slots went to requests already finished.")
         out.append(text)
-    hf = _best(rec, "hf-static")
-    same = [r for r in rec if hf and r.model.get("name") == hf.model.get("name")  # one model, one workload
-            and r.workload.get("name") == hf.workload.get("name")]
-    vllm = _best([r for r in same if not r.config.get("quantization")], "vllm")  # bf16 vLLM, not the FP8 rung
+    hf, vllm, same = _recorded_pair(rec)
     if hf and vllm:
         x, y = hf.summary["output_tok_s"], vllm.summary["output_tok_s"]
         weights, gpu = vllm.model.get("weight_bytes"), vllm.hardware.get("gpu") or "GPU"
@@ -160,8 +192,6 @@ def _story(results: list[Result]) -> str:
 def _side_road_lines(results: list[Result]) -> list[str]:
     """One sentence per rung measured against its own baseline (`journey.side_roads`): its factor on those
     requests, beside the whole road's own gain where it was measured."""
-    from .experiments.journey import side_roads
-
     out = []
     for row in side_roads(results):
         place = "recorded on the H200" if row["where"] == "recorded" else "live here"
@@ -171,7 +201,7 @@ def _side_road_lines(results: list[Result]) -> list[str]:
                 + (f" ({row['tok_s_ratio']:.2f}&times;)" if row["tok_s_ratio"] else ""))
         x = row["ttft_speedup"]
         if x:
-            text += (f", TTFT p50 {_latency(row['ttft_p50_s'])} vs {_latency(row['baseline_ttft_p50_s'])} "
+            text += (f", TTFT p50 {latency_text(row['ttft_p50_s'])} vs {latency_text(row['baseline_ttft_p50_s'])} "
                      + (f"({x:.2f}&times; sooner)" if x >= 1 else f"({1 / x:.2f}&times; later)"))
         if row["tpot_speedup"]:
             text += f", TPOT p50 {_ms(row['tpot_p50_s'])} vs {_ms(row['baseline_tpot_p50_s'])} ms"
@@ -214,8 +244,9 @@ def _provenance(r: Result) -> str:
 
 
 def write_report(results: list[Result], path: str | Path, title: str = "LLM inference: the whole road",
-                 skipped: list[dict[str, str]] | None = None) -> Path:
-    """Write the report of `results` (the road, in order: `experiments.journey.road`) and return its path."""
+                 skipped: list[dict[str, str]] | None = None, cpu: CpuShare | None = None) -> Path:
+    """Write the report of `results` (the road, in order: `experiments.journey.road`) and return its path.
+    `cpu`: the live run's contention check (`hardware.contention.CpuMeter.result()`), shown near the top."""
     results = list(results)
     if not results:
         raise ValueError("write_report: no Results to report. Fix: run at least one step first.")
@@ -232,9 +263,12 @@ def write_report(results: list[Result], path: str | Path, title: str = "LLM infe
     numeric = {"output tok/s", "wall time (s)", "TPOT p50 (ms)", "decode bandwidth (GB/s)"}
     body = "".join("<tr>" + "".join(f"<td{' class=n' if k in numeric else ''}>{_e(v)}</td>" for k, v in row.items())
                    + "</tr>" for row in rows)
+    lead = headline(results)
     skipped_html = "".join(f"<li><b>{_e(s['step'])}</b>: {_e(s['why'])}</li>" for s in skipped or [])
     page = f"""<!doctype html><html><head><meta charset="utf-8"><title>{_e(title)}</title><style>{CSS}</style></head>
 <body><h1>{_e(title)}</h1>
+{f'<p class="lede"><b>{lead}</b></p>' if lead else ""}
+{_cpu_note(cpu)}
 <p class="lede">Every rung of the journey, from naive Hugging Face <code>generate</code> to vLLM behind its server,
 {len(results)} in all: {_e(counts)}. Live rungs were measured by this run; recorded ones ship in
 <code>data/reference/</code>.</p>

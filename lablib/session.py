@@ -16,6 +16,7 @@ from __future__ import annotations
 import importlib.util
 from dataclasses import dataclass, field
 from functools import lru_cache
+from collections.abc import Mapping
 from typing import Any, Callable, Generic, TypeVar
 
 from .config import lab_id, LABS
@@ -114,26 +115,73 @@ def _plain(v: Any) -> Any:
     return [_plain(x) for x in v] if isinstance(v, (list, tuple)) else v
 
 
+def _distinct(values: Any) -> list[Any]:
+    """The distinct values, sorted (None first), each tuple as a list: how a knob's values are compared and shown."""
+    def order(v: Any) -> Any:
+        return (0,) if v is None else (1, tuple(map(order, v))) if isinstance(v, list) else (1, v)
+
+    seen = {repr(_plain(v)): _plain(v) for v in values}
+    try:
+        return sorted(seen.values(), key=order)
+    except TypeError:  # values of several types: in the order met
+        return list(seen.values())
+
+
 def stand_ins(asked: dict[str, Any], shown: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """The knobs where what is shown differs from what was asked: {knob: {"asked", "shown"}} (a knob the
-    recording does not say is shown as "not recorded")."""
+    recording does not say is shown as "not recorded"). A list is compared as the set of its values; a single
+    asked value against a recording that ran one value of that knob."""
     out = {}
     for k, want in asked.items():
         got = _plain(shown[k]) if k in shown else "not recorded"
-        if _plain(want) != got:
+        if isinstance(want, (list, tuple)):
+            same = isinstance(got, list) and _distinct(want) == _distinct(got)
+        else:
+            got = got[0] if isinstance(got, list) and len(_distinct(got)) == 1 else got
+            same = _plain(want) == got
+        if not same:
             out[k] = {"asked": _plain(want), "shown": got}
     return out
 
 
-def asked_rows(rows: list[dict[str, Any]], key: str | Callable[[dict[str, Any]], Any], values: Any
-               ) -> list[dict[str, Any]]:
-    """The recorded rows at the values a cell asked for, in the asked order, when the recording has every one of
-    them; otherwise all of them (and the stand-in line says what was shown instead). `key` is a row's field, or a
-    function of the row for a point of several knobs (e.g. its (max_num_seqs, max_num_batched_tokens))."""
-    get = key if callable(key) else (lambda r: r[key])
-    asked = list(values)
-    keep = sorted((r for r in rows if get(r) in asked), key=lambda r: asked.index(get(r)))
-    return keep if len({get(r) for r in keep}) == len(set(asked)) else rows
+Where = str | tuple[str, ...] | Callable[[Any], Any]  # how a recording says what it ran of one knob: see recorded_as
+
+
+def _at(value: Any, path: str) -> list[Any]:
+    """Every value at `path` ("settings.ks", "rows.batch", "vllm.config.batch_size") below `value`: dict keys or
+    attributes, a list along the way read element by element; a list at the end gives its elements."""
+    items = [value]
+    for key in path.split("."):
+        found = []
+        for x in items:
+            for y in x if isinstance(x, list) else [x]:
+                if isinstance(y, dict) and key in y:
+                    found.append(y[key])
+                elif not isinstance(y, dict) and hasattr(y, key):
+                    found.append(getattr(y, key))
+        items = found
+    return [v for x in items for v in (x if isinstance(x, list) else [x])]
+
+
+def recorded_as(value: Any, knobs: Any, where: Mapping[str, Where] | None = None) -> dict[str, Any]:
+    """What a recording ran of each knob, read from the recording itself: the distinct values at the path `where`
+    names for the knob (the knob's own name by default: a field of each row when the value is a list of rows), a
+    tuple of row fields read together as one point per row (e.g. ("model", "scheme")), or a function of the value
+    for what the data does not say. A knob the recording holds nothing of is left out ("not recorded")."""
+    out = {}
+    for knob in knobs:
+        how = (where or {}).get(knob, knob)
+        if callable(how):
+            got = how(value)
+            out[knob] = _distinct(got) if isinstance(got, (list, tuple)) else got
+            continue
+        if isinstance(how, tuple):
+            got = [[next(iter(_at(row, f)), None) for f in how] for row in value]
+        else:
+            got = _at(value, how)
+        if got:
+            out[knob] = _distinct(got)
+    return out
 
 
 def stand_in_line(diffs: dict[str, dict[str, Any]], label: str) -> str:
@@ -146,15 +194,13 @@ def stand_in_line(diffs: dict[str, dict[str, Any]], label: str) -> str:
 
 
 def live_or_recorded(live: Callable[[], T], recorded: Callable[[], T], *, force: bool | None = None,
-                     asked: dict[str, Any] | None = None,
-                     recorded_with: Callable[[T], dict[str, Any]] | None = None) -> Shown[T]:
+                     asked: dict[str, Any] | None = None, where: Mapping[str, Where] | None = None) -> Shown[T]:
     """Run `live()` on a machine that can (see `mode`), else load `recorded()`; either way labelled.
 
     `force=True/False` overrides the machine's mode (tests; a GPU user who wants the recording).
-    In recorded mode, what a cell asks for is what it shows, or it says so: `asked` are the knobs the cell
-    passed (model, batch sizes, ...) and `recorded_with(value)` the same knobs as the recording ran them.
-    Where they differ the Shown's `stand_ins` name each, and one line saying which recorded values stand in
-    for the asked ones is printed under the cell.
+    A recording is shown as it was recorded, whole. `asked` are the knobs the cell passed (model, batch sizes, ...);
+    where the recording ran others (`recorded_as(value, asked, where)`) the Shown's `stand_ins` name each, and one
+    line under the cell says which recorded values are shown instead of the asked ones.
     """
     from .results.reference import NotRecorded
 
@@ -166,7 +212,7 @@ def live_or_recorded(live: Callable[[], T], recorded: Callable[[], T], *, force:
         value = recorded()
     except NotRecorded as e:  # a lab newer than the shipped recordings: say so, show nothing invented
         return Shown(None, False, str(e), m["why"])  # type: ignore[arg-type]
-    diffs = stand_ins(asked, recorded_with(value)) if asked and recorded_with is not None else {}
+    diffs = stand_ins(asked, recorded_as(value, asked, where)) if asked else {}
     if diffs:
         print(stand_in_line(diffs, m["recorded"]))
     return Shown(value, False, m["recorded"], m["why"], diffs)

@@ -1,4 +1,4 @@
-"""Percentiles and distributions: how every latency in lablib is summarised; the chi-square test.
+"""Percentiles and distributions: how every latency in lablib is summarised and printed; the chi-square test.
 
 One definition everywhere (a simulator's schedule, a live run, a recording): linear
 interpolation between order statistics, numpy's default, so p50 of [1, 2] is 1.5 and a
@@ -56,6 +56,17 @@ def spread(values: Sequence[float]) -> float | None:
         return None
     mean = sum(xs) / len(xs)
     return (max(xs) - min(xs)) / mean if mean else None
+
+
+def latency_text(seconds: float | None) -> str:
+    """A latency as a person reads it: ms below 10 s ("358 ms", "4.2 ms"), seconds above ("20.1 s", never
+    "228,550 ms"); "—" for None."""
+    if seconds is None:
+        return "—"
+    if seconds >= 10:
+        return f"{seconds:,.1f} s"
+    ms = seconds * 1e3
+    return f"{ms:,.0f} ms" if ms >= 100 else f"{ms:.1f} ms"
 
 
 # --- the chi-square test ------------------------------------------------------------------------------------------

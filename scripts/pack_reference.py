@@ -52,9 +52,9 @@ def existing() -> tuple[list[dict], dict]:
 
 def overlay(facts: dict, new: dict) -> None:
     """`new`'s facts onto `facts`, key by key; tp_scaling's rows merged by (model, scheme, t, pp, all_reduce, batch)
-    instead (lablib.experiments.parallel.record.merge_scaling: its parts are recorded by different commands,
+    instead (lablib.experiments.parallel.grid.merge_scaling: its parts are recorded by different commands,
     on 2- and 4-GPU machines, and a part recorded again replaces only its own rows)."""
-    from lablib.experiments.parallel.record import SCALING, merge_scaling
+    from lablib.experiments.parallel.grid import SCALING, merge_scaling
 
     if SCALING in new:
         new = {**new, SCALING: merge_scaling(facts.get(SCALING), new[SCALING])}

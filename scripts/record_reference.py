@@ -40,7 +40,7 @@ Steps:
            first: quantization-prepare, prepare_checkpoints() through the quantizer's environment, LABLIB_QUANT_SITE);
            the same split over two commands: quantization-a (bf16, bf16-kv-fp8, fp8: vLLM switches, no checkpoint)
            and quantization-b (gptq-w4a16, w8a8-int8, awq-w4a16; facts key quantization-2); the lab shows both
-           (lablib.experiments.quantization.recording.record); quantization-quality: the embedded target's checkpoints made
+           (lablib.experiments.quantization.record.record); quantization-quality: the embedded target's checkpoints made
            there, perplexity through vLLM beside the CPU's
   journey-fp8  the journey's quantized rung: vLLM with FP8 weights on the synthetic 8B, as `big` runs bf16
 """
@@ -61,18 +61,15 @@ from lablib.bench.offline import run  # noqa: E402
 from lablib.config import BenchConfig, HFConfig, VLLMConfig  # noqa: E402
 from lablib.engines.hf import HFEngine  # noqa: E402
 from lablib.engines.vllm import VLLMEngine  # noqa: E402
-from lablib.experiments.parallel.record import SCALING_PARTS  # noqa: E402 (lab 09's grid, a step per part)
+from lablib.experiments.parallel.grid import SCALING_PARTS  # noqa: E402 (lab 09's grid, a step per part)
 from lablib.experiments.quantization.recording import QUANT_A, QUANT_B  # noqa: E402 (lab 06's speed engines, 2 steps)
 from lablib.experiments.serving import FRACTIONS  # noqa: E402 (what the lab runs live)
 from lablib.results import Result, ResultStore  # noqa: E402
+from lablib.results.compare import first_divergence  # noqa: E402
 from lablib.workloads import Request, Workload, load_workload  # noqa: E402
 
 LAB = "reference"
 BIG = "llama-3.1-8b"
-
-
-def recorded(result: Result) -> Result:
-    return dataclasses.replace(result, provenance="recorded")
 
 
 def fixed_workload(n: int, prompt_len: int, output_len: int) -> Workload:
@@ -106,17 +103,16 @@ def step_smoke(out: Path, store: ResultStore, facts: dict) -> None:
 
     with VLLMEngine("embedded", VLLMConfig(gpu_memory_utilization=COLD_START_GMU)) as eng:
         facts["cold_start"] = eng.facts
-        r = recorded(run(eng, journey, BenchConfig(progress=False), lab=LAB, step="vllm-embedded"))
-        store.append(r)
+        r = store.append_recorded(run(eng, journey, BenchConfig(progress=False), lab=LAB, step="vllm-embedded"))
     facts["smoke_close"] = {k: eng.facts.get(k) for k in ("vram_baseline_bytes", "vram_after_close_bytes", "vram_back_to_baseline")}
     log(out, f"smoke: {r.summary['output_tok_s']:.0f} tok/s, facts {json.dumps(eng.facts, default=str)[:600]}")
     hf = HFEngine("embedded", HFConfig(mode="static", batch_size=16, dtype="bfloat16"))
     h = run(hf, journey.head(16), BenchConfig(progress=False), lab=LAB, step="hf-static-b16-embedded-bf16")
     hf.close()
-    same = [a.output_ids == b.output_ids for a, b in zip(h.requests, r.requests[:16])]
-    prefix = [next((i for i, (x, y) in enumerate(zip(a.output_ids, b.output_ids)) if x != y), len(a.output_ids))
-              / len(a.output_ids) for a, b in zip(h.requests, r.requests[:16])]
-    facts["greedy_agreement"] = {"identical_requests": sum(same), "of": len(same),
+    pairs = [(a.output_ids, b.output_ids) for a, b in zip(h.requests, r.requests[:16])]
+    firsts = [first_divergence(x, y) for x, y in pairs]
+    prefix = [(len(x) if at is None else at) / len(x) for (x, _), at in zip(pairs, firsts)]
+    facts["greedy_agreement"] = {"identical_requests": sum(at is None for at in firsts), "of": len(firsts),
                                  "mean_matching_prefix_fraction": sum(prefix) / len(prefix)}
     log(out, f"greedy HF vs vLLM: {facts['greedy_agreement']}")
 
@@ -140,8 +136,7 @@ def step_big(out: Path, store: ResultStore, facts: dict, bench_cli: bool = True)
                                                            "attention_backend", "kv_blocks", "block_size")}
         for wl, step in ((load_workload("journey"), "vllm-8b-journey"), (fixed_workload(1, 128, 512), "vllm-8b-single"),
                          (fixed_workload(256, 128, 128), "vllm-8b-256x128x128")):
-            r = recorded(run(eng, wl, BenchConfig(progress=False), lab=LAB, step=step))
-            store.append(r)
+            r = store.append_recorded(run(eng, wl, BenchConfig(progress=False), lab=LAB, step=step))
             log(out, f"{step}: {r.summary['output_tok_s']:.0f} out tok/s, {r.summary['total_tok_s']:.0f} total tok/s, "
                      f"MBU {r.roofline.get('mbu')}, wall {r.wall_s:.2f}s")
     facts["big_close"] = {k: eng.facts.get(k) for k in ("vram_baseline_bytes", "vram_after_close_bytes", "vram_back_to_baseline")}
@@ -165,16 +160,16 @@ def step_hf_big(out: Path, store: ResultStore, facts: dict) -> None:
     journey = load_workload("journey")
     for b in (64,):
         eng = HFEngine(spec, HFConfig(mode="static", batch_size=b))
-        r = recorded(run(eng, journey, BenchConfig(progress=False), lab=LAB, step=f"hf-static-b{b}-8b-journey"))
+        r = run(eng, journey, BenchConfig(progress=False), lab=LAB, step=f"hf-static-b{b}-8b-journey")
         eng.close()
-        store.append(r)
+        store.append_recorded(r)
         log(out, f"hf static b{b} 8b journey: {r.summary['output_tok_s']:.1f} tok/s wall {r.wall_s:.1f}s")
 
 
 def keep_sweep(out: Path, store: ResultStore, facts: dict, key: str, rows: list[dict], results: list[Result]) -> None:
     """Store a sweep's Results as recorded, log its rows, add the rows to the facts under `key`."""
     for r in results:
-        store.append(recorded(r))
+        store.append_recorded(r)
     for row in rows:
         log(out, f"{key} {json.dumps(row, default=str)}")
     facts.setdefault(key, []).extend(rows)
@@ -216,7 +211,7 @@ def step_serve(out: Path, store: ResultStore, facts: dict, fractions: tuple[floa
                         **BIG_SERVER)
     online["fractions"] = list(fractions)
     for r in online.pop("results"):
-        store.append(recorded(r))
+        store.append_recorded(r)
         log(out, f"{r.step}: {r.summary['output_tok_s']:.0f} out tok/s, TTFT p50/p99 {r.summary['ttft_s']['p50']}/"
                  f"{r.summary['ttft_s']['p99']}, TPOT p50 {r.summary['tpot_s']['p50']}, notes {r.notes[:2]}")
     facts["serve"] = online
@@ -234,7 +229,7 @@ def step_serve_check(out: Path, store: ResultStore, facts: dict, model: str = BI
                         out_dir=out / ("serve-check" if big else f"serve-check-{model}"),
                         **(BIG_SERVER if big else {}))
     for r in check.pop("results"):
-        store.append(recorded(dataclasses.replace(r, step=r.step if big else f"{model}-{r.step}")))
+        store.append_recorded(dataclasses.replace(r, step=r.step if big else f"{model}-{r.step}"))
         log(out, f"{r.step} ({model}): {client_check(r)['verdict']}")
     facts["serve_check" if big else f"serve_check_{model}"] = check
     log(out, f"serve-check ({model}): lab / vllm bench serve output tok/s per round {check['output_tok_s_ratios']}")
@@ -253,7 +248,7 @@ def step_prefix(out: Path, store: ResultStore, facts: dict, max_num_seqs: int = 
         sets += [workloads.variant(k, "shared-prefix-512", eng.tokenizer) for k in ("shared-after", "multi-turn")]
         for wl in sets:
             got = runs.measure(eng, wl, lab=LAB, step=f"prefix-{wl.name}-seqs-{max_num_seqs}")
-            store.append(recorded(got.pop("result")))
+            store.append_recorded(got.pop("result"))
             got.pop("predicted")
             rows.append({"workload": wl.name, "max_num_seqs": max_num_seqs, **got})
             log(out, f"prefix {wl.name} (max_num_seqs {max_num_seqs}): {got['verdict']}")
@@ -266,17 +261,17 @@ def step_journey_fp8(out: Path, store: ResultStore, facts: dict) -> None:
     from lablib.models.synthetic import synthetic_spec
 
     with VLLMEngine(synthetic_spec(BIG), VLLMConfig(max_model_len=4096, quantization="fp8")) as eng:
-        r = recorded(run(eng, load_workload("journey"), BenchConfig(progress=False), lab=LAB, step=FP8_RECORDED))
-        store.append(r)
+        r = store.append_recorded(run(eng, load_workload("journey"), BenchConfig(progress=False), lab=LAB,
+                                      step=FP8_RECORDED))
         log(out, f"{FP8_RECORDED}: {r.summary['output_tok_s']:.0f} out tok/s, MBU {r.roofline.get('mbu')}")
 
 
-def _lab(module: str, name: str, **kw):
-    """A later lab's own recording function, `lablib.experiments.<module>.<name>(out, store, facts, **kw)`."""
+def _lab(lab: str, name: str = "record", **kw):
+    """A lab's own recording step, `lablib.experiments.<lab>.record.<name>(out, store, facts, **kw)`."""
     def step(out: Path, store: ResultStore, facts: dict) -> None:
         import importlib
 
-        getattr(importlib.import_module(f"lablib.experiments.{module}"), name)(out, store, facts, **kw)
+        getattr(importlib.import_module(f"lablib.experiments.{lab}.record"), name)(out, store, facts, **kw)
     return step
 
 
@@ -286,18 +281,18 @@ STEPS = {"smoke": step_smoke, "startup": step_startup, "big": step_big, "big-lab
          "knobs": step_knobs, "knobs-budget": lambda o, s, f: step_knobs(o, s, f, KNOBS_BUDGET), "serve": step_serve,
          "serve-wide": lambda o, s, f: step_serve(o, s, f, WIDE), "serve-check": step_serve_check,
          "serve-check-embedded": lambda o, s, f: step_serve_check(o, s, f, "embedded"), "prefix": step_prefix,
-         "prefix-batch": lambda o, s, f: step_prefix(o, s, f, 32), "prefix-on-off": _lab("prefix.runs", "record"),
-         "prefix-serve": _lab("prefix.serving", "record"), "prefix-scarce": _lab("prefix.scarce", "record"),
-         "speculative": _lab("speculative.vllm_runs", "record"), "speculative-8b": _lab("speculative.synthetic", "record"),
-         "tp1": _lab("parallel.record", "record"),
-         "tp-scaling": _lab("parallel.record", "record_scaling"),
-         **{name: _lab("parallel.record", "record_scaling", **part) for name, part in SCALING_PARTS.items()},
-         "attention": _lab("attention.study", "record"),
-         "quantization": _lab("quantization.recording", "record"),
-         "quantization-prepare": _lab("quantization.recording", "record_checkpoints"),
-         "quantization-a": _lab("quantization.recording", "record", schemes=QUANT_A),
-         "quantization-b": _lab("quantization.recording", "record", schemes=QUANT_B, key="quantization-2"),
-         "quantization-quality": _lab("quantization.vllm_ppl", "record"), "journey-fp8": step_journey_fp8}
+         "prefix-batch": lambda o, s, f: step_prefix(o, s, f, 32), "prefix-on-off": _lab("prefix", "record_on_off"),
+         "prefix-serve": _lab("prefix", "record_serve"), "prefix-scarce": _lab("prefix", "record_scarce"),
+         "speculative": _lab("speculative"), "speculative-8b": _lab("speculative", "record_8b"),
+         "tp1": _lab("parallel"),
+         "tp-scaling": _lab("parallel", "record_scaling"),
+         **{name: _lab("parallel", "record_scaling", **part) for name, part in SCALING_PARTS.items()},
+         "attention": _lab("attention"),
+         "quantization": _lab("quantization"),
+         "quantization-prepare": _lab("quantization", "record_checkpoints"),
+         "quantization-a": _lab("quantization", schemes=QUANT_A),
+         "quantization-b": _lab("quantization", schemes=QUANT_B, key="quantization-2"),
+         "quantization-quality": _lab("quantization", "record_quality"), "journey-fp8": step_journey_fp8}
 
 
 def main() -> None:

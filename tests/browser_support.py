@@ -253,6 +253,8 @@ if (!cell) return null;
 return Array.from(cell.querySelectorAll('.js-plotly-plot')).map(gd => ({
   traces: (gd.data || []).length,
   points: (gd.data || []).reduce((n, t) => n + ((t.x && t.x.length) || 0), 0),
+  lowest: ((ys) => ys.length ? Math.min(...ys) : null)(
+    (gd.data || []).flatMap(t => Array.from(t.y || []).filter(y => typeof y === 'number'))),
   title: (gd.layout && gd.layout.title && gd.layout.title.text) || '',
   annotations: ((gd.layout && gd.layout.annotations) || []).map(a => a.text),
   visible: gd.offsetWidth > 0 && gd.offsetHeight > 0,
@@ -338,6 +340,37 @@ class Page:
 
         return next(b for b in self.cell(index).find_elements(By.CSS_SELECTOR, "button.jupyter-button")
                     if b.text.strip() == label)
+
+    def type_into(self, index: int, description: str, text: str) -> None:
+        """Replace what the text box (Text, Combobox) described `description` holds with `text`, then leave it (Tab),
+        as a person does; the widget sends its value to the kernel."""
+        from selenium.webdriver.common.by import By
+        from selenium.webdriver.common.keys import Keys
+
+        for box in self.cell(index).find_elements(By.CSS_SELECTOR, ".widget-text, .widget-combobox"):
+            if box.find_element(By.CSS_SELECTOR, "label").text.strip() == description:
+                field = box.find_element(By.CSS_SELECTOR, "input")
+                field.click()
+                field.send_keys(Keys.CONTROL, "a")
+                field.send_keys(Keys.DELETE, text, Keys.TAB)
+                return
+        raise LookupError(f"no text box {description!r} in cell {index}")
+
+    def add_cell_and_run(self, code: str) -> int:
+        """Below the last cell, a new code cell holding `code` (one line), run with Shift+Enter; returns its index."""
+        from selenium.webdriver.common.action_chains import ActionChains
+        from selenium.webdriver.common.by import By
+        from selenium.webdriver.common.keys import Keys
+
+        count = len(self.driver.find_elements(By.CSS_SELECTOR, ".jp-Notebook .jp-Cell"))
+        self.cell(count - 1).find_element(By.CSS_SELECTOR, ".jp-InputPrompt").click()  # select it (command mode)
+        ActionChains(self.driver).send_keys(Keys.ESCAPE, "b").perform()  # insert a cell below, selected
+        wait_for("a new cell", lambda: len(self.driver.find_elements(By.CSS_SELECTOR, ".jp-Notebook .jp-Cell"))
+                 == count + 1, 10)
+        ActionChains(self.driver).send_keys(Keys.ENTER).perform()  # edit mode
+        keys = ActionChains(self.driver).send_keys(code)
+        keys.key_down(Keys.SHIFT).send_keys(Keys.ENTER).key_up(Keys.SHIFT).perform()  # run it
+        return count
 
     def dropdown(self, index: int, description: str):
         """The <select> of the ipywidgets Dropdown whose description is `description`."""

@@ -1,19 +1,28 @@
 """Fixtures shared between test files in every folder under tests/: no GPU at all or a fake one
 (hardware/test_device.py, hardware/test_memory.py, widgets/test_widgets.py), the embedded model on HF
 naive generate (test_bench.py, engines/test_hf.py), the scripts as modules, chat-like request lengths
-(mechanisms/test_kv.py, mechanisms/test_paging.py), and torch on one thread for the modules that run
-the embedded model (pytestmark = pytest.mark.usefixtures("one_thread")).
+(mechanisms/test_kv.py, mechanisms/test_paging.py), torch on one thread for the modules that run
+the embedded model (pytestmark = pytest.mark.usefixtures("one_thread")), the instructor's run of real labs
+(test_instructor.py, test_export.py), and the fake vLLM on a fake GPU
+(fake_gpu, with_fake_vllm, start: engines/test_vllm.py and the labs' vLLM steps in experiments/; its other
+helpers are tests/fake_vllm_support.py).
 
 The test folders mirror lablib's layer folders; each is a package (an __init__.py) so that files of
 the same name in two folders (mechanisms/test_kv.py, plots/...) import as distinct modules."""
 
+import functools
 import os
 import random
+import shutil
 import sys
 import tempfile
 import types
+import uuid
+from pathlib import Path
 
 import pytest
+
+from tests.fake_vllm_support import BASE_USED, CORE_BYTES, FAKE, GiB, cores, wait_gone
 
 MB = 2**20
 
@@ -53,6 +62,25 @@ def load_script():
         return mod
 
     return load
+
+
+@pytest.fixture(scope="session")
+def run_labs():
+    """run_labs(*labs) → (exit code, output folder) of `lablab-instructor --out <tmp> --labs *labs`, run once per
+    set of labs in a pytest process: test_instructor.py checks the run, test_export.py reads its HTML."""
+    from lablib.instructor import run as instructor
+
+    outs = []
+
+    @functools.cache
+    def run(*labs: str) -> tuple[int, Path]:
+        out = Path(tempfile.mkdtemp(prefix="instructor-"))
+        outs.append(out)
+        return instructor.main(["--out", str(out), "--labs", *labs]), out
+
+    yield run
+    for out in outs:
+        shutil.rmtree(out, ignore_errors=True)
 
 
 @pytest.fixture
@@ -124,6 +152,87 @@ def _chat_lengths(n: int = 200, seed: int = 0) -> list[tuple[int, int]]:
 def chat_lengths():
     """The chat-like (prompt_len, output_len) generator: chat_lengths(n=200, seed=0)."""
     return _chat_lengths
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch):
+    """Patch pynvml into one GPU; returns a setter for its name, compute capability and memory."""
+    import pynvml
+
+    gpu = {"name": "NVIDIA H200", "cc": (9, 0), "total": 140 * GiB, "free": None, "marker": None, "count": 1}
+
+    def memory(handle):
+        used = BASE_USED + CORE_BYTES * (len(cores(gpu["marker"])) if gpu["marker"] else 0)
+        free = gpu["free"] if gpu["free"] is not None else gpu["total"] - used
+        return type("Memory", (), {"used": used, "free": free, "total": gpu["total"]})()
+
+    monkeypatch.setattr(pynvml, "nvmlInit", lambda: None)
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetHandleByIndex", lambda i: f"gpu{i}")
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetMemoryInfo", memory)
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetCudaComputeCapability", lambda h: gpu["cc"])
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetName", lambda h: gpu["name"])
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetCount", lambda: gpu["count"])
+
+    def set_gpu(**kw):
+        gpu.update(kw)
+
+    set_gpu.gpu = gpu
+    return set_gpu
+
+
+@pytest.fixture
+def with_fake_vllm(monkeypatch):
+    """The fake `vllm` (tests/fake_vllm) importable here (so preflight finds it) and in the worker.
+
+    A spawned worker starts with this process's sys.path, so sys.path carries it there;
+    PYTHONPATH does the same for anything the worker starts with a fresh interpreter.
+    """
+    monkeypatch.syspath_prepend(FAKE)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([FAKE, *filter(None, [os.environ.get("PYTHONPATH")])]))
+    for var in ("FAKE_VLLM_FAIL_START", "FAKE_VLLM_CRASH_AFTER", "FAKE_VLLM_GPU_BLOCKS", "FAKE_VLLM_ORPHAN_WATCH"):
+        monkeypatch.delenv(var, raising=False)
+    from lablib import session
+
+    session.mode.cache_clear()  # decided once per process: not while the fake GPU and fake vLLM stand in
+    yield
+    session.mode.cache_clear()  # a later test (the main job) must not inherit "live" from the fakes
+
+
+@pytest.fixture
+def start(with_fake_vllm, fake_gpu, monkeypatch):
+    """start(config, model, **FAKE_VLLM_env) → a started VLLMEngine on the fake; every engine is closed at the end.
+
+    `start.new(...)` makes one without starting it (the constructor runs only the preflight and the tokenizer)."""
+    from lablib.config import VLLMConfig
+    from lablib.engines import vllm as vllm_engine
+    from lablib.engines.vllm import VLLMEngine
+
+    marker = f"fake-vllm-core-{uuid.uuid4().hex[:8]}"
+    monkeypatch.setenv("FAKE_VLLM_MARKER", marker)
+    monkeypatch.setenv("FAKE_VLLM_STEP_SLEEP", "0.002")
+    monkeypatch.setattr(vllm_engine, "SETTLE_S", 5.0)
+    fake_gpu(marker=marker)
+    engines = []
+
+    def _new(config=VLLMConfig(), model="embedded", **env):
+        for k, v in env.items():
+            monkeypatch.setenv(k, str(v))
+        engine = VLLMEngine.__new__(VLLMEngine)  # so teardown can close it even if __init__ fails half-way
+        engines.append(engine)
+        engine.__init__(model, config, start_timeout_s=60)
+        return engine
+
+    def _start(config=VLLMConfig(), model="embedded", **env):
+        return _new(config, model, **env).start()
+
+    _start.marker, _start.new = marker, _new
+    yield _start
+    for e in engines:
+        if getattr(e, "_proc", None) is not None:
+            e.close()  # the polite close a `with` block does (a dead worker makes it a no-op)
+        if getattr(e, "log_path", None):
+            os.unlink(e.log_path)
+    assert wait_gone(cores(marker)) == []
 
 
 # Every store a test (or a lab under nbval, whose kernel inherits this) opens by default goes to a folder of its

@@ -16,7 +16,12 @@ them, in JupyterLab, and reads what the page shows:
    numbers for that model.
 5. Save (as autosave would), refresh the page: the panel's figure is drawn again with the same points; Run
    again adds a point; the calculator shows the model picked before the refresh and still answers a change.
-6. The browser console has no SEVERE entry, except those listed in `browser_support.ALLOWED_SEVERE` with why.
+6. A mistyped model typed into the panel ("embeded"): Run writes why on the panel (the house's "allowed ...;
+   Fix: ..." message), not only into `panel.last_error`, and stores nothing.
+7. Kernel > Interrupt during a run started from a new cell: the cell ends in one line saying what was kept
+   (nothing: no request had finished) and that the engine was closed, no traceback; the panel says the same;
+   its figure keeps the runs it had, none at 0 tok/s, and the store has no new line.
+8. The browser console has no SEVERE entry, except those listed in `browser_support.ALLOWED_SEVERE` with why.
 
 Missing chromium or chromedriver skips with what to install (`scripts/browser-deps.sh`); with
 LABLIB_BROWSER_REQUIRED=1 (CI) a missing tool fails instead. Timeouts are generous but bounded: a 2-core machine
@@ -203,6 +208,45 @@ def test_panel_figure_survives_a_refresh(page, lab):
     print(f"after refresh: KVCalculator {before:,} -> {after:,} bytes per token ({name})")
     if "kv_bytes_per_token" in page.notes:
         assert before == page.notes["kv_bytes_per_token"], "the calculator shows after a refresh what it showed before"
+
+
+def test_batching_panel_says_why_a_mistyped_model_did_not_run(page, lab):
+    _ran(page, lab)
+    runs = len(_stored(lab))
+    page.type_into(PANEL_CELL, "model", "embeded")
+    page.button(PANEL_CELL, "Run").click()
+    said = bs.wait_for("the panel to say why it did not run", lambda: next(
+        (t for t in page.text(PANEL_CELL, ".widget-html-content") if "not a known model" in t), None), 60)
+    print(f"BatchingPanel with model 'embeded' says: {said}")
+    assert "model='embeded'" in said and "allowed" in said and "Fix: model='embedded'" in said
+    assert "not run" in " ".join(page.text(PANEL_CELL, ".widget-html-content"))
+    assert len(_stored(lab)) == runs
+    page.type_into(PANEL_CELL, "model", "embedded")
+
+
+def test_an_interrupted_run_says_what_was_kept_and_plots_no_empty_run(page, lab):
+    """A run long enough (1,000 new tokens a request: seconds each) that Kernel > Interrupt, sent as soon as the
+    live figure appears, lands before the first request finishes: the run that used to be stored at 0 tok/s."""
+    _ran(page, lab)
+    before, _ = _points(page)
+    runs = len(_stored(lab))
+    cell = page.add_cell_and_run("panel.run(model='embedded', requests=4, max_new_tokens=1000)")
+    bs.wait_for("the run's live figure", lambda: any(
+        "requests finished" in f["title"] for f in page.figures(PANEL_CELL) or []), 60)
+    page.command("Kernel", "kernelmenu:interrupt")
+    shown = bs.wait_for("the interrupted cell's message", lambda: [
+        t for t in page.text(cell, ".jp-OutputArea-output") if "KeyboardInterrupt" in t], 60)
+    print(f"the interrupted cell shows: {shown}")
+    assert len(shown) == 1 and "Traceback" not in shown[0] and len(shown[0].strip().splitlines()) == 1, shown
+    assert shown[0].strip().startswith("KeyboardInterrupt: Interrupted hf-naive")
+    assert "nothing was stored" in shown[0] and "the engine was closed" in shown[0]
+    panel_says = " ".join(page.text(PANEL_CELL, ".widget-html-content"))
+    assert "interrupted" in panel_says and "nothing was stored" in panel_says, panel_says
+    points, fig = bs.wait_for("the panel's runs drawn again", lambda: (
+        (got := _points(page))[1]["title"].startswith("Throughput vs batch size") and got), 30)
+    assert points == before and fig["lowest"] > 0, fig  # the runs it had; no run at 0 tok/s
+    assert len(_stored(lab)) == runs
+    page.wait_ready(timeout=60)  # the kernel is idle again and answers
 
 
 def test_browser_console_has_no_severe_errors(page):

@@ -6,6 +6,7 @@ import json
 import pytest
 
 from lablib.cli import main
+from lablib.hardware.contention import SHARE_FLOOR, CpuMeter, CpuShare
 from lablib.results import load_results
 
 torch = pytest.importorskip("torch")
@@ -39,10 +40,14 @@ def test_journey_writes_results_report_and_summary(tmp_path, capsys):
     assert set(summary["steps"]) == set(steps)
     for r in results:
         assert summary["steps"][r.step] == round(r.summary["output_tok_s"], 2)
-    best = max(results, key=lambda r: r.summary["output_tok_s"])
+    road = [r for r in results if not r.config["speculative"]]  # lab 08's side roads race naive on their own terms
+    best = max(road, key=lambda r: r.summary["output_tok_s"])
     assert summary["best"] == best.step
     assert summary["speedup_over_naive"] == round(best.summary["output_tok_s"] / results[0].summary["output_tok_s"], 2)
     assert summary["results"] == str(tmp / "journey.jsonl") and summary["report"] == str(tmp / "r.html")
+    cpu = summary["cpu"]  # the contention check's figures, over the five HF rungs on one torch thread
+    assert summary["contended"] == cpu["contended"] and cpu["threads"] == 1 and cpu["floor"] == SHARE_FLOOR
+    assert 0 < cpu["cpu_s"] and sum(r.wall_s for r in results) <= cpu["wall_s"] <= summary["wall_s"]
 
 
 @pytest.mark.parametrize("args,field,hint", [
@@ -52,15 +57,99 @@ def test_journey_writes_results_report_and_summary(tmp_path, capsys):
     (["--requests", "-3"], "--requests=-3", "Fix"),
     (["--workload", "nope"], "workload 'nope'", "journey"),
     (["--max-new-tokens", "0"], "max_new_tokens=0", "Fix"),
-    (["--model", "no-such-model"], "model='no-such-model'", "qwen2.5-0.5b"),
+    (["--model", "no-such-model"], "model='no-such-model' is not a known model: allowed", "Fix: one of those"),
+    (["--model", "embeded"], "model='embeded'", "Fix: model='embedded', the nearest name."),
+    (["--threads", "0"], "--threads=0: allowed integers >= 1", "Fix"),
 ])
 def test_bad_input_exits_2_with_a_message(args, field, hint, tmp_path, capsys):
     code = main([*args, "--results", str(tmp_path), "--report", str(tmp_path / "r.html")])
     out, err = capsys.readouterr()
     assert code == 2
     assert err.startswith("lablab: ") and field in err and hint in err, err
-    assert "Traceback" not in err + out
+    assert "Traceback" not in err + out and "run  " not in out  # refused before any rung started
     assert not (tmp_path / "r.html").exists() and load_results(tmp_path) == []
+
+
+def test_the_draft_rung_drops_only_transformers_own_assistant_call_notice():
+    """Assisted generation's internal call to the draft warns of a kwargs mix lablab's call never passes."""
+    import logging
+
+    from lablib.config import HFConfig
+    from lablib.engines.hf import HFEngine
+
+    HFEngine("embedded", HFConfig(speculative="draft", attn_implementation="eager")).close()
+    log, seen = logging.getLogger("transformers.generation.utils"), []
+    handler = logging.Handler()
+    handler.emit = seen.append
+    log.addHandler(handler)
+    try:  # error level: the module set transformers' verbosity to errors, and a filter sees only what passes that
+        log.error("Passing `generation_config` together with generation-related arguments=({'max_new_tokens'}) "
+                  "is deprecated and will be removed in future versions.")
+        log.error("any other notice")
+    finally:
+        log.removeHandler(handler)
+    assert [r.getMessage() for r in seen] == ["any other notice"]
+
+
+@pytest.mark.parametrize("argv,threads", [([], 1), (["--threads", "2"], 2)])
+def test_torch_threads_are_one_unless_asked(argv, threads, monkeypatch, tmp_path):
+    """The CLI pins torch's threads as the notebooks do, and meters the rungs on that many."""
+    from lablib.experiments import journey
+
+    seen = {}
+
+    def fake_run_journey(*args, **kwargs):
+        seen.update(kwargs)
+        raise ValueError("stop here")
+
+    monkeypatch.setattr(journey, "run_journey", fake_run_journey)
+    assert main([*argv, "--results", str(tmp_path)]) == 2
+    assert seen["cpu_threads"] == threads and seen["cpu"].threads == threads
+
+
+def span_meter(spans: list[tuple[float, float]], threads: int = 1, cores: int = 2,
+               loads: list[float | None] | None = None) -> CpuMeter:
+    """A CpuMeter fed numbers: each span (wall s, CPU s) measured in turn, each with its load average."""
+    ticks = iter([t for wall, cpu in spans for t in (0.0, wall)])
+    cpu_ticks = iter([t for wall, cpu in spans for t in (0.0, cpu)])
+    load_it = iter(loads or [None] * len(spans))
+    meter = CpuMeter(threads, cores, clock=lambda: next(ticks), cpu_clock=lambda: next(cpu_ticks),
+                     load_avg=lambda: next(load_it))
+    for _ in spans:
+        with meter.measure():
+            pass
+    return meter
+
+
+@pytest.mark.parametrize("spans,threads,cores,share,contended", [
+    ([(140.0, 73.5)], 1, 2, 0.525, True),  # measured: the naive rung beside three busy processes on two cores
+    ([(60.0, 40.0), (60.0, 40.0)], 1, 2, 2 / 3, True),  # three one-thread runs on two cores
+    ([(100.0, 97.0)], 1, 2, 0.97, False),  # alone: Python between torch's ops is CPU time too
+    ([(100.0, 80.0)], 1, 2, 0.8, False),  # at the floor: a fifth of the core lost passes
+    ([(100.0, 79.0)], 1, 2, 0.79, True),
+    ([(100.0, 120.0)], 4, 2, 0.6, None),  # 4 threads on 2 cores: judged against 2 cores, but not judged at all
+    ([(0.5, 0.1)], 1, 2, None, None),  # half a second: too short to judge
+])
+def test_the_contention_verdict_from_numbers(spans, threads, cores, share, contended):
+    got = span_meter(spans, threads, cores).result()
+    assert (got.share is None) if share is None else got.share == pytest.approx(share)
+    assert got.contended is contended
+    assert got.to_dict()["contended"] is contended and got.to_dict()["floor"] == SHARE_FLOOR == 0.8
+
+
+def test_the_meter_adds_spans_keeps_the_highest_load_and_counts_a_span_that_raises():
+    ticks, cpu_ticks, loads = iter([0.0, 10.0, 50.0, 80.0]), iter([0.0, 5.0, 7.0, 22.0]), iter([4.2, 3.9])
+    meter = CpuMeter(1, 2, clock=lambda: next(ticks), cpu_clock=lambda: next(cpu_ticks), load_avg=lambda: next(loads))
+    with meter.measure():
+        pass
+    with pytest.raises(RuntimeError), meter.measure():
+        raise RuntimeError("a rung failed")  # its time still counts: it ran on the CPU all the same
+    got = meter.result()
+    assert (got.wall_s, got.cpu_s, got.load_avg) == (40.0, 20.0, 4.2) and got.share == 0.5
+    assert got.figures() == ("50% of 1 core (20.0 s of CPU time in 40.0 s of wall time on 1 torch thread), "
+                             "load average up to 4.2 on 2 cores")
+    quiet = CpuShare(40.0, 39.0, 1, 2, None)  # no load average on this OS: the share alone
+    assert quiet.figures() == "98% of 1 core (39.0 s of CPU time in 40.0 s of wall time on 1 torch thread)"
 
 
 def test_unparseable_batch_sizes_are_an_argparse_error(tmp_path, capsys):

@@ -1,6 +1,6 @@
 """Executed labs export to HTML with every figure and plotly.js once, offline; widget panels as snapshots.
 
-The labs are those tests/test_instructor.py runs (`run_labs("00", "03")`: one execution for both files).
+The labs are those tests/test_instructor.py runs (conftest.py's `run_labs("00", "03")`: one execution for both).
 Lab 03 draws four plotly figures and shows the KV calculator (a widget panel); lab 00 draws no figure.
 That the figures also draw in a browser with the network cut was checked by hand in headless Chromium
 (4 of 4 figures drawn); here the checks are on the HTML text.
@@ -13,14 +13,12 @@ from plotly.offline import get_plotlyjs
 
 from lablib.instructor import export
 
-from .test_instructor import run_labs
-
 PLOTLY_URL = re.compile(r"""(<script[^>]*\bsrc=["'][^"']*plotly[^"']*["'])|(import\s+["']https?://[^"']*plotly)""",
                         re.IGNORECASE)
 
 
 @pytest.fixture(scope="module")
-def lab03():
+def lab03(run_labs):
     rc, out = run_labs("00", "03")
     assert rc == 0
     return nbformat.read(out / "03_kv_cache.ipynb", as_version=4), (out / "03_kv_cache.html").read_text(), out

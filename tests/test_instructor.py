@@ -1,17 +1,13 @@
 """lablib.instructor: the run-all on real labs, and on notebooks made to fail.
 
 The real labs are 00 and 03 (on a 2-core CPU about 20 s and 10 s): 00 runs the embedded model, 03 draws
-plotly figures and a widget panel, so tests/test_export.py reads the HTML of this same run (`run_labs`
-executes once per set of labs in a pytest process). The failures are tiny notebooks written into tmp_path,
-run through the real command line (`python -m lablib.instructor`) for its exit code and its message.
+plotly figures and a widget panel, so tests/test_export.py reads the HTML of this same run (conftest.py's
+`run_labs` executes once per set of labs in a pytest process). The failures are tiny notebooks written into
+tmp_path, run through the real command line (`python -m lablib.instructor`) for its exit code and its message.
 """
-import atexit
-import functools
 import json
-import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import nbformat
@@ -20,14 +16,6 @@ import pytest
 from lablib.instructor import run as instructor
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-@functools.cache
-def run_labs(*labs: str) -> tuple[int, Path]:
-    """`lablab-instructor --out <tmp> --labs *labs`, once per pytest process: (exit code, output folder)."""
-    out = Path(tempfile.mkdtemp(prefix="instructor-"))
-    atexit.register(shutil.rmtree, out, True)
-    return instructor.main(["--out", str(out), "--labs", *labs]), out
 
 
 def _notebook(path: Path, *sources: str) -> Path:
@@ -39,7 +27,7 @@ def _notebook(path: Path, *sources: str) -> Path:
     return path
 
 
-def test_real_labs_run_and_the_index_gives_each_its_status_wall_time_and_html(capfd):
+def test_real_labs_run_and_the_index_gives_each_its_status_wall_time_and_html(capfd, run_labs):
     rc, out = run_labs("00", "03")
     assert rc == 0
     assert "without encryption" not in capfd.readouterr().err  # the kernels' start-up chatter stays out of the run

@@ -11,7 +11,9 @@ from plotly.offline import get_plotlyjs
 
 from lablib.experiments.journey import road
 from lablib.plots.journey import tok_s_text
-from lablib.report import idle_slot_fraction, rung_rows, write_report
+from lablib.hardware.contention import ADVICE, CpuShare
+from lablib.plots.journey import model_name
+from lablib.report import headline, idle_slot_fraction, rung_rows, write_report
 from lablib.results import RequestRecord, Result
 from lablib.results.reference import load_reference
 
@@ -158,6 +160,49 @@ def test_the_cpu_story_prints_numbers_from_the_data(static_step_s, prefill_s, tm
     hf, vllm = load_reference("hf-static-b64-8b-journey", "vllm-8b-journey")
     assert f"{vllm.summary['output_tok_s'] / hf.summary['output_tok_s']:.1f}× as many" in story
     assert f"{vllm.roofline['mbu']:.0%} of the NVIDIA H200's memory-bandwidth roofline" in story
+
+
+def lede(html: str) -> str:
+    """The page's first paragraph, as text."""
+    return BeautifulSoup(html, "html.parser").find("p").get_text()
+
+
+def test_the_headline_opens_the_page_with_numbers_from_the_results(page):
+    results, html = page
+    naive, static = results[0], next(r for r in results if r.step == "hf-static-b4")
+    hf, vllm = load_reference("hf-static-b64-8b-journey", "vllm-8b-journey")
+    a, b = naive.summary["output_tok_s"], static.summary["output_tok_s"]
+    x, y = hf.summary["output_tok_s"], vllm.summary["output_tok_s"]
+    want = (f"Here, on the CPU: naive generate {tok_s_text(a)} output tok/s → the road's best, hf-static-b4, "
+            f"{tok_s_text(b)} output tok/s ({b / a:.2f}×). Recorded on the NVIDIA H200: vLLM {tok_s_text(y)} output "
+            f"tok/s, {y / x:.1f}× HF static batching ({tok_s_text(x)} output tok/s), on {model_name(vllm)}.")
+    assert lede(html) == want
+    assert html.index("Here, on the CPU") < html.index(PLOTLY_HEADER)  # above the figure and its script
+
+
+def test_a_speculative_side_road_is_not_the_roads_best(tmp_path):
+    """Prompt lookup on the journey can outrun static batching on the CPU; the headline races like with like."""
+    naive, static = journey_results(0.012)
+    ngram = dataclasses.replace(live_run("hf-naive-ngram-k4", "hf-naive", 1, 0.0005, OUTPUTS, 0.001),
+                                config={"batch_size": 1, "speculative": "ngram"})
+    assert ngram.summary["output_tok_s"] > static.summary["output_tok_s"]
+    assert "the road's best, hf-static-b4," in headline([naive, static, ngram])
+    assert headline([naive]) == ""  # nothing to race and no recording: no headline, never a made-up one
+
+
+@pytest.mark.parametrize("share,contended", [(CpuShare(140.0, 73.5, 1, 2, 4.02), True),
+                                             (CpuShare(100.0, 97.0, 1, 2, 1.1), False), (None, None)])
+def test_a_contended_run_says_so_before_the_figure(share, contended, tmp_path):
+    html = write_report(road(journey_results(0.012), [1, 4]), tmp_path / "r.html", cpu=share).read_text()
+    soup = BeautifulSoup(html, "html.parser")
+    warn = soup.find("p", class_="warn")
+    assert (warn is not None) == bool(contended)
+    if contended:
+        text = warn.get_text()
+        assert text.startswith(ADVICE[0].upper() + ADVICE[1:]) and "run it alone" in text
+        assert "52% of 1 core (73.5 s of CPU time in 140.0 s of wall time" in text and "up to 4.0 on 2 cores" in text
+        assert html.index('class="warn"') < html.index(PLOTLY_HEADER)
+    assert ("had their CPU to themselves: 97% of 1 core" in html) == (contended is False)
 
 
 def test_idle_slot_fraction_counts_what_a_batch_waits_for():

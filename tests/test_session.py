@@ -35,8 +35,10 @@ def test_lab_plan_says_recorded_for_vllm_labs_here():
 def test_recorded_sweep_rows_and_figure():
     shown = kv.gpu_memory_utilization_rows()
     assert not shown.live and shown.label.startswith("recorded on NVIDIA H200")
-    rows = shown.value  # the asked values (0.1, 0.3, 0.5 by default) are all recorded: those rows, and no stand-ins
-    assert [r["gpu_memory_utilization"] for r in rows] == [0.1, 0.3, 0.5] and shown.stand_ins == {}
+    rows = shown.value  # the recording as recorded, whole; the asked values (0.1, 0.3, 0.5 by default) are named
+    assert {0.1, 0.3, 0.5} < {r["gpu_memory_utilization"] for r in rows} and len(rows) == 10
+    assert shown.stand_ins == {"gpu_memory_utilization": {"asked": [0.1, 0.3, 0.5], "shown": [
+        r["gpu_memory_utilization"] for r in rows]}}
     assert all(r["provenance"].startswith("recorded on NVIDIA H200") for r in rows)
     fig = gpu_memory_utilization_figure(rows)
     assert "recorded on NVIDIA H200" in fig.layout.title.text
@@ -88,23 +90,25 @@ def test_a_lab_newer_than_the_recordings_says_so_instead_of_failing():
 
 
 def test_a_recorded_cell_shows_what_it_asked_or_says_what_stands_in(capsys):
-    """Issue 11.8: in recorded mode what a cell asks for is what it shows, or it says which values stand in."""
+    """Issue 11.8, as issue 28 left it: a recording is shown whole, and where the cell asked other values it says so."""
     assert session.stand_ins({"a": (1, 2), "b": 3, "c": 4}, {"a": [1, 2], "b": 5}) == {
         "b": {"asked": 3, "shown": 5}, "c": {"asked": 4, "shown": "not recorded"}}
     got = session.live_or_recorded(lambda: 1 / 0, lambda: {"k": 8}, force=False, asked={"k": 4, "m": None},
-                                   recorded_with=lambda v: {"k": v["k"], "m": 256})
+                                   where={"m": lambda v: 256})
     assert got.value == {"k": 8} and got.stand_ins == {"k": {"asked": 4, "shown": 8}, "m": {"asked": None, "shown": 256}}
     line = capsys.readouterr().out
     assert line.startswith("Shown instead of what this cell asked (recorded on NVIDIA H200")
     assert "k: asked 4, shown 8; m: asked the engine's default, shown 256." in line
     assert got.derived([1]).stand_ins == got.stand_ins  # a table of its parts keeps them
-    session.live_or_recorded(lambda: 1 / 0, lambda: {"k": 4}, force=False, asked={"k": 4}, recorded_with=dict)
+    session.live_or_recorded(lambda: 1 / 0, lambda: {"k": 4}, force=False, asked={"k": 4})
     assert capsys.readouterr().out == ""  # asked what was recorded: nothing to say
     # the labs' own calls: a value the recording lacks shows the whole sweep and says so; another model says so
     wide = kv.gpu_memory_utilization_rows([0.1, 0.33], force=False)
     assert len(wide.value) == 10 and wide.stand_ins["gpu_memory_utilization"]["asked"] == [0.1, 0.33]
+    knobs = "(max_num_seqs, max_num_batched_tokens)"
     assert scheduling.scheduler_rows([8, 64], force=False).stand_ins == {
-        "model": {"asked": "embedded", "shown": "synthetic:llama-3.1-8b"}}
+        "model": {"asked": "embedded", "shown": "synthetic:llama-3.1-8b"},
+        knobs: {"asked": [[8, None], [64, None]], "shown": [[8, None], [64, None], [256, None], [256, 512], [256, 2048]]}}
     sweep = serving.rate_sweep_or_recorded("embedded", repeat=4, max_num_seqs=32, force=False)
     assert set(sweep.stand_ins) == {"model", "max_num_seqs"} and "repeat" not in sweep.stand_ins
     capsys.readouterr()
@@ -113,10 +117,14 @@ def test_a_recorded_cell_shows_what_it_asked_or_says_what_stands_in(capsys):
     assert other.stand_ins["workload"] == {"asked": "shared-prefix-128", "shown": "journey"}
     assert other.stand_ins["repeat"] == {"asked": 2, "shown": 4} and not {"api_key", "port"} & set(other.stand_ins)
     assert "sk-SECRET" not in capsys.readouterr().out  # the line is printed into the notebook: never the key
-    # asked in another order than recorded: the same points, shown in the order asked, nothing to say
-    flipped = kv.gpu_memory_utilization_rows([0.3, 0.1], force=False)
-    assert [r["gpu_memory_utilization"] for r in flipped.value] == [0.3, 0.1] and flipped.stand_ins == {}
-    assert scheduling.scheduler_rows([64, 8], force=False).stand_ins.keys() == {"model"}
+    # asked in another order than recorded: the same points, nothing more to say
+    every = [r["gpu_memory_utilization"] for r in kv.gpu_memory_utilization_rows(force=False).value]
+    assert kv.gpu_memory_utilization_rows(every[::-1], force=False).stand_ins == {}
+    assert scheduling.scheduler_rows([64, 8], force=False).stand_ins.keys() == {"model", knobs}
+    capsys.readouterr()
+    rows = session.live_or_recorded(lambda: 1 / 0, lambda: [{"b": 1, "t": 4}, {"b": 8, "t": 4}], force=False,
+                                    asked={"b": [8, 1], "t": 4})  # each knob a field of the rows, read generically
+    assert rows.stand_ins == {} and capsys.readouterr().out == ""
 
 
 def test_a_recording_made_in_parts_names_one_command_per_step():

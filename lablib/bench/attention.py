@@ -43,7 +43,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import contextlib
-import gc
 import json
 import statistics
 import sys
@@ -55,6 +54,7 @@ from typing import Any
 import torch
 
 from ..hardware.device import device_facts, library_versions
+from ..hardware.oom import error_line, is_out_of_memory, oom_row
 from ..hardware.roofline import lookup_gpu
 from ..mechanisms.attention import H200, AttentionShape, attention_flops
 from ..validate import choice, integer, integers, refuse
@@ -132,13 +132,13 @@ class _VllmFa3:
         try:  # importing vllm sets TORCHINDUCTOR_COMPILE_THREADS=1 (vllm/env_override.py): flex compiles slow down
             from vllm.vllm_flash_attn import fa_version_unsupported_reason, flash_attn_varlen_func
         except Exception as e:  # ImportError without vLLM; vLLM raises its own without its CUDA extensions
-            raise Unavailable(f"import vllm.vllm_flash_attn failed: {_first_line(e)}") from None
+            raise Unavailable(f"import vllm.vllm_flash_attn failed: {error_line(e)}") from None
         if device != "cuda":
             raise Unavailable("vllm_fa3 needs CUDA (FA3 runs on compute capability 9.x); this run is on the CPU")
         try:
             why = fa_version_unsupported_reason(3)
         except Exception as e:
-            why = f"fa_version_unsupported_reason(3) raised {_first_line(e)}"
+            why = f"fa_version_unsupported_reason(3) raised {error_line(e)}"
         if why:
             raise Unavailable(f"vllm.vllm_flash_attn: {why}")
         self._fn, self._offsets = flash_attn_varlen_func, {}
@@ -200,15 +200,6 @@ def _sync(cuda: bool) -> None:
         torch.cuda.synchronize()
 
 
-def _is_oom(e: BaseException) -> bool:
-    return isinstance(e, torch.OutOfMemoryError) or (isinstance(e, RuntimeError) and any(
-        s in str(e) for s in ("not enough memory", "can't allocate memory", "out of memory")))
-
-
-def _first_line(e: BaseException) -> str:
-    return f"{type(e).__name__}: " + (str(e).strip().splitlines() or [""])[0][:300]
-
-
 def _measure(fn: Callable[..., torch.Tensor], qkv: list[torch.Tensor], causal: bool, dtype: str, *, cuda: bool,
              warmup: int, repeats: int, rows: int, flush: torch.Tensor | None) -> dict[str, Any]:
     """Probe, warm up, measure memory once, check that output, time `repeats` calls (module docstring)."""
@@ -220,10 +211,10 @@ def _measure(fn: Callable[..., torch.Tensor], qkv: list[torch.Tensor], causal: b
             fn(q, k, v, causal)
             _sync(cuda)
         except Exception as e:
-            if _is_oom(e):
+            if is_out_of_memory(e):
                 raise
             said = list(dict.fromkeys(str(w.message).strip().replace("\n", " ") for w in caught))
-            raise Unavailable(_first_line(e) + ("; torch warned: " + " | ".join(said) if said else "")[:900]) from None
+            raise Unavailable(error_line(e) + ("; torch warned: " + " | ".join(said) if said else "")[:900]) from None
     got: dict[str, Any] = {"first_ms": (time.perf_counter() - t0) * 1e3}
     for _ in range(warmup):
         fn(q, k, v, causal)
@@ -370,15 +361,12 @@ def run_attention_bench(kernels: Sequence[str] | None = None, *, quick: bool = F
             hint = f"; {_CPU_SDPA}" if not cuda and name in ("sdpa_efficient", "sdpa_cudnn") else ""
             row |= {"status": "unavailable", "reason": str(e) + hint}
         except Exception as e:  # OOM: freed below, outside the handler (its traceback holds the tensors)
-            if _is_oom(e):
-                oom = _first_line(e)
+            if is_out_of_memory(e):
+                oom = error_line(e)
             else:
-                row |= {"status": "unavailable", "reason": f"raised while measuring: {_first_line(e)}"}
+                row |= {"status": "unavailable", "reason": f"raised while measuring: {error_line(e)}"}
         if oom is not None:
-            gc.collect()
-            if cuda:
-                torch.cuda.empty_cache()
-            row |= {"status": "oom", "reason": oom}
+            row |= oom_row(oom, cuda)
         if row["status"] == "ok":
             secs = row["median_ms"] / 1e3
             row["tflops"] = attention_flops(shape) / secs / 1e12

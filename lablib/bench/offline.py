@@ -22,8 +22,11 @@ derived from the records (total decode time of all requests / wall time), so the
 formula serves naive, static and continuous batching. On a GPU not in the table, and on
 the CPU, the peak is "unknown", never guessed.
 
-Nothing measured is lost: the Result is appended to the store as soon as it exists, and
-an interrupted run (Kernel → Interrupt) stores what finished before re-raising.
+Nothing measured is lost: the Result is appended to the store as soon as it exists. An
+interrupted run (Kernel → Interrupt) closes the engine (its state mid-call is unknown), stores
+the requests that finished as a Result marked partial in its notes (`Result.partial`: its wall
+time includes work on the rest, so a chart of runs leaves it out), or nothing when none
+finished, and raises `RunInterrupted`, a KeyboardInterrupt that says in one line what was kept.
 """
 from __future__ import annotations
 
@@ -36,7 +39,7 @@ from ..config import BenchConfig
 from ..engines.base import Engine, PreparedRequest
 from ..hardware.device import device_facts, library_versions, torch_threads
 from ..hardware.memory import MemoryMonitor
-from ..results.record import RequestRecord, Result
+from ..results.record import PARTIAL, RequestRecord, Result
 from ..results.store import ResultStore
 from ..hardware.roofline import Roofline, decode_weight_bytes
 from ..models.architecture import DTYPE_BYTES
@@ -88,19 +91,51 @@ def roofline_for(records: list[RequestRecord], wall_s: float, facts: dict[str, A
     return Roofline(gpu, weight_bytes, kv, batch, context, decode_tok_s=batch / tpot).to_dict()
 
 
+class RunInterrupted(KeyboardInterrupt):
+    """Kernel → Interrupt during `run`, in one line: how far the run got, what was kept, that the engine was closed.
+
+    Still a KeyboardInterrupt, so a notebook cell (and Run All) stops as an interrupt stops it; IPython shows only
+    this line (`_render_traceback_`), not forty lines through the engine's generate down to a bare interrupt."""
+
+    def __init__(self, message: str, kept: Result | None = None):
+        super().__init__(message)
+        self.kept = kept  # the partial Result (stored where the message says), or None: nothing was kept
+
+    def _render_traceback_(self) -> list[str]:
+        return [f"\x1b[0;31mKeyboardInterrupt\x1b[0m: {self}"]
+
+
+def interrupted_message(step: str, done: int, total: int, where: str | None) -> str:
+    """What `RunInterrupted` says: `done` of `total` requests finished; `where` the store's path (None: no store)."""
+    if not done:
+        kept = "nothing was stored (no request had finished)"
+    elif where:
+        kept = f"kept a Result of those {done}, marked partial in its notes, in {where}"
+    else:
+        kept = f"a Result of those {done}, marked partial, is on this exception's .kept (no store was given)"
+    return f"Interrupted {step} after {done} of {total} requests: {kept}; the engine was closed."
+
+
 def run(engine: Engine, workload: Workload, bench: BenchConfig = BenchConfig(), *, lab: str = "",
         step: str | None = None, store: ResultStore | None = None,
         on_record: Callable[[RequestRecord], None] | None = None) -> Result:
-    """Warm up, run the whole workload once under the memory monitor, return (and store) its Result."""
+    """Warm up, run the whole workload once under the memory monitor, return (and store) its Result.
+
+    Kernel → Interrupt closes the engine and raises `RunInterrupted` (see the module docstring)."""
     import torch
 
     requests = prepare(workload, engine, bench)  # refused here, before a vLLM engine spends a minute starting
-    engine.start()
-    torch.manual_seed(bench.seed)
-    if bench.warmup_requests:
-        warm = [PreparedRequest(f"warmup-{r.request_id}", r.prompt_ids, min(8, r.max_new_tokens))
-                for r in requests[:bench.warmup_requests]]
-        engine.generate(warm, progress=False)
+    try:
+        engine.start()
+        torch.manual_seed(bench.seed)
+        if bench.warmup_requests:
+            warm = [PreparedRequest(f"warmup-{r.request_id}", r.prompt_ids, min(8, r.max_new_tokens))
+                    for r in requests[:bench.warmup_requests]]
+            engine.generate(warm, progress=False)
+    except KeyboardInterrupt:
+        engine.close()
+        raise RunInterrupted(f"Interrupted {step or engine.name} while the engine started or warmed up, before any "
+                             "request was timed: nothing was stored; the engine was closed.") from None
     hardware = device_facts(import_torch=True)
     done: list[RequestRecord] = []
 
@@ -123,7 +158,8 @@ def run(engine: Engine, workload: Workload, bench: BenchConfig = BenchConfig(), 
                 records = _in_waves(engine, requests, bench.max_concurrency, collect, t0)
         except (KeyboardInterrupt, Exception) as e:  # keep what finished, then re-raise
             records, interrupted = list(done), e
-            notes.append(f"interrupted after {len(done)} of {len(requests)} requests: {type(e).__name__}: {e}")
+            notes.append(f"{PARTIAL} interrupted after {len(done)} of {len(requests)} requests: {type(e).__name__}"
+                         + (f": {e}" if str(e) else ""))
     wall = time.perf_counter() - t0
     if mon.source == "rss":
         notes.append("memory is this process's resident set size (no NVIDIA GPU/NVML here)")
@@ -136,8 +172,11 @@ def run(engine: Engine, workload: Workload, bench: BenchConfig = BenchConfig(), 
         requests=records, wall_s=wall, memory=mon.timeline(),
         roofline=roofline_for(records, wall, engine.facts, hardware.get("gpu"), engine.spec.architecture()),
         engine_facts=dict(engine.facts), hardware=hardware, versions=library_versions(), notes=notes)
-    if store is not None:
-        store.append(result)
+    stored = store is not None and store.append(result)  # a Result of no requests is not stored
+    if isinstance(interrupted, KeyboardInterrupt):
+        engine.close()
+        message = interrupted_message(result.step, len(records), len(requests), str(store.path) if stored else None)
+        raise RunInterrupted(message, result if records else None) from None
     if interrupted is not None:
         raise interrupted
     return result

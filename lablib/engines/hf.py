@@ -18,13 +18,34 @@ Output lengths are exact (`ignore_eos`): EOS is not a stop token here, as in vLL
 from __future__ import annotations
 
 import copy
+import logging
 import time
 from typing import Any
 
 from ..config import HFConfig
+from ..hardware.oom import free_memory
 from ..models import ModelSpec, load_hf_model, prompt_tokenizer, resolve_model
 from ..results.record import RequestRecord
 from .base import OnRecord, PreparedRequest
+
+
+class _AssistantCallNotice(logging.Filter):
+    """Drops one transformers notice that our call does not cause. Assisted generation's own call to the draft
+    (transformers 5's `AssistedCandidateGenerator._prepare_generation_args`) passes `generation_config` beside
+    `min_new_tokens` and `max_new_tokens`, and `generate` then calls that mix deprecated, to a user who passed
+    a `generation_config` alone. Every other message of that logger passes."""
+
+    NOTICE = "Passing `generation_config` together with generation-related arguments"
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return self.NOTICE not in record.getMessage()
+
+
+def _quiet_assistant_call_notice() -> None:
+    """Install `_AssistantCallNotice` on transformers' generation logger, once per process."""
+    log = logging.getLogger("transformers.generation.utils")
+    if not any(isinstance(f, _AssistantCallNotice) for f in log.filters):
+        log.addFilter(_AssistantCallNotice())
 
 
 class _StepClock:
@@ -121,6 +142,7 @@ class HFEngine:
                              f"vocabulary ({self.model.config.vocab_size} tokens; this one has "
                              f"{draft.config.vocab_size}); Fix: pick the target's own draft, or speculative='ngram'.")
         exact_draft_length(draft.generation_config, config.num_speculative_tokens)
+        _quiet_assistant_call_notice()  # transformers' own call to the draft warns of a mix our call never passes
         return draft
 
     def start(self) -> "HFEngine":
@@ -185,15 +207,10 @@ class HFEngine:
         return recs
 
     def close(self) -> None:
-        import gc
+        import torch  # deferred: the engines load no torch at import
 
+        if not hasattr(self, "model"):  # closed already (an interrupted run closes its engine; its caller again)
+            return
         del self.model
         self.draft = None
-        gc.collect()
-        try:
-            import torch
-
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()
-        except ImportError:
-            pass
+        free_memory(torch.cuda.is_available())

@@ -17,6 +17,7 @@ can refuse a request longer than the context before a minute of start-up is spen
 from __future__ import annotations
 
 import atexit
+import contextlib
 import importlib.util
 import multiprocessing as mp
 import tempfile
@@ -31,13 +32,19 @@ from ..models import ModelSpec, embedded_path, prompt_tokenizer, resolve_model
 from ..results.record import RequestRecord
 from .base import OnRecord, PreparedRequest
 from .hf import progress_bar
-from .process import children, kill_tree
+from .process import children, environ, kill_tree
 
 SETTLE_S = 60.0  # how long close() waits for the GPU to return to its baseline
 SETTLE_SLACK = 256 * 2**20  # bytes above baseline still counted as "back"
 
 
 nvml_used = nvml_memory  # this module's name for it: the engine tests replace it with a fake GPU's
+RUNNER_ENV = "VLLM_USE_V2_MODEL_RUNNER"  # vLLM 0.26 reads its model runner from here (VLLMConfig.model_runner_v2)
+
+
+def runner_env(v2: bool | None) -> contextlib.AbstractContextManager[None]:
+    """VLLM_USE_V2_MODEL_RUNNER set to 1/0 (None: unset, vLLM decides) while a worker is spawned; restored after."""
+    return environ(RUNNER_ENV, None if v2 is None else "1" if v2 else "0")
 
 
 def preflight(spec: ModelSpec, config: VLLMConfig) -> dict[str, Any]:
@@ -135,15 +142,17 @@ class VLLMEngine:
         ctx = mp.get_context("spawn")
         self._conn, child = ctx.Pipe()
         tok_path = None if synthetic else self.spec.path
-        kwargs = self.config.llm_kwargs()
-        if self.spec.source == "embedded" and self.config.speculative_config:
-            kwargs["speculative_config"] = {"model": str(embedded_path("draft")), **self.config.speculative_config}
-        from .vllm_worker import worker_main
+        v2 = self.config.model_runner_v2  # None: this process's environment as it is (vLLM decides)
+        with runner_env(v2) if v2 is not None else contextlib.nullcontext():  # the worker and engine core inherit it
+            kwargs = self.config.llm_kwargs()
+            if self.spec.source == "embedded" and self.config.speculative_config:
+                kwargs["speculative_config"] = {"model": str(embedded_path("draft")), **self.config.speculative_config}
+            from .vllm_worker import worker_main
 
-        t0 = time.perf_counter()
-        self._proc = ctx.Process(target=worker_main, args=(child, self.spec.path, tok_path, kwargs, self.log_path,
-                                                           synthetic), name="lablib-vllm", daemon=False)
-        self._proc.start()
+            t0 = time.perf_counter()
+            self._proc = ctx.Process(target=worker_main, args=(child, self.spec.path, tok_path, kwargs, self.log_path,
+                                                               synthetic), name="lablib-vllm", daemon=False)
+            self._proc.start()
         atexit.register(self._at_exit)  # the worker is not a daemon (it has children): end it when Python exits
         kind, payload = self._receive(self.start_timeout_s, expect=("ready",))
         self._descendants = children(self._proc.pid)

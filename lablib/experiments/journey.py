@@ -21,6 +21,7 @@ order. A later lab adds a rung (and its recording) here, and the report's pictur
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -29,9 +30,12 @@ from .. import validate
 from ..bench.offline import run_step
 from ..config import BenchConfig, HFConfig
 from ..engines.hf import HFEngine
+from ..hardware.contention import CpuMeter
+from ..models import resolve_model
 from ..results.record import Result
 from ..results.reference import load_reference, reference_steps
 from ..results.store import ResultStore
+from ..stats import latency_text
 from ..workloads import load_workload
 
 
@@ -183,7 +187,7 @@ def run_journey(model: str = "embedded", workload: str = "journey", requests: in
                 batch_sizes: list[int] = (1, 4, 16), store: ResultStore | None = None,
                 bench: BenchConfig = BenchConfig(), lab: str = "journey",
                 log: Callable[[str], None] = print, cpu_threads: int | None = None, through: str | None = None,
-                ) -> tuple[list[Result], list[dict[str, str]]]:
+                cpu: CpuMeter | None = None) -> tuple[list[Result], list[dict[str, str]]]:
     """Run every available step on the workload; return the Results and the skipped steps.
 
     `through` ("01".."10", None: all) keeps the rungs of the labs up to that one: lab 01 runs its own. A rung
@@ -192,7 +196,12 @@ def run_journey(model: str = "embedded", workload: str = "journey", requests: in
     `cpu_threads` pins torch's threads in this process for every step (None: as they are); only the HF steps
     compute here, vLLM's run in their own worker. On a shared CPU (Colab, CI) a
     second OpenMP thread spins against other processes and one run can come out 3x slower than the next;
-    one thread measures the same thing, steadily."""
+    one thread measures the same thing, steadily. `cpu` (a CpuMeter) adds up the wall and CPU time of the rungs
+    that compute in this process, so the caller can tell whether they had their core to themselves.
+
+    The model, the settings and the workload are checked before any rung starts."""
+    if not hasattr(model, "path"):  # a name: a typo is refused here, not after a rung has started
+        resolve_model(model)
     validate.integers("run_journey", "batch_sizes", batch_sizes, "e.g. --batch-sizes 1,4,16.")
     if cpu_threads is not None:
         validate.integer("run_journey", "cpu_threads", cpu_threads, "1 on a shared CPU, or None to leave torch's own.")
@@ -211,9 +220,10 @@ def run_journey(model: str = "embedded", workload: str = "journey", requests: in
             continue
         log(f"run  {step.name}: {step.why}")
         own = load_workload(step.workload, limit=requests) if step.workload else wl
-        r = run_step(step, model, own, bench, lab=lab, store=store, threads=cpu_threads)
+        with cpu.measure() if cpu is not None and step.needs == "cpu" else contextlib.nullcontext():
+            r = run_step(step, model, own, bench, lab=lab, store=store, threads=cpu_threads)
         s = r.summary
-        log(f"     {s['output_tok_s']:.1f} output tok/s, TTFT p50 {s['ttft_s']['p50'] * 1e3:.0f} ms, "
+        log(f"     {s['output_tok_s']:.1f} output tok/s, TTFT p50 {latency_text(s['ttft_s']['p50'])}, "
             f"wall {r.wall_s:.1f} s")
         results.append(r)
     return results, skipped
@@ -294,6 +304,15 @@ def journey_gain(results: list[Result], like: Result) -> float | None:
         return None
     best = max(same, key=lambda r: r.summary["output_tok_s"])
     return best.summary["output_tok_s"] / naive.summary["output_tok_s"]
+
+
+def best_on_road(results: list[Result], workload: str = "journey") -> Result | None:
+    """The fastest rung this machine ran live on the road itself, so that it over naive generate compares like with
+    like: `workload`'s requests, every token decoded by the model itself. A speculative rung (lab 08) is a side
+    road: its gain depends on how well the text is guessed, and `side_roads` sets it against its own baseline."""
+    road_runs = [r for r in results if r.provenance == "live" and r.workload.get("name") == workload
+                 and not (r.config.get("speculative") or r.config.get("speculative_config"))]
+    return max(road_runs, key=lambda r: r.summary["output_tok_s"], default=None)
 
 
 def default_store(folder: str | Path | None = None, lab: str = "journey") -> ResultStore:

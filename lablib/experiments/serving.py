@@ -313,18 +313,19 @@ def rate_sweep_or_recorded(model: str | ModelSpec = "embedded", repeat: int = 4,
     server_knobs = {k: v for k, v in kw.items() if k in MEASURED_SERVER_KNOBS}
     workload = kw.get("workload", "journey")
 
-    def recorded_with(value: dict[str, Any]) -> dict[str, Any]:
+    def repeated(value: dict[str, Any]) -> tuple[str, int]:
         name = value["results"][0].workload["name"]  # e.g. "journeyx4": the base set, repeated
         base, _, times = name.rpartition("x")
-        base, times = (base, int(times)) if times.isdigit() and base else (name, 1)
-        return {"model": value["server"].get("served_model_name") or value["model_name"], "workload": base,
-                "repeat": times, **{k: value["server"].get(k) for k in server_knobs}}
+        return (base, int(times)) if times.isdigit() and base else (name, 1)
 
     return live_or_recorded(lambda: described(rate_sweep(model, repeat=repeat, lab=lab, **kw)),
                             lambda: described({**reference_facts()["serve"],
                                                "results": load_reference(prefix="serve-rate-")}), force=force,
                             asked={"model": model if isinstance(model, str) else model.name, "workload": workload,
-                                   "repeat": repeat, **server_knobs}, recorded_with=recorded_with)
+                                   "repeat": repeat, **server_knobs},
+                            where={"model": lambda v: v["server"].get("served_model_name") or v["model_name"],
+                                   "workload": lambda v: repeated(v)[0], "repeat": lambda v: repeated(v)[1],
+                                   **{k: (lambda v, k=k: v["server"].get(k)) for k in server_knobs}})
 
 
 def burst(results: list[Result]) -> Result:

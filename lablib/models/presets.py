@@ -8,6 +8,7 @@ grouped by the smallest GPU that holds them in bf16 with room for a useful KV ca
 """
 from __future__ import annotations
 
+import difflib
 import os
 from pathlib import Path
 from typing import Any
@@ -48,6 +49,9 @@ def resolve_model(name: str | os.PathLike = DEFAULT_MODEL) -> ModelSpec:
     path = Path(key).expanduser()
     if path.exists() or os.sep in key or key.startswith("."):
         return ModelSpec(key, str(path), "path", check_model_dir(path))
+    near = difflib.get_close_matches(key, [*EMBEDDED, *PRESETS], n=1, cutoff=0.6)
     raise ValueError(
-        f"model={key!r} is not a known model: use one of the embedded models {sorted(EMBEDDED)}, "
-        f"a preset {sorted(PRESETS)}, 'synthetic:<architecture>' (random weights, see lablib.models.synthetic), or the path of a local model folder (with config.json and weights).")
+        f"model={key!r} is not a known model: allowed an embedded model {sorted(EMBEDDED)}, a preset "
+        f"{sorted(PRESETS)}, 'synthetic:<architecture>' (random weights, see lablib.models.synthetic), or the path of "
+        "a local model folder (with config.json and weights); Fix: "
+        + (f"model={near[0]!r}, the nearest name." if near else "one of those names, or a folder's path."))

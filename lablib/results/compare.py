@@ -1,6 +1,7 @@
 """Comparisons of measurements: a flat table of Results, and whether two runs generated the same tokens."""
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from .record import Result
@@ -21,6 +22,13 @@ def table(results: list[Result]) -> list[dict[str, Any]]:
     return rows
 
 
+def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
+    """Where two token lists first part: the first position whose tokens differ, or where the shorter one stops
+    (None: identical). Every "same greedy tokens?" in lablib is this, request by request."""
+    at = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+    return at if at is not None or len(a) == len(b) else min(len(a), len(b))
+
+
 def token_agreement(a: Result, b: Result) -> float:
     """Fraction of requests (matched by id) whose generated token ids are identical in both runs."""
     ids_b = {r.request_id: r.output_ids for r in b.requests}
@@ -28,7 +36,7 @@ def token_agreement(a: Result, b: Result) -> float:
     if not pairs or any(x is None or y is None for x, y in pairs):
         raise ValueError("token_agreement: the runs share no requests with stored output_ids. "
                          "Fix: compare two live runs of the same workload.")
-    return sum(x == y for x, y in pairs) / len(pairs)
+    return sum(first_divergence(x, y) is None for x, y in pairs) / len(pairs)
 
 
 def outputs_agree(a: Result, b: Result) -> dict[str, Any]:
@@ -38,8 +46,7 @@ def outputs_agree(a: Result, b: Result) -> dict[str, Any]:
     diverged = []
     for r in a.requests:
         x, y = r.output_ids or [], b_ids.get(r.request_id) or []
-        unequal = None if len(x) == len(y) else min(len(x), len(y))
-        at = next((i for i, (u, v) in enumerate(zip(x, y)) if u != v), unequal)
+        at = first_divergence(x, y)
         if at is not None or r.output_ids is None:
             diverged.append({"request_id": r.request_id, "first_divergence": at, "output_tokens": len(x)})
     return {"model": a.model.get("name"), "workload": a.workload.get("name"),

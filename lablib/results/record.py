@@ -33,6 +33,7 @@ from ..stats import distribution
 from ..config import lab_id
 
 SCHEMA = 1
+PARTIAL = "partial run:"  # how a note of a run cut short begins (Kernel → Interrupt, an engine error mid-run)
 
 
 @dataclass
@@ -140,6 +141,12 @@ class Result:
             raise ValueError(f"Result.provenance={self.provenance!r}: allowed 'live' or 'recorded'")
         if not self.summary:
             self.summary = summarise(self.requests, self.wall_s)
+
+    @property
+    def partial(self) -> bool:
+        """Whether the run was cut short (a note starts with PARTIAL): its requests are those that finished, its
+        wall time includes work on the rest, so its throughput is not the setting's and a chart of runs skips it."""
+        return any(n.startswith(PARTIAL) for n in self.notes)
 
     @property
     def label(self) -> str:

@@ -1,8 +1,10 @@
 """The store that never loses a measurement: one JSON line per Result, appended and fsynced.
 
 A kernel killed mid-run (Kernel → Interrupt, a dead kernel, a time limit) leaves every
-Result written before it intact; a torn last line is skipped on load with a warning. The
-shipped H200 recordings are the same format, gzipped.
+Result written before it intact; a torn last line is skipped on load with a warning. A Result
+of no requests (a run interrupted before its first) is neither written nor read back: it
+measured nothing, and a chart would draw it as a run at 0 tok/s. The shipped H200 recordings
+are the same format, gzipped.
 
 Everything a lab, the main job or a widget measures goes to one folder, `results_dir()`: the repository's own
 `results/` in a clone (whatever folder the notebook runs from: nbval and Jupyter run each lab inside `labs/`),
@@ -10,8 +12,10 @@ Everything a lab, the main job or a widget measures goes to one folder, `results
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +52,13 @@ class ResultStore:
                              "Fix: pass the notebook's name without folder or suffix.")
         return cls(results_dir() / f"{lab}.jsonl")
 
-    def append(self, result: Result) -> None:
+    def append(self, result: Result) -> bool:
+        """Write `result` as one line; False, and nothing written, for a Result of no requests.
+
+        A run that finished no request (interrupted before the first, every request failed) measured nothing: stored,
+        it would be read back as a run at 0 tok/s."""
+        if not result.requests:
+            return False
         self.path.parent.mkdir(parents=True, exist_ok=True)
         line = (result.to_json() + "\n").encode()
         fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
@@ -60,6 +70,13 @@ class ResultStore:
             os.fsync(fd)
         finally:
             os.close(fd)
+        return True
+
+    def append_recorded(self, result: Result) -> Result:
+        """Append `result` as a recording (provenance "recorded": what a recording step keeps); returns what it stored."""
+        kept = dataclasses.replace(result, provenance="recorded")
+        self.append(kept)
+        return kept
 
     def facts_path(self, key: str) -> Path:
         """Where `keep_facts(key, ...)` writes: `facts-<key>.json` beside this store's file."""
@@ -84,7 +101,8 @@ class ResultStore:
         return path
 
     def load(self) -> list[Result]:
-        """Every readable Result in the file (a `.gz` file is read through gzip)."""
+        """Every readable Result in the file (a `.gz` file is read through gzip), but any of no requests: a run
+        interrupted before its first request, which an older lablib stored, is not a run at 0 tok/s."""
         if not self.path.exists():
             return []
         if self.path.suffix == ".gz":
@@ -98,12 +116,26 @@ class ResultStore:
             if not line.strip():
                 continue
             try:
-                out.append(Result.from_dict(json.loads(line)))
+                result = Result.from_dict(json.loads(line))
             except (json.JSONDecodeError, TypeError) as e:
                 import warnings
 
                 warnings.warn(f"{self.path}:{i}: skipped an unreadable record ({e})", stacklevel=2)
+                continue
+            if result.requests:
+                out.append(result)
         return out
+
+
+def keep_if_recording(store: ResultStore | None, key: str, facts: dict[str, Any] | Callable[[], dict[str, Any]],
+                      differs: Sequence[str] = ()) -> Path | None:
+    """A live run kept as step `key`'s recording (`store.keep_facts(key, facts)`) when it is that step's own run: a
+    `store` is given and `differs` (each way the run is not the recording's: another setting, a run that failed) is
+    empty. `facts` may be a function, called only then. Returns the path written, or None: the run stays this
+    user's. Called after every run of a long one, so a run cut short keeps what it made."""
+    if store is None or differs:
+        return None
+    return store.keep_facts(key, facts() if callable(facts) else facts)
 
 
 def load_results(*paths: str | Path) -> list[Result]:

@@ -11,8 +11,11 @@ every run against batch size. It opens on the runs already in its ResultStore (t
 own journey cell writes to the same file), not on empty axes, and each new Result is
 appended the moment it exists. Controls that do not apply are hidden: the batch size in
 naive mode (naive generate is batch 1), the output length unless it is fixed. Settings
-that cannot work (a batch of 0, an output length of 0) are refused with the config's own
-message, shown in the panel, before any model loads.
+that cannot work (a batch of 0, an output length of 0, a mistyped model) are refused with the
+config's own message ("allowed ...; Fix: ..."), written on the panel under the Run button, before
+any model loads. Kernel → Interrupt during a run says there what was kept (`bench.offline.run`
+stores the requests that finished as a Result marked partial); the chart, a chart of whole runs,
+leaves partial runs out.
 
 Why the figure survives a browser refresh: it is a static plotly figure redrawn whole into
 an `ipywidgets.Output` on every change (`widgets.figure.FigureArea`), not a plotly
@@ -22,6 +25,7 @@ cannot be rebuilt after a reload and stays empty while the kernel keeps updating
 """
 from __future__ import annotations
 
+import html
 import traceback
 from collections import OrderedDict
 from pathlib import Path
@@ -81,7 +85,8 @@ class BatchingPanel:
                                               style={"description_width": "initial"})  # the label was clipped
         self.run_button = widgets.Button(description="Run", button_style="primary", icon="play")
         self.status = widgets.HTML()
-        self.errors = widgets.Output()
+        self.message = widgets.HTML()  # why the last run did not run or stopped, on the page (not only in last_error)
+        self.errors = widgets.Output()  # the traceback of an unexpected failure
         self.area = FigureArea(min_interval_s=0.25, height="450px")
         self.plot_area = self.area.output
         self.run_button.on_click(self.run_clicked)
@@ -91,7 +96,7 @@ class BatchingPanel:
         self.widget = widgets.VBox([
             widgets.HBox([self.model, self.workload]), widgets.HBox([self.mode, self.batch_size]),
             widgets.HBox([self.requests, self.override, self.max_new_tokens]),
-            widgets.HBox([self.run_button, self.status]), self.errors, self.plot_area])
+            widgets.HBox([self.run_button, self.status]), self.message, self.errors, self.plot_area])
         self.load_earlier()
 
     @property
@@ -102,24 +107,33 @@ class BatchingPanel:
     def load_earlier(self) -> list[Result]:
         """Start from the runs already in the store: the latest HF run of each step on this model, drawn at once."""
         latest: dict[str, Result] = {}
-        for r in self.store.load():
-            if r.engine in HF_ENGINES and r.model.get("name") == self.model.value:
+        for r in self.store.load():  # a partial run's throughput is not its setting's: left out
+            if r.engine in HF_ENGINES and r.model.get("name") == self.model.value and not r.partial:
                 latest.pop(r.step, None)
                 latest[r.step] = r
         self.results = list(latest.values())
+        self.show_runs()
         if self.results:
-            self.show(plots.throughput_vs_batch(self.results))
             self.status.value = (f"{len(self.results)} earlier runs of <b>{self.model.value}</b> from "
                                  f"{self.store.path.name}; press Run to add one")
         else:
-            self.show(empty_figure("Throughput vs batch size", "batch size (sequences decoding together)",
-                                   "output throughput (tok/s)", "no runs yet: choose the settings and press Run"))
             self.status.value = f"no runs of <b>{self.model.value}</b> in {self.store.path.name} yet"
         return self.results
 
+    def show_runs(self) -> None:
+        """Draw the throughput of the runs in `results` against batch size (labelled empty axes when none)."""
+        if self.results:
+            self.show(plots.throughput_vs_batch(self.results))
+        else:
+            self.show(empty_figure("Throughput vs batch size", "batch size (sequences decoding together)",
+                                   "output throughput (tok/s)", "no runs yet: choose the settings and press Run"))
+
     # handlers: one call each
     def run_clicked(self, _button: Any) -> Result | None:
-        return self.run()
+        try:
+            return self.run()
+        except KeyboardInterrupt:  # a button has no cell to stop: the panel already says what happened
+            return None
 
     def mode_changed(self, change: dict) -> None:
         self._apply(change["new"], self.override.value)
@@ -144,12 +158,15 @@ class BatchingPanel:
         """One benchmark run with the controls' settings (keys of `settings()` override them).
 
         Returns the Result, or None when the run could not be made; the reason is shown
-        in the panel and kept in `last_error`.
+        in the panel and kept in `last_error`. Kernel → Interrupt is shown there too, then re-raised
+        (a cell stops; the Run button's handler ends quietly).
         """
         s = self.settings() | overrides
-        self.errors.clear_output()
+        self.errors.outputs = ()  # not clear_output(): that clears the page's copy, not the kernel's
+        self.message.value = ""
         self.last_error = None
         self.run_button.disabled = True
+        engine: HFEngine | None = None
         try:
             hf = HFConfig(mode=s["mode"], batch_size=s["batch_size"])
             bench = BenchConfig(max_new_tokens=s["max_new_tokens"], progress=False)
@@ -162,6 +179,14 @@ class BatchingPanel:
                                on_record=self.record_finished)
         except (ValueError, OSError) as e:
             return self._fail(f"Cannot run these settings: {e}")
+        except KeyboardInterrupt as e:  # bench.run closed the engine and says what it kept (RunInterrupted)
+            for key in [k for k, v in self._engines.items() if v is engine]:
+                del self._engines[key]
+            said = str(e) or "Interrupted before the run started: nothing was run or stored."
+            kept = getattr(e, "kept", None) is not None
+            self._fail(said + (" This chart leaves partial runs out." if kept else ""), status="interrupted")
+            self.show_runs()
+            raise
         except Exception as e:  # a handler's exception is otherwise lost in the browser console
             return self._fail(f"The run failed: {type(e).__name__}: {e}", traceback.format_exc())
         finally:
@@ -221,10 +246,11 @@ class BatchingPanel:
     def _live_title(self, n: int) -> str:
         return f"{self._running}: {n}/{self._total} requests finished<br><sup>{live_label()}</sup>"
 
-    def _fail(self, message: str, details: str | None = None) -> None:  # returns None for run()
+    def _fail(self, message: str, details: str | None = None, status: str = "not run") -> None:  # None for run()
+        """Say on the panel why the run did not happen (the message under the Run button, a traceback below it)."""
         self.last_error = message
-        self.status.value = "<b style='color:#c00'>not run</b>"
-        self.errors.append_stdout(message + "\n")
+        self.status.value = f"<b style='color:#c00'>{status}</b>"
+        self.message.value = f"<div style='color:#c00;white-space:pre-wrap'>{html.escape(message)}</div>"
         if details:
             self.errors.append_stderr(details)
         return None

@@ -1,7 +1,7 @@
 """The timing protocol (lablib.bench.offline) on the CPU with the embedded model: prepare checks every request
 against the context before any work, run starts the engine only then and returns (and stores) one complete Result
 (the engine's config, the bench's seed as bench_seed, ignore_eos as the engine reports it), and an interrupted run
-stores what finished before re-raising."""
+closes the engine, stores what finished marked partial (nothing when nothing finished) and says so in one line."""
 
 import pytest
 
@@ -119,12 +119,14 @@ def test_warmup_is_run_but_not_recorded(engine, journey):
 
 
 class InterruptedEngine:
-    """Follows the engine call shape; the timed run emits two records, then the user hits Interrupt."""
+    """Follows the engine call shape; the timed run emits `finish` records, then the user hits Interrupt (in the
+    warm-up instead with `in_warmup`)."""
 
     name = "fake"
 
-    def __init__(self, real: HFEngine):
+    def __init__(self, real: HFEngine, finish: int = 2, in_warmup: bool = False):
         self.spec, self.tokenizer, self.facts, self.config = real.spec, real.tokenizer, dict(real.facts), real.config
+        self.finish, self.in_warmup, self.closed = finish, in_warmup, 0
 
     def start(self) -> "InterruptedEngine":
         return self
@@ -133,27 +135,72 @@ class InterruptedEngine:
         return []
 
     def close(self) -> None:
-        pass
+        self.closed += 1
 
     def generate(self, requests: list[PreparedRequest], on_record=None, progress: bool = True):
         recs = [RequestRecord(q.request_id, len(q.prompt_ids), q.max_new_tokens, start=0.0, first_token=0.01 * (i + 1),
                               last_token=0.02 * (i + 1), token_times=None) for i, q in enumerate(requests)]
-        if on_record is None:  # the warm-up
+        if on_record is None and not self.in_warmup:  # the warm-up
             return recs
-        for rec in recs[:2]:
+        for rec in recs[:self.finish]:
             on_record(rec)
         raise KeyboardInterrupt
 
 
-def test_interrupted_run_stores_what_finished_then_reraises(engine, journey, tmp_path):
+def test_interrupted_run_stores_what_finished_marked_partial_then_stops_with_one_line(engine, journey, tmp_path):
     store = ResultStore(tmp_path / "runs.jsonl")
-    with pytest.raises(KeyboardInterrupt):
-        bench.run(InterruptedEngine(engine), journey.head(5), QUICK, step="cut", store=store)
+    cut = InterruptedEngine(engine)
+    with pytest.raises(KeyboardInterrupt) as e:  # a RunInterrupted: still an interrupt, so a cell stops
+        bench.run(cut, journey.head(5), QUICK, step="cut", store=store)
     (saved,) = store.load()
-    assert saved.step == "cut" and saved.engine == "fake"
+    assert saved.step == "cut" and saved.engine == "fake" and saved.partial
     assert [q.request_id for q in saved.requests] == ["journey-000", "journey-001"]
     assert saved.summary["requests"] == 2 and saved.summary["output_tokens"] == 16
-    assert any("interrupted after 2 of 5 requests" in n and "KeyboardInterrupt" in n for n in saved.notes)
+    assert any(n.startswith("partial run: interrupted after 2 of 5 requests: KeyboardInterrupt") for n in saved.notes)
+    assert isinstance(e.value, bench.RunInterrupted) and e.value.kept.requests == saved.requests
+    assert str(e.value) == ("Interrupted cut after 2 of 5 requests: kept a Result of those 2, marked partial in its "
+                            f"notes, in {store.path}; the engine was closed.")
+    assert cut.closed == 1
+    assert e.value.__cause__ is None and e.value.__suppress_context__  # not chained to the engine's traceback
+
+
+@pytest.mark.parametrize("finish, in_warmup, said", [
+    (0, False, "Interrupted cut after 0 of 5 requests: nothing was stored (no request had finished); the engine was "
+               "closed."),
+    (0, True, "Interrupted cut while the engine started or warmed up, before any request was timed: nothing was "
+              "stored; the engine was closed."),
+])
+def test_an_interrupt_before_any_request_finished_stores_nothing(engine, journey, tmp_path, finish, in_warmup, said):
+    store = ResultStore(tmp_path / "runs.jsonl")
+    cut = InterruptedEngine(engine, finish=finish, in_warmup=in_warmup)
+    with pytest.raises(bench.RunInterrupted) as e:
+        bench.run(cut, journey.head(5), QUICK, step="cut", store=store)
+    assert str(e.value) == said and e.value.kept is None
+    assert not store.path.exists() and cut.closed == 1
+
+
+def test_an_interrupted_run_without_a_store_hands_its_partial_result_over(engine, journey):
+    with pytest.raises(bench.RunInterrupted, match="a Result of those 2, marked partial, is on this exception's "
+                                                   r"\.kept \(no store was given\)") as e:
+        bench.run(InterruptedEngine(engine), journey.head(5), QUICK, step="cut")
+    assert e.value.kept.partial and len(e.value.kept.requests) == 2
+
+
+def test_ipython_shows_an_interrupted_run_as_its_one_line():
+    """What a notebook cell shows: the message alone (RunInterrupted._render_traceback_), no frames through the
+    engine's generate; the cell still ends in error, so Run All stops there."""
+    import subprocess
+    import sys
+
+    cell = ("from lablib.bench.offline import RunInterrupted\n"
+            "def generate():\n    raise RunInterrupted('Interrupted x after 1 of 2 requests: kept')\n"
+            "generate()")
+    script = ("from IPython.core.interactiveshell import InteractiveShell\n"  # a shell of its own: none in pytest's
+              f"ran = InteractiveShell.instance().run_cell({cell!r})\n"
+              "print('stopped:', type(ran.error_in_exec).__name__)")
+    shown = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    one_line = "\x1b[0;31mKeyboardInterrupt\x1b[0m: Interrupted x after 1 of 2 requests: kept"
+    assert shown.stdout.strip().splitlines() == [one_line, "stopped: RunInterrupted"], shown
 
 
 def test_waves_keep_every_request_on_the_runs_clock_and_sum_the_engines_counters():

@@ -16,7 +16,6 @@ import os
 import shutil
 import sys
 import time
-import uuid
 
 import psutil
 import pynvml
@@ -28,25 +27,7 @@ from lablib.engines.base import PreparedRequest
 from lablib.engines.vllm import VLLMEngine, preflight
 from lablib.models import ModelSpec, check_model_dir, embedded_path, resolve_model
 from lablib.models.synthetic import architectures
-
-FAKE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fake_vllm")
-GiB = 2**30
-BASE_USED = 1 * GiB  # VRAM in use before any engine (driver, other processes)
-CORE_BYTES = 8 * GiB  # what each live fake EngineCore "holds"
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
-def _wait_gone(pids: list[int], timeout: float = 5.0) -> list[int]:
-    deadline = time.monotonic() + timeout
-    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return [p for p in pids if _alive(p)]
+from tests.fake_vllm_support import BASE_USED, CORE_BYTES, GiB, alive, cores, fake_scores, wait_gone
 
 
 def _live_children() -> set[int]:
@@ -61,103 +42,6 @@ def _live_children() -> set[int]:
     return out
 
 
-def _cores(marker: str) -> list[int]:
-    """Live fake EngineCores of this test, found by the marker on their command line (orphans too)."""
-    pids = []
-    for p in psutil.process_iter(["cmdline"]):
-        try:
-            if marker in (p.info["cmdline"] or []) and p.status() != psutil.STATUS_ZOMBIE:
-                pids.append(p.pid)
-        except psutil.NoSuchProcess:
-            pass
-    return pids
-
-
-@pytest.fixture
-def fake_gpu(monkeypatch):
-    """Patch pynvml into one GPU; returns a setter for its name, compute capability and memory."""
-    gpu = {"name": "NVIDIA H200", "cc": (9, 0), "total": 140 * GiB, "free": None, "marker": None, "count": 1}
-
-    def memory(handle):
-        used = BASE_USED + CORE_BYTES * (len(_cores(gpu["marker"])) if gpu["marker"] else 0)
-        free = gpu["free"] if gpu["free"] is not None else gpu["total"] - used
-        return type("Memory", (), {"used": used, "free": free, "total": gpu["total"]})()
-
-    monkeypatch.setattr(pynvml, "nvmlInit", lambda: None)
-    monkeypatch.setattr(pynvml, "nvmlDeviceGetHandleByIndex", lambda i: f"gpu{i}")
-    monkeypatch.setattr(pynvml, "nvmlDeviceGetMemoryInfo", memory)
-    monkeypatch.setattr(pynvml, "nvmlDeviceGetCudaComputeCapability", lambda h: gpu["cc"])
-    monkeypatch.setattr(pynvml, "nvmlDeviceGetName", lambda h: gpu["name"])
-    monkeypatch.setattr(pynvml, "nvmlDeviceGetCount", lambda: gpu["count"])
-
-    def set_gpu(**kw):
-        gpu.update(kw)
-
-    set_gpu.gpu = gpu
-    return set_gpu
-
-
-@pytest.fixture
-def with_fake_vllm(monkeypatch):
-    """The fake `vllm` importable here (so preflight finds it) and in the worker.
-
-    A spawned worker starts with this process's sys.path, so sys.path carries it there;
-    PYTHONPATH does the same for anything the worker starts with a fresh interpreter.
-    """
-    monkeypatch.syspath_prepend(FAKE)
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([FAKE, *filter(None, [os.environ.get("PYTHONPATH")])]))
-    for var in ("FAKE_VLLM_FAIL_START", "FAKE_VLLM_CRASH_AFTER", "FAKE_VLLM_GPU_BLOCKS", "FAKE_VLLM_ORPHAN_WATCH"):
-        monkeypatch.delenv(var, raising=False)
-    from lablib import session
-
-    session.mode.cache_clear()  # decided once per process: not while the fake GPU and fake vLLM stand in
-    yield
-    session.mode.cache_clear()  # a later test (the main job) must not inherit "live" from the fakes
-
-
-@pytest.fixture
-def start(with_fake_vllm, fake_gpu, monkeypatch):
-    """start(config, model, **FAKE_VLLM_env) → a started VLLMEngine; every engine is closed at the end.
-
-    `start.new(...)` makes one without starting it (the constructor runs only the preflight and the tokenizer)."""
-    marker = f"fake-vllm-core-{uuid.uuid4().hex[:8]}"
-    monkeypatch.setenv("FAKE_VLLM_MARKER", marker)
-    monkeypatch.setenv("FAKE_VLLM_STEP_SLEEP", "0.002")
-    monkeypatch.setattr(vllm_engine, "SETTLE_S", 5.0)
-    fake_gpu(marker=marker)
-    engines = []
-
-    def _new(config=VLLMConfig(), model="embedded", **env):
-        for k, v in env.items():
-            monkeypatch.setenv(k, str(v))
-        engine = VLLMEngine.__new__(VLLMEngine)  # so teardown can close it even if __init__ fails half-way
-        engines.append(engine)
-        engine.__init__(model, config, start_timeout_s=60)
-        return engine
-
-    def _start(config=VLLMConfig(), model="embedded", **env):
-        return _new(config, model, **env).start()
-
-    _start.marker, _start.new = marker, _new
-    yield _start
-    for e in engines:
-        if getattr(e, "_proc", None) is not None:
-            e.close()  # the polite close a `with` block does (a dead worker makes it a no-op)
-        if getattr(e, "log_path", None):
-            os.unlink(e.log_path)
-    assert _wait_gone(_cores(marker)) == []
-
-
-def fake_scores():
-    """The fake model's fake_logprob, loaded by path: importing it as `vllm.llm` would put vLLM in this process."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("fake_vllm_scores", os.path.join(FAKE, "vllm", "scores.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.fake_logprob
-
-
 def _requests(lengths, prompt_lens=None):
     prompt_lens = prompt_lens or [3 + 2 * i for i in range(len(lengths))]
     return [PreparedRequest(f"r{i}", tuple(range(1, p + 1)), n) for i, (p, n) in enumerate(zip(prompt_lens, lengths))]
@@ -169,9 +53,9 @@ def _expected_ids(req):
 
 def _worker_and_core(engine, marker):
     [worker] = engine.worker_pids()
-    cores = [c.pid for c in psutil.Process(worker).children() if marker in c.cmdline()]
-    assert len(cores) == 1, "the fake LLM runs one EngineCore under the worker"
-    return worker, cores[0]
+    found = [c.pid for c in psutil.Process(worker).children() if marker in c.cmdline()]
+    assert len(found) == 1, "the fake LLM runs one EngineCore under the worker"
+    return worker, found[0]
 
 
 # ---------------------------------------------------------------- preflight: refused before any work starts
@@ -260,7 +144,7 @@ def test_nothing_starts_before_start_and_a_long_request_is_refused_first(start):
     assert f"request {long[0].id}" in msg and f"prompt {long[0].prompt_tokens} + max_new_tokens 8" in msg
     assert "context of 64" in msg and "Fix" in msg and "max_new_tokens" in msg.split("Fix")[1]
     assert engine._proc is None and engine.worker_pids() == []  # no worker was spawned ...
-    assert _cores(start.marker) == [] and _live_children() - before == set()  # ... and no EngineCore
+    assert cores(start.marker) == [] and _live_children() - before == set()  # ... and no EngineCore
     engine.close()  # closing an engine that never started is harmless
     assert engine.facts["started"] is False
 
@@ -335,7 +219,7 @@ def test_a_sweep_reuses_one_worker(start):
     first = engine.generate(_requests([2, 2]), progress=False)
     second_reqs = _requests([3, 1, 2], prompt_lens=[7, 98, 150])
     second = engine.generate(second_reqs, progress=False)
-    assert engine.worker_pids() == [worker] and _alive(core)
+    assert engine.worker_pids() == [worker] and alive(core)
     assert [r.output_ids for r in second] == [_expected_ids(r) for r in second_reqs]
     assert [r.output_tokens for r in first + second] == [2, 2, 3, 1, 2]
     # max_num_seqs=1: each request is scheduled after the previous one finished (vLLM's clock, the worker's origin)
@@ -365,7 +249,7 @@ def test_start_failure_carries_the_workers_message(start):
     before = _live_children()
     with pytest.raises(RuntimeError, match="vLLM worker failed: RuntimeError: CUDA out of memory \\(fake\\)"):
         start(FAKE_VLLM_FAIL_START="CUDA out of memory (fake)")
-    assert _wait_gone(list(_live_children() - before)) == []
+    assert wait_gone(list(_live_children() - before)) == []
 
 
 def test_error_during_generate_closes_the_engine(start):
@@ -373,7 +257,7 @@ def test_error_during_generate_closes_the_engine(start):
     worker, core = _worker_and_core(engine, start.marker)
     with pytest.raises(RuntimeError, match=r"ValueError: The decoder prompt \(length 100\) is longer than .* 64"):
         engine.generate(_requests([2, 2], prompt_lens=[10, 100]), progress=False)
-    assert not _alive(worker) and _wait_gone([core]) == []
+    assert not alive(worker) and wait_gone([core]) == []
     with pytest.raises(RuntimeError, match="make a new VLLMEngine"):
         engine.generate(_requests([1]), progress=False)
 
@@ -388,8 +272,8 @@ def test_hard_crash_keeps_finished_records_and_leaves_nothing(start):
     assert "EngineCore hit a fatal error after 2 finished requests" in str(e.value)  # the log's tail
     assert [r.request_id for r in got] == ["r0", "r1"] and [r.output_tokens for r in got] == [2, 3]
     engine.close()  # closing again is harmless
-    assert not _alive(worker) and _wait_gone([core]) == []
-    assert _wait_gone(list(_live_children() - before)) == []
+    assert not alive(worker) and wait_gone([core]) == []
+    assert wait_gone(list(_live_children() - before)) == []
     assert engine.facts["vram_back_to_baseline"] is True
     with pytest.raises(RuntimeError, match="make a new VLLMEngine"):
         engine.generate(_requests([1]), progress=False)
@@ -430,7 +314,7 @@ def test_interrupt_in_the_callback_ends_the_worker(start):
 
     with pytest.raises(KeyboardInterrupt):
         engine.generate(_requests([1, 5, 5]), on_record=on_record, progress=False)
-    assert not _alive(worker) and _wait_gone([core]) == []
+    assert not alive(worker) and wait_gone([core]) == []
     with pytest.raises(RuntimeError, match="make a new VLLMEngine"):  # not a half-read pipe next time
         engine.generate(_requests([1]), progress=False)
 
@@ -444,7 +328,7 @@ def test_close_ends_worker_and_engine_core(start):
     engine.generate(_requests([2]), progress=False)
     assert vllm_engine.nvml_used()[0] == BASE_USED + CORE_BYTES
     engine.close()
-    assert not _alive(worker) and not _alive(core)
+    assert not alive(worker) and not alive(core)
     assert engine.facts["vram_back_to_baseline"] is True and engine.facts["vram_after_close_bytes"] == BASE_USED
     with pytest.raises(RuntimeError, match="this vLLM engine is closed. Fix: make a new VLLMEngine"):
         engine.generate(_requests([1]), progress=False)
@@ -455,7 +339,7 @@ def test_force_close_kills_the_whole_tree(start):
     engine = start(FAKE_VLLM_ORPHAN_WATCH=0)
     worker, core = _worker_and_core(engine, start.marker)
     engine.close(force=True)  # what an interrupt or a failure does: no polite "close" message
-    assert not _alive(worker) and not _alive(core)
+    assert not alive(worker) and not alive(core)
     assert engine.facts["vram_back_to_baseline"] is True
 
 

@@ -16,7 +16,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from lablib import VLLMConfig  # noqa: E402
-from lablib.experiments.attention import backends, findings, study
+from lablib.experiments.attention import backends, findings, record, study
 from lablib.mechanisms.attention import H200, predict  # noqa: E402
 from lablib.results.reference import NotRecorded  # noqa: E402
 from lablib.session import Shown  # noqa: E402
@@ -269,16 +269,14 @@ def test_vllm_backends_are_wired_recorded_and_said_not_recorded_without_it(unrec
 
 def test_record_writes_facts_attention_and_round_trips(monkeypatch, tmp_path, here, hf):
     bench_calls = []
-    monkeypatch.setattr(study, "run_attention_bench", lambda **kw: bench_calls.append(kw) or (here.value["rows"],
-                                                                                         here.value["provenance"]))
-    monkeypatch.setattr(study, "hf_prefill", lambda spec, **kw: hf | {"asked": (spec, kw)})
-    import lablib.models.synthetic as synthetic
-
-    monkeypatch.setattr(synthetic, "synthetic_spec", lambda name: f"spec:{name}")
+    monkeypatch.setattr(record, "run_attention_bench", lambda **kw: bench_calls.append(kw) or (here.value["rows"],
+                                                                                          here.value["provenance"]))
+    monkeypatch.setattr(record, "hf_prefill", lambda spec, **kw: hf | {"asked": (spec, kw)})
+    monkeypatch.setattr(record, "synthetic_spec", lambda name: f"spec:{name}")
     backend_rows = [{"backend": "FLASH_ATTN", "status": "ok", "output_tok_s": 1.0}]
-    monkeypatch.setattr(study, "vllm_sweep_live", lambda *a, **k: (backend_rows, []))  # vLLM itself runs on the GPU
+    monkeypatch.setattr(record, "vllm_sweep_live", lambda *a, **k: (backend_rows, []))  # vLLM itself runs on the GPU
     facts: dict = {}
-    study.record(tmp_path, store=None, facts=facts)
+    record.record(tmp_path, store=None, facts=facts)
     got = facts["attention"]
     assert bench_calls == [study.RECORD_BENCH] and got["rows"] == here.value["rows"]
     assert got["hf_prefill"]["asked"] == ("spec:llama-3.1-8b", {"prompt_lens": study.HF_RECORD_LENS, "device": "cuda"})
@@ -293,20 +291,20 @@ def test_record_writes_facts_attention_and_round_trips(monkeypatch, tmp_path, he
     hf_shown = study.hf_prefill_gpu(force=False)
     assert hf_shown.value["rows"] == packed["attention"]["hf_prefill"]["rows"] and not hf_shown.live
     with pytest.raises(ValueError, match=REFUSAL.format("record", "parts")):
-        study.record(tmp_path, None, {}, parts=["bench", "all"])
+        record.record(tmp_path, None, {}, parts=["bench", "all"])
     assert math.isfinite(sum(r["median_ms"] for r in shown.value["rows"] if r["status"] == "ok"))
 
 
-def test_the_recorded_hf_prefill_shows_the_asked_lengths_or_says_what_stands_in(monkeypatch, capsys):
-    """Issue 11.8: the cell's own call (HF_GPU_LENS on the synthetic 8B) shows those lengths of the recording
-    (HF_RECORD_LENS) and says nothing; a length the recording lacks shows every recorded one and says so."""
+def test_the_recorded_hf_prefill_shows_the_recording_and_says_what_stands_in(monkeypatch, capsys):
+    """Issue 11.8 as issue 28 left it: the recording (HF_RECORD_LENS) is shown whole, and the cell's own call
+    (HF_GPU_LENS on the synthetic 8B) is told which lengths are shown instead of the asked ones."""
     rows = [{"impl": i, "prompt_tokens": n, "status": "ok"} for i in ("eager", "sdpa") for n in study.HF_RECORD_LENS]
     prov = {"device": "NVIDIA H200", "date": "2026-12-02T10:00:00+00:00", "model": "synthetic:llama-3.1-8b",
             "config": {"prompt_lens": list(study.HF_RECORD_LENS)}}
     monkeypatch.setattr(study, "recorded_facts", lambda key, step: {"hf_prefill": {"rows": rows, "provenance": prov}})
     lab = study.hf_prefill_gpu(force=False)
-    assert lab.stand_ins == {} and capsys.readouterr().out == ""
-    assert sorted({r["prompt_tokens"] for r in lab.value["rows"]}) == list(study.HF_GPU_LENS) and len(lab.value["rows"]) == 6
+    assert lab.stand_ins == {"prompt_lens": {"asked": list(study.HF_GPU_LENS), "shown": list(study.HF_RECORD_LENS)}}
+    assert lab.value["rows"] == rows and "prompt_lens: asked [1024, 4096, 16384]" in capsys.readouterr().out
     wide = study.hf_prefill_gpu(force=False, prompt_lens=(1024, 65536))
     assert wide.stand_ins == {"prompt_lens": {"asked": [1024, 65536], "shown": list(study.HF_RECORD_LENS)}}
     assert wide.value["rows"] == rows and "prompt_lens: asked [1024, 65536]" in capsys.readouterr().out

@@ -19,7 +19,7 @@ from lablib.experiments.parallel import (
     runs as parallel_runs,
     study,
 )
-from lablib.experiments.parallel import record as rec
+from lablib.experiments.parallel import grid
 from lablib.experiments.parallel import runs
 from lablib.hardware import fit
 from lablib.hardware.fit import check_fit, tp_fit_table
@@ -27,7 +27,6 @@ from lablib.mechanisms import parallel as tp
 from lablib.mechanisms.pipeline import compare_two_gpus, pipeline_step
 from lablib.results.record import RequestRecord
 from lablib.results.store import ResultStore
-from tests.engines.test_vllm import fake_gpu, with_fake_vllm  # noqa: F401 (fixtures)
 
 GiB = 2**30
 STEP_S = 0.004  # the fake engine's time per output token
@@ -36,7 +35,7 @@ STEP_S = 0.004  # the fake engine's time per output token
 def machine(monkeypatch, facts):
     """What device_facts says on the machine a test describes, in each module that asks (a lambda: that value)."""
     value = facts() if callable(facts) else facts
-    for module in (runs, rec):
+    for module in (runs, grid):
         monkeypatch.setattr(module, "device_facts", lambda: value)
 
 
@@ -158,7 +157,7 @@ def test_the_engine_refuses_here_for_want_of_vllm_or_a_gpu(monkeypatch):
     assert parallel_fit.engine_refusal().startswith("refused before launch: vLLM is not installed")
 
 
-def test_on_an_h200_the_engines_preflight_refuses_70b_bf16_and_accepts_tp2(with_fake_vllm, fake_gpu):  # noqa: F811
+def test_on_an_h200_the_engines_preflight_refuses_70b_bf16_and_accepts_tp2(with_fake_vllm, fake_gpu):
     fake_gpu(name="NVIDIA H200", cc=(9, 0), total=143771 * 2**20)
     said = parallel_fit.engine_refusal("llama-3.1-70b", VLLMConfig(max_model_len=8192))
     assert said.startswith("refused before launch: synthetic:llama-3.1-70b: the weights alone (131.42 GiB per GPU")
@@ -284,7 +283,7 @@ def test_nccl_and_pipeline_runs_pass_their_knobs_and_name_their_steps(fake_engin
     with pytest.raises(ValueError, match=r"Run\.all_reduce='gloo': allowed 'custom', 'nccl'"):
         parallel_runs.measure("llama-3.1-8b", "bf16", 2, (1,), all_reduce="gloo")
     made = len(fake_engine.made)
-    rows, _ = rec.measure_runs([runs.Run("llama-3.1-8b", "bf16", 2, pp=2)], (1,))  # 4 GPUs of 2: no engine
+    rows, _ = grid.measure_runs([runs.Run("llama-3.1-8b", "bf16", 2, pp=2)], (1,))  # 4 GPUs of 2: no engine
     assert len(fake_engine.made) == made and rows[0]["status"] == "not measured: needs 4 GPUs, this machine has 2"
 
 
@@ -334,7 +333,7 @@ def test_a_shape_the_disk_cannot_hold_runs_on_vllms_dummy_weights(fake_engine, m
     assert rows[0]["weights"] == "synthetic checkpoint"
     # a disk with room for everything (235 GiB, 8 GPUs)
     for t in (1, 2):  # the 70B still runs on vLLM's dummy weights, at TP=1 (step tp1) and in the scaling runs
-        rows, _ = parallel_runs.measure("llama-3.1-70b", "fp8", t, (1,), step_prefix=record.SCALING_PREFIX)
+        rows, _ = parallel_runs.measure("llama-3.1-70b", "fp8", t, (1,), step_prefix=grid.SCALING_PREFIX)
         assert fake_engine.made[-1].config.load_format == "dummy" and specs[-1] is False
         assert rows[0]["weights"] == "vLLM dummy weights (the 70B's 141 GB bf16 checkpoint is never written)"
     rows, _ = parallel_runs.measure("llama-3.1-8b", "bf16", 2, (1,))
@@ -366,7 +365,7 @@ def test_record_writes_facts_and_recorded_results_and_the_lab_reads_them_back(fa
     record.record(tmp_path, store, facts)
     got = facts["tp1"]
     assert [(r["model"], r["scheme"], r["batch"]) for r in got["rows"]] == [
-        (m, s, b) for m, s in record.TP1_RUNS for b in (1, 8, 64)]
+        (m, s, b) for m, s in grid.TP1_RUNS for b in (1, 8, 64)]
     assert got["gpu"] == "NVIDIA H200" and len(got["date"]) == 10 and got["prompt_len"] == parallel_runs.PROMPT_LEN
     assert got["gpu_count"] == 2  # the GPUs a worker could use where it was recorded
     saved = store.load()
@@ -375,14 +374,16 @@ def test_record_writes_facts_and_recorded_results_and_the_lab_reads_them_back(fa
     monkeypatch.setattr(study, "recorded_facts", lambda key, step: facts[key])
     shown = study.tp1_baseline(force=False)
     assert not shown.live and {r["provenance"] for r in shown.value} == {f"recorded on 2 x NVIDIA H200, {got['date']}"}
-    # issue 11.8: the lab's own call is what was recorded; a subset is picked out; what the recording lacks is named
+    # issue 11.8 as issue 28 left it: the lab's own call is what was recorded; a subset asked is shown the whole
+    # recording, and named; what the recording lacks is named
     assert shown.stand_ins == {} and len(shown.value) == 6
     some = study.tp1_baseline((("llama-3.1-70b", "fp8"),), (8, 64), force=False)
-    assert some.stand_ins == {} and [(r["model"], r["batch"]) for r in some.value] == [("llama-3.1-70b", 8),
-                                                                                      ("llama-3.1-70b", 64)]
+    assert some.stand_ins == {
+        "(model, scheme)": {"asked": [["llama-3.1-70b", "fp8"]], "shown": [[m, s] for m, s in sorted(grid.TP1_RUNS)]},
+        "batches": {"asked": [8, 64], "shown": [1, 8, 64]}} and some.value == shown.value
     other = study.tp1_baseline((("llama-3.1-8b", "fp8"),), (1, 256), force=False)
     assert other.stand_ins == {
-        "(model, scheme)": {"asked": [["llama-3.1-8b", "fp8"]], "shown": [[m, s] for m, s in sorted(record.TP1_RUNS)]},
+        "(model, scheme)": {"asked": [["llama-3.1-8b", "fp8"]], "shown": [[m, s] for m, s in sorted(grid.TP1_RUNS)]},
         "batches": {"asked": [1, 256], "shown": [1, 8, 64]}} and len(other.value) == 6
     assert "(model, scheme): asked [['llama-3.1-8b', 'fp8']]" in capsys.readouterr().out
 
@@ -397,7 +398,7 @@ def test_record_keeps_each_run_as_it_ends_and_a_failing_one_says_why(fake_engine
         return real(m, s, t, batches, **kw)
 
     store, facts = ResultStore(tmp_path / "ref.jsonl"), {}
-    monkeypatch.setattr(rec, "measure", measure)
+    monkeypatch.setattr(grid, "measure", measure)
     record.record(tmp_path, store, facts)
     assert seen == [[], ["llama-3.1-8b"] * 3]  # the 8B's rows were kept before the 70B started
     rows = facts["tp1"]["rows"]
@@ -434,8 +435,8 @@ def test_tp1_live_with_records_grid_is_the_recording(fake_engine, monkeypatch, t
     from lablib import session
 
     done = {}  # one fake run per (model, scheme): record and the live cell are handed the same measurement
-    real = rec.measure
-    monkeypatch.setattr(rec, "measure", lambda m, s, *a, **kw: done.setdefault((m, s), real(m, s, *a, **kw)))
+    real = grid.measure
+    monkeypatch.setattr(grid, "measure", lambda m, s, *a, **kw: done.setdefault((m, s), real(m, s, *a, **kw)))
     monkeypatch.setattr(session, "mode", lambda: {"live": True, "gpu": "NVIDIA H200", "why": "", "recorded": ""})
     store = ResultStore(tmp_path / "lab" / "09_tensor_parallelism.jsonl")
     shown = study.tp1_baseline(store=store)
@@ -463,7 +464,7 @@ def test_tp1_live_with_a_failing_70b_keeps_what_record_keeps(fake_engine, monkey
     from lablib import session
 
     done, seen = {}, []  # one fake run per (model, scheme): record and the live cell are handed the same measurement
-    real = rec.measure
+    real = grid.measure
 
     def measure(m, s, *a, **kw):
         seen.append(json.loads(store.facts_path("tp1").read_text())["rows"] if store.facts_path("tp1").exists()
@@ -472,7 +473,7 @@ def test_tp1_live_with_a_failing_70b_keeps_what_record_keeps(fake_engine, monkey
             raise RuntimeError("CUDA out of memory")
         return done.setdefault((m, s), real(m, s, *a, **kw))
 
-    monkeypatch.setattr(rec, "measure", measure)
+    monkeypatch.setattr(grid, "measure", measure)
     monkeypatch.setattr(session, "mode", lambda: {"live": True, "gpu": "NVIDIA H200", "why": "", "recorded": ""})
     store = ResultStore(tmp_path / "lab" / "09_tensor_parallelism.jsonl")
     shown = study.tp1_baseline(store=store)
@@ -492,9 +493,9 @@ def test_record_scaling_keeps_the_rows_it_could_not_run(fake_engine, tmp_path, m
     rows = facts["tp_scaling"]["rows"]
     skipped = {(r["model"], r["scheme"], r["run"]) for r in rows if r["status"] != "measured"}
     assert skipped == {("llama-3.1-8b", "bf16", "tp4"), ("llama-3.1-70b", "bf16", "tp4"), ("llama-3.1-70b", "fp8", "tp4"),
-                       *((m, s, r) for m, s in record.COMPARED_RUNS for r in ("tp4-nccl", "tp1-pp4"))}
+                       *((m, s, r) for m, s in grid.COMPARED_RUNS for r in ("tp4-nccl", "tp1-pp4"))}
     measured = {(r["model"], r["scheme"], r["run"]) for r in rows if r["status"] == "measured"}
-    assert {(m, s, r) for m, s in record.COMPARED_RUNS for r in ("tp2", "tp2-nccl", "tp1-pp2")} <= measured
+    assert {(m, s, r) for m, s in grid.COMPARED_RUNS for r in ("tp2", "tp2-nccl", "tp1-pp2")} <= measured
     assert len(store.load()) == 2 * (5 + 4) and len(rows) == 2 * (8 + 8)  # batch 1 and 64 of every planned run
     assert facts["tp_scaling"]["gpu_count"] == 2 and len({r.step for r in store.load()}) == 18  # steps unique
     monkeypatch.setattr(study, "recorded_facts", lambda key, step: facts[key])
@@ -502,8 +503,8 @@ def test_record_scaling_keeps_the_rows_it_could_not_run(fake_engine, tmp_path, m
     lab = study.tp_scaling()  # issue 11.8: the lab's own call on one GPU shows the recording, all of it asked
     assert not lab.live and lab.stand_ins == {} and len(lab.value) == 32
     assert {r["provenance"] for r in lab.value} == {f"recorded on 2 x NVIDIA H200, {facts['tp_scaling']['date']}"}
-    two = study.tp_scaling((("llama-3.1-70b", "fp8", (2, 4)),), (64,), compared=())
-    assert two.stand_ins == {} and [(r["t"], r["batch"]) for r in two.value] == [(2, 64), (4, 64)]
+    two = study.tp_scaling((("llama-3.1-70b", "fp8", (2, 4)),), (64,), compared=())  # a part: the whole, named
+    assert set(two.stand_ins) == {"(model, scheme, t, pp, all_reduce)", "batches"} and two.value == lab.value
     eight = study.tp_scaling((("llama-3.1-8b", "bf16", (1, 8)),), (1, 64), compared=())
     key = "(model, scheme, t, pp, all_reduce)"
     assert set(eight.stand_ins) == {key} and len(eight.value) == 32
@@ -511,47 +512,47 @@ def test_record_scaling_keeps_the_rows_it_could_not_run(fake_engine, tmp_path, m
 
 
 def test_the_scaling_parts_are_the_grid_each_run_once_a_few_engines_each():
-    parts = {name: record.scaling_part(**part) for name, part in record.SCALING_PARTS.items()}
+    parts = {name: grid.scaling_part(**part) for name, part in grid.SCALING_PARTS.items()}
     every = [r for runs_ in parts.values() for r in runs_]
-    assert sorted(every, key=record.scaling_grid().index) == record.scaling_grid() and len(set(every)) == len(every)
+    assert sorted(every, key=grid.scaling_grid().index) == grid.scaling_grid() and len(set(every)) == len(every)
     for name, part in parts.items():  # a 10-minute command: 3 engines of the 8B, 2 of the 70B (~100-150 s a start)
         assert len(part) <= (3 if "8b" in name else 2), name
     assert list(parts)[:3] == ["tp-scaling-8b", "tp-scaling-8b-x2", "tp-scaling-8b-x4"]  # 8B first, then the 70B
     assert [r.name for r in parts["tp-scaling-8b"]] == ["tp1", "tp2", "tp4"]
     assert [r.name for r in parts["tp-scaling-8b-x2"]] == ["tp2-nccl", "tp1-pp2"]
-    assert record.part_of(runs.Run("llama-3.1-70b", "fp8", 4, all_reduce="nccl")) == "tp-scaling-70b-fp8-x4-compared"
+    assert grid.part_of(runs.Run("llama-3.1-70b", "fp8", 4, all_reduce="nccl")) == "tp-scaling-70b-fp8-x4-compared"
     with pytest.raises(ValueError, match=r"scaling_part\.models=\(\('llama-3\.1-8b', 'fp8'\),\): allowed"):
-        record.scaling_part(models=(("llama-3.1-8b", "fp8"),))
+        grid.scaling_part(models=(("llama-3.1-8b", "fp8"),))
 
 
 def test_record_scaling_records_a_part_and_parts_merge(fake_engine, tmp_path, monkeypatch):
     store, facts = ResultStore(tmp_path / "ref.jsonl"), {}
-    record.record_scaling(tmp_path, store, facts, **record.SCALING_PARTS["tp-scaling-8b"])
+    record.record_scaling(tmp_path, store, facts, **grid.SCALING_PARTS["tp-scaling-8b"])
     first = facts["tp_scaling"]
     assert [(r["run"], r["batch"]) for r in first["rows"]] == [(t, b) for t in ("tp1", "tp2", "tp4") for b in (1, 64)]
     assert [r.step for r in store.load()][:2] == ["scaling-tp1-llama-3.1-8b-bf16-b1",
                                                   "scaling-tp1-llama-3.1-8b-bf16-b64"]
-    record.record_scaling(tmp_path, store, facts, **record.SCALING_PARTS["tp-scaling-8b-x2"])  # the next step, same command
+    record.record_scaling(tmp_path, store, facts, **grid.SCALING_PARTS["tp-scaling-8b-x2"])  # the next step, same command
     assert [r["run"] for r in facts["tp_scaling"]["rows"]][::2] == ["tp1", "tp2", "tp4", "tp2-nccl", "tp1-pp2"]
     tp4 = facts["tp_scaling"]["rows"][4]
     assert tp4["status"] == "not measured: needs 4 GPUs, this machine has 2"
     # a 4-GPU machine measures TP=4 later: its row replaces the "needs 4 GPUs"; a 2-GPU re-run never hides it again
-    four = record.merge_scaling(facts["tp_scaling"], {**first, "gpu_count": 4, "date": "2026-12-09",
+    four = grid.merge_scaling(facts["tp_scaling"], {**first, "gpu_count": 4, "date": "2026-12-09",
                                                    "rows": [{**tp4, "status": "measured", "tpot_ms": 2.0}]})
     assert four["rows"][4]["tpot_ms"] == 2.0 and four["gpu_count"] == 4 and len(four["rows"]) == 10
     assert four["dates"] == sorted({first["date"], "2026-12-09"})
-    again = record.merge_scaling(four, {**first, "rows": [tp4]})
+    again = grid.merge_scaling(four, {**first, "rows": [tp4]})
     assert again["rows"][4]["tpot_ms"] == 2.0 and again["gpu_count"] == 4
     monkeypatch.setattr(study, "recorded_facts", lambda key, step: four)
     machine(monkeypatch, lambda: {"gpu": "NVIDIA H200", "gpu_count": 1})
-    shown = study.tp_scaling((("llama-3.1-8b", "bf16", (1, 2, 4)),), (1, 64), compared=())
-    assert shown.stand_ins == {} and [r["tpot_ms"] for r in shown.value][4] == 2.0
+    shown = study.tp_scaling((("llama-3.1-8b", "bf16", (1, 2, 4)),), (1, 64), compared=())  # NCCL and PP shown too
+    assert set(shown.stand_ins) == {"(model, scheme, t, pp, all_reduce)"} and [r["tpot_ms"] for r in shown.value][4] == 2.0
 
 
 def test_no_scaling_step_is_named_as_a_tp1_step(fake_engine, tmp_path):
-    tp1 = {r.step(b) for r in record.tp1_grid() for b in record.TP1_BATCHES}
-    assert tp1 == {f"tp1-{m}-{s}-b{b}" for m, s in record.TP1_RUNS for b in (1, 8, 64)}  # step tp1's names, unchanged
-    scaling = {r.step(b, record.SCALING_PREFIX) for r in record.scaling_grid() for b in (*record.SCALING_BATCHES, 8)}
+    tp1 = {r.step(b) for r in grid.tp1_grid() for b in grid.TP1_BATCHES}
+    assert tp1 == {f"tp1-{m}-{s}-b{b}" for m, s in grid.TP1_RUNS for b in (1, 8, 64)}  # step tp1's names, unchanged
+    scaling = {r.step(b, grid.SCALING_PREFIX) for r in grid.scaling_grid() for b in (*grid.SCALING_BATCHES, 8)}
     assert not tp1 & scaling and all(s.startswith("scaling-") for s in scaling)
     store, facts = ResultStore(tmp_path / "ref.jsonl"), {}
     record.record(tmp_path, store, facts)
@@ -562,7 +563,7 @@ def test_no_scaling_step_is_named_as_a_tp1_step(fake_engine, tmp_path):
 
 
 def test_record_scaling_keeps_each_run_as_it_ends_and_a_failing_one_says_why(fake_engine, monkeypatch, tmp_path):
-    real, kept_before = rec.measure, []
+    real, kept_before = grid.measure, []
 
     def measure(m, s, t, batches, **kw):
         kept_before.append(len(facts.get("tp_scaling", {}).get("rows", [])))
@@ -571,7 +572,7 @@ def test_record_scaling_keeps_each_run_as_it_ends_and_a_failing_one_says_why(fak
         return real(m, s, t, batches, **kw)
 
     store, facts = ResultStore(tmp_path / "ref.jsonl"), {}
-    monkeypatch.setattr(rec, "measure", measure)
+    monkeypatch.setattr(grid, "measure", measure)
     record.record_scaling(tmp_path, store, facts)
     # the facts held every earlier run's rows when the next one started (TP=4, skipped on 2 GPUs, its 2 rows too)
     assert kept_before[:3] == [0, 2, 6]
@@ -589,14 +590,14 @@ def test_the_labs_quick_scaling_grid_runs_two_engines_and_keeps_each_run(fake_en
 
     monkeypatch.setattr(session, "mode", lambda: {"live": True, "gpu": "NVIDIA H200", "why": "", "recorded": ""})
     store = ResultStore(tmp_path / "09_tensor_parallelism.jsonl")
-    real, kept_before = rec.measure, []
+    real, kept_before = grid.measure, []
 
     def measure(m, s, t, batches, **kw):
         path = store.facts_path("tp_scaling")
         kept_before.append(len(json.loads(path.read_text())["rows"]) if path.exists() else 0)
         return real(m, s, t, batches, **kw)
 
-    monkeypatch.setattr(rec, "measure", measure)
+    monkeypatch.setattr(grid, "measure", measure)
     generate = FakeEngine.generate
     shown = study.tp_scaling(store=store, quick=True)
     assert shown.live and [(r["run"], r["batch"]) for r in shown.value] == [("tp1", 1), ("tp1", 64), ("tp2", 1),
@@ -629,9 +630,9 @@ def test_without_two_gpus_scaling_shows_the_recording_or_says_it_is_missing(monk
     assert not recorded.live and recorded.label.startswith("recorded on ")
     day = reference.reference_facts()["tp1"]["date"]
     assert {r["provenance"] for r in recorded.value} == {f"recorded on NVIDIA H200, {day}"}  # one GPU: no "1 x"
-    assert record.recorded_label({"gpu": "NVIDIA H200", "gpu_count": 2, "date": day}) == f"recorded on 2 x NVIDIA H200, {day}"
-    assert record.recorded_label({}) == "recorded on a GPU, date unknown"
-    assert {(r["model"], r["batch"]) for r in recorded.value} == {(m, b) for m, _ in record.TP1_RUNS for b in record.TP1_BATCHES}
+    assert grid.recorded_label({"gpu": "NVIDIA H200", "gpu_count": 2, "date": day}) == f"recorded on 2 x NVIDIA H200, {day}"
+    assert grid.recorded_label({}) == "recorded on a GPU, date unknown"
+    assert {(r["model"], r["batch"]) for r in recorded.value} == {(m, b) for m, _ in grid.TP1_RUNS for b in grid.TP1_BATCHES}
     facts = reference.reference_facts()
     monkeypatch.setattr(reference, "reference_facts", lambda: {k: v for k, v in facts.items() if k != "tp1"})
     missing = study.tp1_baseline(force=False)  # a tree without it: nothing shown, and the command that records it
@@ -678,9 +679,9 @@ def test_why_not_counts_the_gpus_cuda_visible_devices_leaves(monkeypatch):
 
 
 def test_remaining_runs_read_each_rows_status(fake_engine, tmp_path):
-    rows = record.remaining_runs({})
+    rows = grid.remaining_runs({})
     assert rows and all(r["status"] == "not run yet" for r in rows)
-    assert {r["step"] for r in rows} == {"tp1", *record.SCALING_PARTS} and len(rows) == 2 + 16
+    assert {r["step"] for r in rows} == {"tp1", *grid.SCALING_PARTS} and len(rows) == 2 + 16
     assert any("nvidia-h200-x4" in r["needs"] for r in rows)
     assert sum("disable_custom_all_reduce=True" in r["run"] for r in rows) == 4
     assert sum("pipeline_parallel_size=" in r["run"] for r in rows) == 4
@@ -688,13 +689,13 @@ def test_remaining_runs_read_each_rows_status(fake_engine, tmp_path):
     record.record(tmp_path, ResultStore(tmp_path / "a.jsonl"), facts)
     record.record_scaling(tmp_path, ResultStore(tmp_path / "b.jsonl"), facts)  # on 2 GPUs: nothing that needs 4
     day = facts["tp_scaling"]["date"]
-    done = {r["run"]: r["status"] for r in record.remaining_runs(facts)}
+    done = {r["run"]: r["status"] for r in grid.remaining_runs(facts)}
     assert done["TP=2: llama-3.1-8b bf16, batch 1 and 64"] == f"recorded on 2 x NVIDIA H200, {day}"
     assert done["TP=4: llama-3.1-8b bf16, batch 1 and 64"] == "not measured: needs 4 GPUs, this machine has 2"
     assert done["TP=1 baseline: llama-3.1-8b bf16, batch 1/8/64"].startswith("recorded on ")
     assert sum(v.startswith("recorded on") for v in done.values()) == 2 + 5 + 4
     facts["tp1"]["rows"][-1] = {**facts["tp1"]["rows"][-1], "status": "not measured: failed: OOM"}
-    assert record.remaining_runs(facts)[1]["status"] == "not measured: failed: OOM"  # one batch short: not recorded
+    assert grid.remaining_runs(facts)[1]["status"] == "not measured: failed: OOM"  # one batch short: not recorded
 
 
 # --- the recorded TP=1 runs of labs 01-03 -------------------------------------------------------

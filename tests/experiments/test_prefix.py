@@ -7,9 +7,8 @@ import pytest
 
 from lablib.config import HFConfig, VLLMConfig
 from lablib.engines.hf import HFEngine
-from lablib.experiments.prefix import checks, runs as prefix_runs, serving, simulated, workloads
+from lablib.experiments.prefix import checks, record as prefix_record, runs as prefix_runs, serving, simulated, workloads
 from lablib.workloads import load_workload
-from tests.engines.test_vllm import fake_gpu, start, with_fake_vllm  # noqa: F401 - the fake vLLM's fixtures
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +52,7 @@ def test_an_unknown_variant_is_refused():
         workloads.variant("shared-last")
 
 
-def test_prediction_equals_the_engines_counters_one_request_at_a_time(start):  # noqa: F811
+def test_prediction_equals_the_engines_counters_one_request_at_a_time(start):
     engine = start(VLLMConfig(max_num_seqs=1, enable_prefix_caching=True))
     for wl in (load_workload("shared-prefix-128").head(5),
                workloads.variant("multi-turn", "shared-prefix-128", engine.tokenizer, turns=4)):
@@ -63,7 +62,7 @@ def test_prediction_equals_the_engines_counters_one_request_at_a_time(start):  #
         assert [r.cached_tokens for r in out["result"].requests] == list(out["predicted"].cached_tokens)
 
 
-def test_a_prediction_that_misses_says_which_requests(start, monkeypatch):  # noqa: F811
+def test_a_prediction_that_misses_says_which_requests(start, monkeypatch):
     engine = start(VLLMConfig(max_num_seqs=1, enable_prefix_caching=True))
     wl = load_workload("shared-prefix-128").head(3)
     real = prefix_runs.simulate
@@ -80,7 +79,7 @@ def test_a_prediction_that_misses_says_which_requests(start, monkeypatch):  # no
     assert "1 of 3 requests differ" in out["verdict"]
 
 
-def test_the_recording_step_runs_every_set_and_variant(start, tmp_path):  # noqa: F811
+def test_the_recording_step_runs_every_set_and_variant(start, tmp_path):
     """scripts/record_reference.py --steps prefix, on the fake vLLM: one recorded Result and one verdict per workload."""
     import importlib.util
     from pathlib import Path
@@ -190,7 +189,7 @@ def test_the_eviction_picture_shares_a_popular_prefix_and_rare_ones_lose_blocks(
     assert demo.evictions == 17 and any(max(s.ref_counts) == 2 for s in demo.snapshots)
 
 
-def test_on_and_off_on_the_fake_vllm(start):  # noqa: F811
+def test_on_and_off_on_the_fake_vllm(start):
     value, results = prefix_runs.on_off_runs(("embedded",))
     runs = value["runs"]
     names = [f"shared-prefix-{n}" for n in workloads.LENGTHS] + ["shared-prefix-512-shared-after"]
@@ -224,17 +223,17 @@ def test_the_ttft_claim_reads_the_synthetic_models_pairs():
     assert prefix_runs.on_off_pairs(runs)[0]["ttft_p50_on_over_off"] == pytest.approx(0.4)
 
 
-def test_record_writes_one_facts_key_and_recorded_results(start, tmp_path):  # noqa: F811
+def test_record_writes_one_facts_key_and_recorded_results(start, tmp_path):
     from lablib.results import ResultStore
 
     store, facts = ResultStore(tmp_path / "r.jsonl"), {}
-    prefix_runs.record(tmp_path, store, facts, models=("embedded",))
+    prefix_record.record_on_off(tmp_path, store, facts, models=("embedded",))
     assert list(facts) == [prefix_runs.ON_OFF_KEY] and set(facts[prefix_runs.ON_OFF_KEY]) == {"runs", "agreement"}
     saved = store.load()
     assert len(saved) == 10 and all(r.provenance == "recorded" and r.lab == "reference" for r in saved)
 
 
-def test_the_lab_counts_vllms_hits_live_and_says_what_is_not_recorded(start, unrecorded):  # noqa: F811
+def test_the_lab_counts_vllms_hits_live_and_says_what_is_not_recorded(start, unrecorded):
     shown = prefix_runs.counters(1, force=True)
     assert shown.live and [r["workload"] for r in shown.value] == [w.name for w in workloads.lab_workloads()]
     assert all(r["exact"] for r in shown.value), [r["verdict"] for r in shown.value]
@@ -279,8 +278,9 @@ def test_a_recorded_on_off_or_counters_shows_what_the_cell_asked_or_says_what_st
     monkeypatch.setattr(reference, "recorded_facts", recorded)
     lab = prefix_runs.on_off(force=False)
     assert lab.stand_ins == {} and lab.value == facts[prefix_runs.ON_OFF_KEY] and capsys.readouterr().out == ""
-    one = prefix_runs.on_off(("embedded",), force=False)
-    assert one.stand_ins == {} and {r["model"] for r in one.value["runs"] + one.value["agreement"]} == {"embedded"}
+    one = prefix_runs.on_off(("embedded",), force=False)  # the recording is shown whole, and says what else it shows
+    assert one.stand_ins == {"models": {"asked": ["embedded"], "shown": ["embedded", big]}}
+    assert one.value == facts[prefix_runs.ON_OFF_KEY] and "models: asked ['embedded']" in capsys.readouterr().out
     other = prefix_runs.on_off(("embedded", "llama-3.1-70b"), force=False)
     assert other.stand_ins == {"models": {"asked": ["embedded", "llama-3.1-70b"], "shown": ["embedded", big]}}
     assert other.value == facts[prefix_runs.ON_OFF_KEY] and "models: asked ['embedded', 'llama-3.1-70b']" in (
@@ -398,7 +398,7 @@ def test_a_server_that_cannot_reset_its_cache_says_why(fake_server):
     prefix_serving.reset_prefix_cache(fake_server.url, "k")
 
 
-def test_serve_runs_caching_off_then_on_on_the_fake_server(with_fake_vllm, tmp_path):  # noqa: F811
+def test_serve_runs_caching_off_then_on_on_the_fake_server(with_fake_vllm, tmp_path):
     """The whole step on `python -m vllm.entrypoints.openai.api_server` (the fake): caching off, the counters do not
     move; on, every rate's hits are the simulator's; the shared-after variant hits nothing."""
     from lablib.experiments.prefix import serving as prefix_serving
@@ -441,7 +441,7 @@ def test_bad_input_is_refused_before_any_server_starts(monkeypatch, kw, message)
             call()
 
 
-def test_the_lab_serves_live_and_says_what_is_not_recorded(with_fake_vllm, tmp_path, unrecorded):  # noqa: F811
+def test_the_lab_serves_live_and_says_what_is_not_recorded(with_fake_vllm, tmp_path, unrecorded):
     from lablib.experiments.prefix import serving as prefix_serving
     from lablib.plots import prefix as figures
     from lablib.results import ResultStore
@@ -465,7 +465,7 @@ def test_the_lab_serves_live_and_says_what_is_not_recorded(with_fake_vllm, tmp_p
     assert not [t for t in empty.data if t.y] and "--steps prefix-serve" in empty.layout.title.text
 
 
-def test_a_recorded_serve_shows_the_asked_rates_or_says_what_stands_in(monkeypatch, capsys):
+def test_a_recorded_serve_shows_the_recording_and_says_what_stands_in(monkeypatch, capsys):
     from lablib.experiments.prefix import serving as prefix_serving
     from lablib.results import reference
 
@@ -474,8 +474,9 @@ def test_a_recorded_serve_shows_the_asked_rates_or_says_what_stands_in(monkeypat
     monkeypatch.setattr(reference, "recorded_facts", lambda key, step: rows if key == prefix_serving.KEY else None)
     shown = prefix_serving.serve(force=False)
     assert shown.value == rows and shown.stand_ins == {} and capsys.readouterr().out == ""
-    two = prefix_serving.serve(rates=[32.0, 2.0], force=False)
-    assert [(r["rate"], r["caching"]) for r in two.value] == [(32.0, "off"), (32.0, "on"), (2.0, "off"), (2.0, "on")]
+    two = prefix_serving.serve(rates=[32.0, 2.0], force=False)  # the recording whole, the other rates named
+    assert two.value == rows and two.stand_ins == {"rates": {"asked": [32.0, 2.0], "shown": sorted(prefix_serving.RATES)}}
+    assert "rates: asked [32.0, 2.0]" in capsys.readouterr().out
     other = prefix_serving.serve("embedded", rates=[5.0], force=False)
     assert other.value == rows and set(other.stand_ins) == {"model", "rates"}
     assert "model: asked embedded, shown synthetic:llama-3.1-8b" in capsys.readouterr().out
@@ -497,12 +498,12 @@ def test_the_serving_claims_can_fail():
     assert not checks.serve_cuts_ttft(good[:1] + good[2:3])  # no caching-on run to compare
 
 
-def test_the_recording_step_records_every_rate_on_and_off(with_fake_vllm, tmp_path, load_script):  # noqa: F811
+def test_the_recording_step_records_every_rate_on_and_off(with_fake_vllm, tmp_path, load_script):
     from lablib.experiments.prefix import serving as prefix_serving
     from lablib.results import ResultStore
 
     store, facts = ResultStore(tmp_path / "r.jsonl"), {}
-    prefix_serving.record(tmp_path, store, facts, model="embedded", rates=[100.0, 400.0], limit=3)
+    prefix_record.record_serve(tmp_path, store, facts, model="embedded", rates=[100.0, 400.0], limit=3)
     assert list(facts) == [prefix_serving.KEY] and len(facts[prefix_serving.KEY]) == 4
     saved = store.load()
     assert len(saved) == 4 and all(r.provenance == "recorded" and r.lab == "reference" for r in saved)
@@ -510,7 +511,7 @@ def test_the_recording_step_records_every_rate_on_and_off(with_fake_vllm, tmp_pa
     script = load_script("record_reference")
     called = []
     monkeypatch = pytest.MonkeyPatch()
-    monkeypatch.setattr(prefix_serving, "record", lambda *a: called.append(a))
+    monkeypatch.setattr(prefix_record, "record_serve", lambda *a: called.append(a))
     try:
         script.STEPS["prefix-serve"](tmp_path, store, facts)
     finally:
@@ -537,7 +538,7 @@ def test_the_h200_recordings_of_lab_07_hold_what_the_lab_says_of_them():
     assert prefix_checks.caching_cuts_ttft(onoff.value["runs"])
 
 
-def test_scarce_memory_on_the_fake_vllm_is_compared_request_by_request(start, tmp_path):  # noqa: F811
+def test_scarce_memory_on_the_fake_vllm_is_compared_request_by_request(start, tmp_path):
     """vLLM with a pool of the simulator's capacity (+ its null block), one request at a time. The fake engine never
     evicts: where the simulator evicts nothing that comes back (grouped) the two agree request by request; where it
     evicts every prefix before its return (round-robin in 48 blocks) the fake still hits, and the row says which
@@ -578,14 +579,14 @@ def test_scarce_memory_refuses_a_pool_too_small_before_any_engine(monkeypatch, u
     assert prefix_scarce.scarce_lines(shown) == f"[{shown.label}]"
 
 
-def test_the_scarce_recording_step_keeps_rows_and_recorded_results(start, tmp_path, monkeypatch):  # noqa: F811
+def test_the_scarce_recording_step_keeps_rows_and_recorded_results(start, tmp_path, monkeypatch):
     from lablib.experiments.prefix import scarce as prefix_scarce
     from lablib.results import ResultStore
 
     real = prefix_scarce.scarce_vllm_rows
     monkeypatch.setattr(prefix_scarce, "scarce_vllm_rows", lambda **k: real((48,), ("grouped",), **k))
     store, facts = ResultStore(tmp_path / "r.jsonl"), {}
-    prefix_scarce.record(tmp_path, store, facts)
+    prefix_record.record_scarce(tmp_path, store, facts)
     got = facts[prefix_scarce.KEY]
     assert [(r["order"], r["num_blocks"]) for r in got] == [("grouped", 48)]
     assert got[0]["provenance"].startswith("recorded on NVIDIA H200, ")

@@ -24,6 +24,7 @@ from lablib.experiments.quantization import (
     checkpoints as quantization_checkpoints,
     measures,
     quality as quantization_quality,
+    record as quantization_record,
     recording as quantization_recording,
     sizes,
     speed_runs as quantization_speed_runs,
@@ -31,7 +32,6 @@ from lablib.experiments.quantization import (
     vllm_ppl as quantization_vllm_ppl,
 )
 from lablib.workloads import Workload, load_workload
-from tests.engines.test_vllm import fake_gpu, start, with_fake_vllm  # noqa: F401 - the fake vLLM's fixtures
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers").utils.logging.set_verbosity_error()
@@ -430,10 +430,10 @@ def test_speed_not_recorded_yet_names_its_step(monkeypatch):
     assert quantization_speed_runs.kv_sentence(shown.value).startswith("FP8 KV cache: not measured here")
 
 
-def test_the_recorded_speed_shows_what_a_cell_asked_or_says_what_stands_in(start, monkeypatch, capsys):  # noqa: F811
+def test_the_recorded_speed_shows_what_a_cell_asked_or_says_what_stands_in(start, monkeypatch, capsys):
     """Issue 11.8, on runs of the fake vLLM recorded as the step would: the knobs they ran with are read back from
-    their rows (model, batches, schemes, lengths, engine settings); asked ones shown exactly say nothing, a subset of
-    batches is picked out, and every knob the recording ran otherwise is named. Not recorded: no value, no error."""
+    their rows (model, batches, schemes, lengths, engine settings); asked ones shown exactly say nothing, the
+    recording is shown whole (issue 28), and every knob it ran otherwise is named. Not recorded: no value, no error."""
     import pynvml
 
     import lablib.results.reference as reference
@@ -447,10 +447,12 @@ def test_the_recorded_speed_shows_what_a_cell_asked_or_says_what_stands_in(start
     same = quantization_recording.speed(force=False, schemes=("fp8", "bf16"), batches=(1, 4), **kw)
     assert same.stand_ins == {} and len(same.value) == 4 and capsys.readouterr().out == ""
     part = quantization_recording.speed(force=False, batches=(4,), **kw)
-    assert part.stand_ins == {} and [(r["scheme"], r["batch"]) for r in part.value] == [("bf16", 4), ("fp8", 4)]
-    assert capsys.readouterr().out == (  # every scheme the recording lacks is named, with the step that records it
+    assert part.stand_ins == {"batches": {"asked": [4], "shown": [1, 4]}} and part.value == same.value
+    missing, shown_instead = capsys.readouterr().out.splitlines()  # every scheme the recording lacks is named,
+    assert missing == (  # with the step that records it; then the one line on the batches shown instead
         "bf16-kv-fp8: not measured on embedded yet (step quantization-a); gptq-w4a16, w8a8-int8, awq-w4a16: not "
-        "measured on embedded yet (step quantization-b, after quantization-prepare makes its checkpoints)\n")
+        "measured on embedded yet (step quantization-b, after quantization-prepare makes its checkpoints)")
+    assert shown_instead.startswith("Shown instead of what this cell asked") and "batches: asked [4]" in shown_instead
     only_b1 = [r for r in quantization_speed_runs.speed_rows(runs) if r["batch"] == 1]  # a scheme recorded at another batch is there
     assert quantization_recording.missing_line(only_b1 + [{**only_b1[0], "scheme": "gptq-w4a16", "batch": 4}],
                                      ("bf16", "gptq-w4a16")) == ""
@@ -469,7 +471,7 @@ def test_the_recorded_speed_shows_what_a_cell_asked_or_says_what_stands_in(start
     assert none.value is None and none.stand_ins == {} and "--steps quantization" in none.label
 
 
-def test_speed_runs_and_record_on_the_fake_vllm(start, tmp_path, monkeypatch):  # noqa: F811
+def test_speed_runs_and_record_on_the_fake_vllm(start, tmp_path, monkeypatch):
     import pynvml
 
     from lablib.results import ResultStore
@@ -487,7 +489,7 @@ def test_speed_runs_and_record_on_the_fake_vllm(start, tmp_path, monkeypatch):  
     assert rows[0]["linear_kernels"] == "none logged (bf16: cuBLAS)" and rows[0]["kv_tokens"] == 1234 * 16
     assert rows[4]["kv_tokens"] == 2 * 1234 * 16 and "x2.00" in quantization_speed_runs.kv_sentence(rows)  # fp8 KV: half the bytes a token
     store, facts = ResultStore(tmp_path / "r.jsonl"), {}
-    quantization_recording.record(tmp_path, store, facts, schemes=("bf16",), batches=(2,), **kw)
+    quantization_record.record(tmp_path, store, facts, schemes=("bf16",), batches=(2,), **kw)
     assert [r.provenance for r in store.load()] == ["recorded"] and facts["quantization"]["batches"] == [2]
     assert facts["quantization"]["schemes"]["bf16"]["kv_tokens"] == 1234 * 16
     assert "quantization: 1 runs" in (tmp_path / "log.txt").read_text()
@@ -497,7 +499,7 @@ KW = {"model": "embedded", "prompt_len": 16, "output_len": 4, "gpu_memory_utiliz
 
 
 @pytest.fixture
-def recording_gpu(start, monkeypatch):  # noqa: F811
+def recording_gpu(start, monkeypatch):
     """The fake vLLM on the fake H200, seen by device_facts too (as the recording steps run)."""
     import pynvml
 
@@ -538,7 +540,7 @@ def test_record_runs_what_can_run_and_names_what_it_left_out(recording_gpu, tmp_
     from lablib.results import ResultStore
 
     store, facts, work = ResultStore(tmp_path / "r.jsonl"), {}, tmp_path / "work"
-    quantization_recording.record(tmp_path, store, facts, batches=(2,), work_dir=work, **KW)
+    quantization_record.record(tmp_path, store, facts, batches=(2,), work_dir=work, **KW)
     got = facts["quantization"]
     assert [r.step for r in store.load()] == ["quant-bf16-b2", "quant-fp8-b2", "quant-bf16-kv-fp8-b2"]
     assert list(got["schemes"]) == ["bf16", "fp8", "bf16-kv-fp8"] and got["asked"] == list(quantization_speed_runs.SPEED_SCHEMES)
@@ -547,26 +549,11 @@ def test_record_runs_what_can_run_and_names_what_it_left_out(recording_gpu, tmp_
     assert got["failed"] == {} and got["checkpoints"] == {} and got["complete"] is True
 
 
-def fp8_engines_die(monkeypatch):
-    """Every vLLM engine with online FP8 fails to start ("the engine core died"); the others start as ever."""
-    import lablib.engines.vllm as engine
-
-    real = engine.VLLMEngine.start
-
-    def fp8_dies(self):
-        if self.config.quantization == "fp8":
-            raise RuntimeError("the engine core died")
-        return real(self)
-
-    monkeypatch.setattr(engine.VLLMEngine, "start", fp8_dies)
-
-
-def test_a_failing_engine_is_named_and_the_other_schemes_still_record(recording_gpu, tmp_path, monkeypatch):
+def test_a_failing_engine_is_named_and_the_other_schemes_still_record(recording_gpu, tmp_path, fp8_engines_die):
     from lablib.results import ResultStore
 
-    fp8_engines_die(monkeypatch)
     store, facts = ResultStore(tmp_path / "r.jsonl"), {}
-    quantization_recording.record(tmp_path, store, facts, schemes=("bf16", "fp8", "bf16-kv-fp8"), batches=(2,), **KW)
+    quantization_record.record(tmp_path, store, facts, schemes=("bf16", "fp8", "bf16-kv-fp8"), batches=(2,), **KW)
     got = facts["quantization"]
     assert got["failed"] == {"fp8": "RuntimeError: the engine core died"} and got["complete"] is True
     assert list(got["schemes"]) == ["bf16", "bf16-kv-fp8"] and "x2.00" in got["kv"]  # the fake: fp8 KV, twice the blocks
@@ -593,7 +580,7 @@ def test_a_speed_recording_cut_short_keeps_what_it_ran(recording_gpu, tmp_path, 
     monkeypatch.setattr(engine.VLLMEngine, "start", second_one_interrupted)
     script, later = load_script("record_reference"), []
     monkeypatch.setitem(script.STEPS, "quantization",
-                        lambda o, s, f: quantization_recording.record(o, s, f, schemes=("bf16", "fp8"), batches=(2, 3), **KW))
+                        lambda o, s, f: quantization_record.record(o, s, f, schemes=("bf16", "fp8"), batches=(2, 3), **KW))
     monkeypatch.setitem(script.STEPS, "smoke", lambda *a: later.append(a))
     monkeypatch.setattr(sys, "argv", ["record_reference.py", "--out", str(tmp_path / "run"),
                                       "--steps", "quantization,smoke"])
@@ -612,7 +599,7 @@ def test_the_two_command_split_records_all_six_and_the_lab_shows_them_together(r
     Here AWQ's checkpoint is not made: named as failed in quantization-2, the other two recorded."""
     import shutil
 
-    import lablib.experiments.quantization.recording as package
+    import lablib.experiments.quantization.record as package
     import lablib.results.reference as reference
     from lablib.models import embedded_path
     from lablib.results import ResultStore
@@ -650,7 +637,7 @@ def test_the_checkpoint_step_keeps_what_it_made_when_cut_short_and_a_rerun_reuse
     pytest.importorskip("llmcompressor", reason="install lablib[quant]")
     import sys
 
-    import lablib.experiments.quantization.recording as package
+    import lablib.experiments.quantization.record as package
     from lablib.experiments.quantization import checkpoints, speed_runs
     from lablib.models import embedded_path
 
@@ -684,7 +671,7 @@ def test_the_checkpoint_step_keeps_what_it_made_when_cut_short_and_a_rerun_reuse
     assert not (work / "embedded" / "gptq-w4a16").exists() and not list((work / "embedded").glob(".*partial-*"))
 
 
-def test_live_speed_runs_what_is_prepared_on_the_fake_vllm(start, tmp_path):  # noqa: F811
+def test_live_speed_runs_what_is_prepared_on_the_fake_vllm(start, tmp_path):
     assert quantization_speed_runs.available_speed_schemes("embedded", tmp_path) == ["bf16", "fp8", "bf16-kv-fp8"]
     (tmp_path / "embedded" / "gptq-w4a16").mkdir(parents=True)
     (tmp_path / "embedded" / "gptq-w4a16" / "quantization.json").write_text("{}")
@@ -708,13 +695,13 @@ def test_checkpoints_default_to_the_results_folder_wherever_the_process_started(
     assert [r["scheme"] for r in sizes.storage_rows([])] == ["bf16"]  # no scheme: nothing read from the default folder
 
 
-def test_gpu_quality_on_the_fake_vllm_beside_the_cpu_rows_and_refusals_first(start, tmp_path, monkeypatch):  # noqa: F811
+def test_gpu_quality_on_the_fake_vllm_beside_the_cpu_rows_and_refusals_first(start, tmp_path, monkeypatch):
     """vLLM's perplexity per checkpoint (the fake scores every token by a fixed rule, so each scheme scores the same
     texts alike): from_logprobs of prompt_logprobs on the evaluation windows, its change against vLLM's bf16, the
     gap to the CPU's number for the same scheme; a checkpoint not made is refused before any engine starts."""
     import lablib.engines.vllm as engine
     from lablib.models import load_tokenizer, resolve_model
-    from tests.engines.test_vllm import fake_scores
+    from tests.fake_vllm_support import fake_scores
 
     fake_logprob = fake_scores()
 
@@ -751,8 +738,9 @@ def test_gpu_quality_not_recorded_yet_names_its_step(unrecorded):
 
 
 def test_recorded_gpu_quality_shows_what_was_asked_or_names_what_stands_in(monkeypatch, capsys):
-    """The recording's rows at the asked schemes; another evaluation length is named as a stand-in (the perplexities
-    are of other texts), and the CPU numbers beside vLLM's are the recording's own."""
+    """The recording's rows, whole (issue 28: a recording is shown as recorded, the asked schemes it holds more than
+    named); another evaluation length is named as a stand-in (the perplexities are of other texts), and the CPU
+    numbers beside vLLM's are the recording's own."""
     import lablib.results.reference as reference
 
     rec = [{"scheme": s, "ppl_vllm": p, "ppl_change_pct": c, "tokens": 8160, "texts": 16, "ppl_cpu": q,
@@ -763,21 +751,23 @@ def test_recorded_gpu_quality_shows_what_was_asked_or_names_what_stands_in(monke
                    "vllm_vs_cpu_pct": None})
     shipped = reference.reference_facts
     monkeypatch.setattr(reference, "reference_facts", lambda: {**shipped(), "quantization_quality": {"rows": rec}})
+    every = quantization_vllm_ppl.gpu_quality(("fp8-dynamic", "gptq-w4a16"), cpu_rows=[], eval_texts=16, force=False)
+    assert every.value == rec and every.stand_ins == {} and capsys.readouterr().out == ""
     same = quantization_vllm_ppl.gpu_quality(("fp8-dynamic",), cpu_rows=[], eval_texts=16, force=False)
-    assert [r["scheme"] for r in same.value] == ["bf16", "bf16-kv-fp8", "fp8-dynamic"] and same.stand_ins == {}
+    assert [r["scheme"] for r in same.value] == ["bf16", "bf16-kv-fp8", "fp8-dynamic", "gptq-w4a16"]
+    assert same.stand_ins == {"schemes": {"asked": ["bf16", "bf16-kv-fp8", "fp8-dynamic"],
+                                          "shown": ["bf16", "bf16-kv-fp8", "fp8-dynamic", "gptq-w4a16"]}}
     assert quantization_vllm_ppl.bf16_agrees(same.value) and "-0.20% against transformers' float32 10.020" in quantization_vllm_ppl.gpu_quality_lines(same)
-    other = quantization_vllm_ppl.gpu_quality(("fp8-dynamic",), cpu_rows=[], eval_texts=4, force=False)
+    other = quantization_vllm_ppl.gpu_quality(("fp8-dynamic", "gptq-w4a16"), cpu_rows=[], eval_texts=4, force=False)
     assert other.stand_ins == {"eval_texts": {"asked": 4, "shown": 16}} and "eval_texts" in capsys.readouterr().out
 
 
-def test_the_quality_recording_step_on_the_fake_vllm(start, tmp_path, monkeypatch):  # noqa: F811
+def test_the_quality_recording_step_on_the_fake_vllm(start, tmp_path, monkeypatch):
     """Step quantization-quality: checkpoints made, vLLM's rows, the CPU table beside them, all labelled recorded;
     a CPU table that fails there (transformers with vLLM's compressed-tensors) leaves vLLM's rows and says why."""
-    from lablib.experiments.quantization import quality, vllm_ppl
-
-    monkeypatch.setattr(vllm_ppl, "GPU_WORK", str(tmp_path / "work"))
+    monkeypatch.setattr(quantization_record, "GPU_WORK", str(tmp_path / "work"))
     facts = {}
-    vllm_ppl.record(tmp_path, None, facts, schemes=("fp8-dynamic",), eval_texts=2, num_samples=2)
+    quantization_record.record_quality(tmp_path, None, facts, schemes=("fp8-dynamic",), eval_texts=2, num_samples=2)
     got = facts["quantization_quality"]
     assert [r["scheme"] for r in got["rows"]] == ["bf16", "bf16-kv-fp8", "fp8-dynamic"] and got["cpu_error"] is None
     assert all(r["provenance"].startswith("recorded on NVIDIA H200, ") for r in got["rows"])
@@ -788,14 +778,14 @@ def test_the_quality_recording_step_on_the_fake_vllm(start, tmp_path, monkeypatc
     def broken(*a, **k):
         raise ImportError("compressed_tensors 0.17 cannot read this")
 
-    monkeypatch.setattr(quality, "quality_table", broken)
-    vllm_ppl.record(tmp_path, None, facts, schemes=("fp8-dynamic",), eval_texts=2, num_samples=2)
+    monkeypatch.setattr(quantization_record, "quality_table", broken)
+    quantization_record.record_quality(tmp_path, None, facts, schemes=("fp8-dynamic",), eval_texts=2, num_samples=2)
     again = facts["quantization_quality"]
     assert again["cpu_error"] == "ImportError: compressed_tensors 0.17 cannot read this"
     assert [r["ppl_cpu"] for r in again["rows"]] == [None] * 3 and not quantization_vllm_ppl.bf16_agrees(again["rows"])
 
 
-def test_a_quality_recording_cut_short_keeps_the_checkpoints_it_scored(start, tmp_path, monkeypatch,  # noqa: F811
+def test_a_quality_recording_cut_short_keeps_the_checkpoints_it_scored(start, tmp_path, monkeypatch,
                                                                        load_script):
     """gpu_session.sh stops a step at its time limit with SIGINT: scripts/record_reference.py writes the facts the
     step had so far (bf16's row, marked incomplete, the CPU table not run) and runs no later step."""
@@ -803,9 +793,8 @@ def test_a_quality_recording_cut_short_keeps_the_checkpoints_it_scored(start, tm
     import sys
 
     import lablib.engines.vllm as engine
-    from lablib.experiments.quantization import vllm_ppl
 
-    monkeypatch.setattr(vllm_ppl, "GPU_WORK", str(tmp_path / "work"))
+    monkeypatch.setattr(quantization_record, "GPU_WORK", str(tmp_path / "work"))
     real, calls = engine.VLLMEngine.prompt_logprobs, []
 
     def second_one_interrupted(self, texts):
@@ -818,7 +807,8 @@ def test_a_quality_recording_cut_short_keeps_the_checkpoints_it_scored(start, tm
     script = load_script("record_reference")
     later = []
     monkeypatch.setitem(script.STEPS, "quantization-quality",
-                        lambda o, s, f: vllm_ppl.record(o, s, f, schemes=("fp8-dynamic",), eval_texts=2, num_samples=2))
+                        lambda o, s, f: quantization_record.record_quality(o, s, f, schemes=("fp8-dynamic",), eval_texts=2,
+                                                                           num_samples=2))
     monkeypatch.setitem(script.STEPS, "smoke", lambda *a: later.append(a))
     monkeypatch.setattr(sys, "argv", ["record_reference.py", "--out", str(tmp_path / "run"),
                                       "--steps", "quantization-quality,smoke"])

@@ -15,6 +15,7 @@ import pytest
 from lablib.experiments.quantization import (
     checkpoints,
     quality,
+    record as quantization_record,
     recording as quantization_recording,
     speed_runs,
     vllm_ppl as quantization_vllm_ppl,
@@ -22,7 +23,6 @@ from lablib.experiments.quantization import (
 from lablib.experiments.quantization import recording, vllm_ppl
 from lablib.models.quantize import read_facts
 from lablib.results import ResultStore
-from tests.engines.test_vllm import fake_gpu, start, with_fake_vllm  # noqa: F401 - the fake vLLM's fixtures
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers").utils.logging.set_verbosity_error()
@@ -33,15 +33,16 @@ SMALL = {"schemes": ("fp8-dynamic",), "eval_texts": 2, "num_samples": 2, "prompt
 
 
 @pytest.fixture
-def on_the_h200(start, monkeypatch, tmp_path):  # noqa: F811
+def on_the_h200(start, monkeypatch, tmp_path):
     """The fake vLLM on the fake H200 (device_facts sees it too), record's settings shrunk to SMALL, its work folder
     in tmp_path."""
     import pynvml
 
     monkeypatch.setattr(pynvml, "nvmlDeviceGetCount", lambda: 1)
     monkeypatch.setattr(pynvml, "nvmlShutdown", lambda: None)
-    monkeypatch.setattr(vllm_ppl, "RECORD", SMALL)
-    monkeypatch.setattr(vllm_ppl, "GPU_WORK", str(tmp_path / "work"))
+    for module in (vllm_ppl, quantization_record):  # the lab's call reads RECORD, the recording step both
+        monkeypatch.setattr(module, "RECORD", SMALL)
+    monkeypatch.setattr(quantization_record, "GPU_WORK", str(tmp_path / "work"))
     return tmp_path / "work" / "embedded"
 
 
@@ -61,7 +62,7 @@ def _timeless(facts):
 
 def test_the_lab_run_on_records_settings_is_the_quality_recording(on_the_h200, tmp_path, capsys, load_script):
     facts = {}
-    vllm_ppl.record(tmp_path, None, facts, schemes=SMALL["schemes"], eval_texts=2, num_samples=2)
+    quantization_record.record_quality(tmp_path, None, facts, schemes=SMALL["schemes"], eval_texts=2, num_samples=2)
     store = ResultStore(tmp_path / "lab" / "results" / "06_quantization.jsonl")
     cpu = _cpu_rows(on_the_h200)  # the lab's own CPU table, on the checkpoints record made (reused, as the lab's)
     shown = quantization_vllm_ppl.gpu_quality(SMALL["schemes"], cpu_rows=cpu, work_dir=on_the_h200, eval_texts=2, store=store,
@@ -136,7 +137,8 @@ def quant_a(on_the_h200, tmp_path, monkeypatch):
 
 def test_the_lab_speed_run_on_quant_a_is_that_recording(quant_a, tmp_path, capsys, load_script):
     facts = {}
-    quantization_recording.record(tmp_path, ResultStore(tmp_path / "rec.jsonl"), facts, schemes=quantization_recording.QUANT_A, **quant_a)
+    quantization_record.record(tmp_path, ResultStore(tmp_path / "rec.jsonl"), facts, schemes=quantization_recording.QUANT_A,
+                               **quant_a)
     store = ResultStore(tmp_path / "lab" / "results" / "06_quantization.jsonl")
     shown = quantization_recording.speed(force=True, store=store, **quant_a)  # the notebook's call: schemes=None, what can run
     kept = json.loads(store.facts_path("quantization").read_text())
@@ -170,13 +172,10 @@ def test_a_speed_run_off_quant_a_is_not_that_recording(quant_a, tmp_path, capsys
     assert not store.facts_path("quantization").exists() and store.load()  # its Results are kept, as any live run's
 
 
-def test_a_speed_run_on_quant_a_cut_by_a_failing_engine_keeps_the_runs_before_it(quant_a, tmp_path, monkeypatch,
+def test_a_speed_run_on_quant_a_cut_by_a_failing_engine_keeps_the_runs_before_it(quant_a, tmp_path, fp8_engines_die,
                                                                                  load_script):
     """The facts are kept after every run on record's grid: an engine that dies leaves the earlier schemes' rows,
     "complete": False, each naming a Result the store holds, so pack_reference still takes them."""
-    from tests.experiments.test_quantization import fp8_engines_die
-
-    fp8_engines_die(monkeypatch)
     store = ResultStore(tmp_path / "lab" / "results" / "06_quantization.jsonl")
     with pytest.raises(RuntimeError, match="the engine core died"):
         quantization_recording.speed(force=True, store=store, **quant_a)

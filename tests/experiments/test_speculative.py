@@ -19,32 +19,21 @@ from types import SimpleNamespace
 import pytest
 
 from lablib.config import VLLMConfig
+from lablib.engines import vllm as vllm_engine
 from lablib.engines.vllm import VLLMEngine
 from lablib.experiments.speculative import acceptance, loops, maths, study as speculative_study, vllm_runs
-from lablib.experiments.speculative import vllm_runs as spec_vllm
+from lablib.experiments.speculative import record as spec_record, vllm_runs as spec_vllm
 from lablib.mechanisms.speculative import SpecCounters, expected_tokens_per_step, reversal_batch, simulate_acceptance
 from lablib.mechanisms.speculative import speedup as formula_speedup
 from lablib.models import embedded_path
 from lablib.results import ResultStore
-from lablib.workloads import load_workload
-from tests.engines.test_vllm import fake_gpu, start, with_fake_vllm  # noqa: F401 - the fake vLLM's fixtures (lab 08)
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers").utils.logging.set_verbosity_error()
 pytestmark = pytest.mark.usefixtures("one_thread")  # torch on one thread (conftest.py)
 
-N, NEW = 3, 29
+NEW = 29  # new tokens per prompt; the pair and its 3 journey prompts are tests/experiments/conftest.py's
 SHAPE = r"^{owner}\.{field}=.*: allowed .+; Fix: .+"
-
-
-@pytest.fixture(scope="module")
-def pair(one_thread):
-    return loops.load_pair()
-
-
-@pytest.fixture(scope="module")
-def prompts(pair) -> list[list[int]]:
-    return load_workload("journey", limit=N).prompt_ids(pair[2])
 
 
 @pytest.fixture(scope="module")
@@ -262,27 +251,27 @@ def test_the_batch_model_reads_the_spec_sheet_and_reverses():
 
 
 def test_the_pinned_config_passes_async_scheduling_and_keeps_the_runner_out_of_llm_kwargs():
-    pinned = vllm_runs.PinnedVLLMConfig(max_num_seqs=4, async_scheduling=False, model_runner_v2=False)
+    pinned = VLLMConfig(max_num_seqs=4, async_scheduling=False, model_runner_v2=False)
     kw = pinned.llm_kwargs()
     assert kw["async_scheduling"] is False and "model_runner_v2" not in kw and kw["max_num_seqs"] == 4
     assert pinned.to_dict()["model_runner_v2"] is False  # recorded in every Result's config
-    assert "async_scheduling" not in vllm_runs.PinnedVLLMConfig().llm_kwargs()  # None: vLLM decides
+    assert "async_scheduling" not in VLLMConfig().llm_kwargs()  # None: vLLM decides
     assert isinstance(pinned, VLLMConfig)
-    with pytest.raises(ValueError, match=SHAPE.format(owner="PinnedVLLMConfig", field="async_scheduling")):
-        vllm_runs.PinnedVLLMConfig(async_scheduling="off")
+    with pytest.raises(ValueError, match=SHAPE.format(owner="VLLMConfig", field="async_scheduling")):
+        VLLMConfig(async_scheduling="off")
 
 
 def test_the_runner_variable_is_set_while_spawning_and_restored(monkeypatch):
-    monkeypatch.setenv(vllm_runs.RUNNER_ENV, "1")
-    with vllm_runs.runner_env(False):
-        assert os.environ[vllm_runs.RUNNER_ENV] == "0"
-    with vllm_runs.runner_env(None):
-        assert vllm_runs.RUNNER_ENV not in os.environ  # vLLM's own choice
-    assert os.environ[vllm_runs.RUNNER_ENV] == "1"
-    monkeypatch.delenv(vllm_runs.RUNNER_ENV)
-    with vllm_runs.runner_env(True):
-        assert os.environ[vllm_runs.RUNNER_ENV] == "1"
-    assert vllm_runs.RUNNER_ENV not in os.environ
+    monkeypatch.setenv(vllm_engine.RUNNER_ENV, "1")
+    with vllm_engine.runner_env(False):
+        assert os.environ[vllm_engine.RUNNER_ENV] == "0"
+    with vllm_engine.runner_env(None):
+        assert vllm_engine.RUNNER_ENV not in os.environ  # vLLM's own choice
+    assert os.environ[vllm_engine.RUNNER_ENV] == "1"
+    monkeypatch.delenv(vllm_engine.RUNNER_ENV)
+    with vllm_engine.runner_env(True):
+        assert os.environ[vllm_engine.RUNNER_ENV] == "1"
+    assert vllm_engine.RUNNER_ENV not in os.environ
 
 
 def test_speculative_configs_for_both_methods():
@@ -406,23 +395,6 @@ def test_bad_knobs_are_refused_before_any_engine(monkeypatch):
         vllm_runs.gpu_study(ks=(0,), force=False)  # refused on a CPU too, before the mode decides
 
 
-@pytest.fixture
-def pinned_on_the_fake(start, monkeypatch):  # noqa: F811
-    """The fake vLLM takes no async_scheduling (its EngineArgs list predates this lab): drop it in the parent, where
-    VLLMEngine.start builds the kwargs; record what VLLM_USE_V2_MODEL_RUNNER was when each worker was spawned."""
-    real_kwargs = vllm_runs.PinnedVLLMConfig.llm_kwargs
-    spawned = []
-
-    def kwargs(self):  # VLLMEngine.start calls it just before it spawns the worker, inside runner_env
-        kw = real_kwargs(self)
-        spawned.append({"async_scheduling": kw.pop("async_scheduling", None), "env": os.environ.get(vllm_runs.RUNNER_ENV)})
-        return kw
-
-    monkeypatch.setattr(vllm_runs.PinnedVLLMConfig, "llm_kwargs", kwargs)
-    monkeypatch.delenv(vllm_runs.RUNNER_ENV, raising=False)
-    return spawned
-
-
 def test_the_runs_on_the_fake_vllm_carry_every_setting(pinned_on_the_fake, tmp_path):
     store = ResultStore(tmp_path / "r.jsonl")
     rows = vllm_runs.vllm_spec_runs(("draft_model", "ngram"), (2,), (1, 2), n_prompts=3, max_new_tokens=4, store=store)
@@ -431,7 +403,7 @@ def test_the_runs_on_the_fake_vllm_carry_every_setting(pinned_on_the_fake, tmp_p
     # one engine per setting serves both batch sizes (waves of b requests): 4 starts, not 8
     assert [s["env"] for s in pinned_on_the_fake] == ["0", None, "0", "0"]  # the runner, as each worker spawned
     assert [s["async_scheduling"] for s in pinned_on_the_fake] == [False, None, False, False]
-    assert vllm_runs.RUNNER_ENV not in os.environ  # restored
+    assert vllm_engine.RUNNER_ENV not in os.environ  # restored
     results = [r["result"] for r in rows]
     assert [r.step for r in store.load()] == [vllm_runs.settings(("draft_model", "ngram"), (2,))[i].step(b)
                                              for i in range(4) for b in (1, 2)]  # in the order they ran
@@ -455,7 +427,7 @@ def test_the_runs_on_the_fake_vllm_carry_every_setting(pinned_on_the_fake, tmp_p
 
 def test_the_recording_step_writes_its_facts_and_recorded_results(pinned_on_the_fake, tmp_path):
     store, facts = ResultStore(tmp_path / "r.jsonl"), {}
-    vllm_runs.record(tmp_path, store, facts, batches=(1,), ks=(2,), methods=("ngram",), n_prompts=2, max_new_tokens=4)
+    spec_record.record(tmp_path, store, facts, batches=(1,), ks=(2,), methods=("ngram",), n_prompts=2, max_new_tokens=4)
     got = facts["speculative"]
     assert [r["name"] for r in got["rows"]] == ["baseline, pinned (V1, no async)", "baseline, vLLM defaults",
                                                 "n-gram k=2 (lookup 2-5)"]
@@ -574,8 +546,9 @@ def test_the_gpu_step_without_a_recording_says_which_step_records_it(monkeypatch
     assert list(vllm_runs.gpu_table(shown, "rows", ["batch", "speedup"]).columns) == ["batch", "speedup", "provenance"]
 
 
-def test_a_recorded_grid_shows_the_asked_part_or_says_what_stands_in(monkeypatch, capsys):
-    """Issue 11.8 for lab 08: the recording holds batches 1-64, k 2 and 4, three methods; the lab asks (1, 64), k 4."""
+def test_a_recorded_grid_is_shown_whole_and_says_what_stands_in(monkeypatch, capsys):
+    """Issue 11.8 for lab 08, as issue 28 left it: the recording holds batches 1-64, k 2 and 4, three methods; a cell
+    asking (1, 64), k 4 is shown the whole recording and told which values are shown instead."""
     rows = [{"name": "baseline", "method": "baseline", "k": None, "batch": b} for b in (1, 4, 16, 64)] + [
         {"name": f"{m} k={k}", "method": m, "k": k, "batch": b} for m in vllm_runs.METHODS for k in (2, 4) for b in (1, 4, 16, 64)]
     recorded = {"rows": rows, "loop": [{"k": 2}, {"k": 4}], "cross_check": [{"method": "ngram", "k": 4}],
@@ -583,10 +556,12 @@ def test_a_recorded_grid_shows_the_asked_part_or_says_what_stands_in(monkeypatch
                 "settings": {"batches": [1, 4, 16, 64], "ks": [2, 4], "methods": list(vllm_runs.METHODS), "prompt_lookup": [2, 5]},
                 "gpu": "NVIDIA H200", "date": "2026-12-02"}
     monkeypatch.setattr(spec_vllm, "recorded_facts", lambda key, step: recorded)
+    assert vllm_runs.gpu_study(force=False).stand_ins == {} and capsys.readouterr().out == ""  # the lab's own grid
     shown = vllm_runs.gpu_study(batches=(1, 64), ks=(4,), force=False)
-    assert shown.stand_ins == {} and capsys.readouterr().out == ""
-    assert {(r["batch"], r["k"]) for r in shown.value["rows"]} == {(1, None), (64, None), (1, 4), (64, 4)}
-    assert shown.value["loop"] == [{"k": 4, "provenance": "recorded on NVIDIA H200, 2026-12-02"}]
+    assert shown.stand_ins == {"batches": {"asked": [1, 64], "shown": [1, 4, 16, 64]},
+                               "ks": {"asked": [4], "shown": [2, 4]}}
+    assert shown.value["rows"] == [{**r, "provenance": "recorded on NVIDIA H200, 2026-12-02"} for r in rows]
+    assert [r["k"] for r in shown.value["loop"]] == [2, 4] and "batches: asked [1, 64]" in capsys.readouterr().out
     wide = vllm_runs.gpu_study(batches=(1, 128), ks=(4,), n_prompts=16, force=False)  # 128 and 16 prompts: never recorded
     assert len(wide.value["rows"]) == len(rows)
     assert wide.stand_ins["batches"] == {"asked": [1, 128], "shown": [1, 4, 16, 64]}

@@ -18,12 +18,10 @@ from lablib import stats
 
 from lablib.experiments.speculative import loops, sampling
 from lablib.experiments.speculative import sampling as ss
-from tests.experiments import test_speculative as greedy_tests
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.usefixtures("one_thread")  # torch on one thread (conftest.py)
-SHAPE = greedy_tests.SHAPE
-pair, prompts = greedy_tests.pair, greedy_tests.prompts  # the greedy tests' fixtures: the pair, 3 journey prompts
+SHAPE = r"^{owner}\.{field}=.*: allowed .+; Fix: .+"  # the pair and its 3 journey prompts: conftest.py's fixtures
 
 
 # --- the chi-square test ------------------------------------------------------------------------------------------

@@ -6,11 +6,9 @@ import json
 
 import pytest
 
-from lablib.experiments.speculative import synthetic as syn
+from lablib.experiments.speculative import record as spec_record, synthetic as syn
 from lablib.models import resolve_model
 from lablib.results.store import ResultStore
-from tests.engines.test_vllm import fake_gpu, start, with_fake_vllm  # noqa: F401 - the fake vLLM's fixtures
-from tests.experiments.test_speculative import pinned_on_the_fake  # noqa: F401 - the pinned runner on the fake
 
 TARGET, DRAFT = resolve_model("embedded-target"), resolve_model("embedded-draft")
 
@@ -52,7 +50,7 @@ def test_the_recording_takes_its_length_from_the_speculative_loop_and_writes_its
                                                                                        tmp_path):
     store = ResultStore(tmp_path / "r.jsonl")
     facts = {"speculative": {"loop": [{"k": 2, "drafter": "draft_model", "measured_length": 2.2}]}}
-    syn.record(tmp_path, store, facts, k=2, batches=(1,), n_prompts=2, max_new_tokens=4)
+    spec_record.record_8b(tmp_path, store, facts, k=2, batches=(1,), n_prompts=2, max_new_tokens=4)
     got = facts[syn.KEY]
     assert got["set_length"] == 2.2 and got["k"] == 2 and got["label"] == syn.LABEL and len(got["date"]) == 10
     assert all(r.provenance == "recorded" for r in store.load()) and len(store.load()) == 2

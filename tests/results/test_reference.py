@@ -214,10 +214,11 @@ def test_lab_runs_packed_from_a_gpu_labs_folder(pack, facts, runs, tmp_path):
 def test_scheduler_sweep_recorded_one_engine_per_setting(facts, runs):
     from lablib.experiments.scheduling import scheduler_rows
 
-    # the lab asks for two of the recorded settings and is shown those two; the recording holds all five
+    # the lab asks for two of the recorded settings and is shown the recording, all five (issue 28), the rest named
     shown = scheduler_rows([8, 64], force=False)
     assert not shown.live and shown.label.startswith("recorded on NVIDIA H200")
-    assert [r["max_num_seqs"] for r in shown.value] == [8, 64]
+    assert [r["max_num_seqs"] for r in shown.value] == [8, 64, 256, 256, 256]
+    assert shown.stand_ins["(max_num_seqs, max_num_batched_tokens)"]["asked"] == [[8, None], [64, None]]
     rows = recorded_rows("scheduler_sweep", "knobs")
     assert [(r["max_num_seqs"], r["max_num_batched_tokens"]) for r in rows] == [
         (8, None), (64, None), (256, None), (256, 512), (256, 2048)]
@@ -262,7 +263,7 @@ def test_packing_scaling_parts_merges_their_rows(pack, facts, monkeypatch, tmp_p
     folder's facts-tp_scaling.json (the live cell's) merges the same way."""
     import shutil
 
-    from lablib.experiments.parallel.record import SCALING_PARTS, scaling_part
+    from lablib.experiments.parallel.grid import SCALING_PARTS, scaling_part
 
     out = tmp_path / "reference"
     shutil.copytree(REFERENCE_DIR, out)

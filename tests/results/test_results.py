@@ -150,6 +150,20 @@ def test_torn_last_line_is_skipped_with_a_warning(tmp_path):
         assert [r.step for r in store.load()] == ["a", "b", "d", "e"]
 
 
+def test_a_run_of_no_requests_is_neither_stored_nor_read_back(tmp_path):
+    """A run interrupted before its first request measured nothing: not written, and a line of one that an older
+    lablib wrote is skipped on load (a chart would draw it as a run at 0 tok/s); a partial run is kept, marked."""
+    store = ResultStore(tmp_path / "runs.jsonl")
+    empty = result("interrupted", n=0)
+    assert empty.summary["output_tok_s"] == 0 and store.append(empty) is False and not store.path.exists()
+    cut = result("cut", n=1, notes=["partial run: interrupted after 1 of 3 requests: KeyboardInterrupt"])
+    assert store.append(result("whole")) is True and store.append(cut) is True
+    with open(store.path, "a") as f:
+        f.write(empty.to_json() + "\n")  # as an older lablib stored it
+    assert [(r.step, r.partial) for r in store.load()] == [("whole", False), ("cut", True)]
+    assert [r.step for r in load_results(tmp_path)] == ["whole", "cut"]
+
+
 def test_load_results_over_a_folder_with_gzip(tmp_path):
     ResultStore(tmp_path / "a.jsonl").append(result("plain"))
     with gzip.open(tmp_path / "b.jsonl.gz", "wt", encoding="utf-8") as f:

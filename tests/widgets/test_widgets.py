@@ -4,7 +4,9 @@ The real HFEngine runs the embedded model on the CPU: two requests, four new tok
 the panel's Output widget state (`outputs`: one display_data with plotly's JSON), the same state a page
 reloaded after a refresh fetches from the kernel; the tests read it back from there.
 """
+import html
 import math
+
 import ipywidgets
 import pytest
 
@@ -111,15 +113,86 @@ def test_a_new_panel_starts_from_the_runs_already_in_its_store(panel):
     ({"mode": "static", "batch_size": 0}, "HFConfig.batch_size=0"),
     ({"max_new_tokens": 0}, "BenchConfig.max_new_tokens=0"),
     ({"model": "no-such-model"}, "not a known model"),
+    ({"model": "embeded"}, "Fix: model='embedded'"),
     ({"workload": "no-such-set"}, "unknown workload"),
 ])
 def test_bad_settings_are_shown_not_raised(panel, overrides, message):
     before = len(ResultStore(panel.store.path).load())
     assert panel.run(**overrides) is None
     assert message in panel.last_error and panel.last_error.startswith("Cannot run these settings")
-    assert message in panel.errors.outputs[-1]["text"]
+    assert "not run" in panel.status.value
+    assert html.escape(message) in panel.message.get_state()["value"]  # on the page, not only in last_error
+    assert panel.errors.outputs == ()  # an expected refusal: no traceback
     assert len(ResultStore(panel.store.path).load()) == before
     assert not panel.run_button.disabled
+
+
+def test_a_good_run_after_a_refusal_clears_the_message(panel):
+    panel.run(model="embeded")
+    assert panel.message.value and panel.run() is not None
+    assert panel.last_error is None and panel.message.value == "" and "output tok/s" in panel.status.value
+
+
+class _Interrupting:
+    """Wraps the panel's on_record: Kernel → Interrupt arrives after `after` requests have finished."""
+
+    def __init__(self, panel: widgets.BatchingPanel, after: int):
+        self.panel, self.after, self.seen = panel, after, 0
+        self.draw = panel.record_finished
+
+    def __call__(self, rec: RequestRecord) -> None:
+        self.draw(rec)
+        self.seen += 1
+        if self.seen == self.after:
+            raise KeyboardInterrupt
+
+
+@pytest.mark.parametrize("after", [1, 0])
+def test_an_interrupted_run_says_what_was_kept_and_draws_no_partial_run(tmp_path, monkeypatch, after):
+    """Kernel → Interrupt in a cell's panel.run: the cell still stops (a KeyboardInterrupt), the panel says what was
+    kept, the interrupted engine is dropped (bench.run closed it), and the chart draws whole runs only."""
+    from lablib.bench.offline import RunInterrupted
+
+    p = widgets.BatchingPanel(lab="test_widgets", store=tmp_path / "r.jsonl", requests=3, max_new_tokens=4)
+    assert p.run() is not None
+    whole = _shown(p.plot_area)["data"]
+    monkeypatch.setattr(p, "record_finished", _Interrupting(p, after) if after else p.record_finished)
+    if not after:  # before the first request finishes: in the engine's generate, after the warm-up
+        engine = next(iter(p._engines.values()))
+        warm_up = engine.generate
+
+        def generate(requests, on_record=None, progress=True):
+            if on_record is None:
+                return warm_up(requests, progress=progress)
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(engine, "generate", generate)
+    with pytest.raises(RunInterrupted) as e:
+        p.run()
+    stored = ResultStore(p.store.path).load()
+    if after:
+        assert "after 1 of 3 requests: kept a Result of those 1, marked partial" in str(e.value)
+        assert len(stored) == 2 and stored[-1].partial and stored[-1].summary["requests"] == 1
+        assert "This chart leaves partial runs out." in p.last_error
+    else:
+        assert "after 0 of 3 requests: nothing was stored" in str(e.value)
+        assert len(stored) == 1 and e.value.kept is None
+    assert "interrupted" in p.status.value and html.escape(str(e.value)) in p.message.value
+    assert p._engines == {} and not p.run_button.disabled  # the closed engine is not reused
+    assert _shown(p.plot_area)["data"] == whole  # the runs before, not the interrupted one
+    again = widgets.BatchingPanel(lab="test_widgets", store=p.store.path)
+    assert [r.summary["requests"] for r in again.results] == [3]  # a new panel leaves the partial run out too
+
+
+def test_an_interrupt_from_the_run_button_ends_the_handler_quietly(tmp_path, monkeypatch):
+    p = widgets.BatchingPanel(lab="test_widgets", store=tmp_path / "r.jsonl", requests=2, max_new_tokens=4)
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(batching_widgets, "HFEngine", interrupted)  # Kernel → Interrupt while the model loads
+    assert p.run_clicked(None) is None
+    assert "nothing was run or stored" in p.message.value and "interrupted" in p.status.value
 
 
 def test_the_panel_needs_no_anywidget(monkeypatch, tmp_path):

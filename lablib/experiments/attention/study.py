@@ -11,7 +11,7 @@ a tiled (flash) kernel keeps them in on-chip SRAM. Four steps, each one call fro
    every kernel torch has here checked against a float64 reference, and the list of the ones it lacks,
    with torch's reason. A CPU shows correctness and the kernel list, not the GPU's speed.
 3. `kernel_sweep`: the GPU sweep through `session.live_or_recorded`: live, `run_attention_bench(quick=True)`
-   on CUDA; recorded, facts["attention"] (rows and provenance) from `record`. Either way with the IO
+   on CUDA; recorded, facts["attention"] (rows and provenance) from `record.record`. Either way with the IO
    model's prediction for the same shapes next to it, when the GPU is an H200 (`with_prediction`).
 4. In an engine. (a) `hf_prefill`: the Hugging Face model's prefill (one forward of the prompt, the time to
    the first token's logits, without tokenizer or sampling) with `attn_implementation` eager, sdpa and
@@ -29,7 +29,7 @@ a tiled (flash) kernel keeps them in on-chip SRAM. Four steps, each one call fro
    the largest static batch with eager attention, then the same batches with sdpa (`journey.hf_steps`), on the
    same requests: tok/s, TTFT (prefill, where the N x N scores are) and TPOT (decode: one query row, no N x N).
 
-`record(out_dir, store, facts)` is the GPU session's step `attention` (scripts/record_reference.py).
+The GPU session's step `attention` is `record.record` (scripts/record_reference.py).
 
 This module runs the lab's steps, live or recorded. `attention_vllm` holds the backend sweep's machinery,
 and `attention_findings` reads what the steps returned (the IO model's prediction, the speedups, the
@@ -38,23 +38,20 @@ here too: the notebook and the tests call `attention.prediction`, `attention.vll
 """
 from __future__ import annotations
 
-import dataclasses
 import datetime
-import gc
-import json
 import statistics
 import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from ... import validate
 from ...bench.attention import run_attention_bench
 from ...hardware.device import device_facts, library_versions, torch_threads
+from ...hardware.oom import error_line, free_memory, is_out_of_memory, oom_row
 from ...models import ModelSpec, load_hf_model, resolve_model
 from ...results.reference import NotRecorded, recorded_facts
 from ...results.store import ResultStore
-from ...session import Shown, asked_rows, live_or_recorded
+from ...session import Shown, live_or_recorded
 from .findings import with_prediction
 from .backends import NOT_WIRED, vllm_sweep_live, wired
 from ...config import lab_id
@@ -157,9 +154,7 @@ def hf_prefill(model: str | ModelSpec = "embedded", impls: Sequence[str] | None 
     rows += [dict.fromkeys(HF_FIELDS) | {"impl": i, "prompt_tokens": n, "status": "skipped", "reason": FLEX_ON_CPU}
              for i in skipped for n in lens]
     del net
-    gc.collect()
-    if cuda:
-        torch.cuda.empty_cache()
+    free_memory(cuda)
     hardware = device_facts(import_torch=True)
     prov = {"device": torch.cuda.get_device_name() if cuda else hardware.get("cpu"), "hardware": hardware,
             "versions": library_versions(), "date": datetime.datetime.now(datetime.timezone.utc).isoformat(
@@ -229,15 +224,13 @@ def _hf_point(net: Any, impl: str, ids: Any, cuda: bool, warmup: int, repeats: i
         ref_impl, ref = reference.setdefault(n, (impl, logits))
         row |= {"reference_impl": ref_impl, "max_abs_logit_diff": float((logits - ref).abs().max()),
                 "same_next_token": int(logits.argmax()) == int(ref.argmax())}
-    except torch.OutOfMemoryError as e:
-        oom = f"OutOfMemoryError: {(str(e).splitlines() or [''])[0][:200]}"
-    except Exception as e:  # an implementation this transformers cannot run here: its own words
-        row |= {"status": "failed", "reason": f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}"}
+    except Exception as e:
+        if is_out_of_memory(e):
+            oom = error_line(e, 200)
+        else:  # an implementation this transformers cannot run here: its own words
+            row |= {"status": "failed", "reason": error_line(e, 200)}
     if oom is not None:  # freed outside the handler: its traceback holds the activations
-        gc.collect()
-        if cuda:
-            torch.cuda.empty_cache()
-        row |= {"status": "oom", "reason": oom}
+        row |= oom_row(oom, cuda)
     return row
 
 
@@ -251,21 +244,17 @@ def hf_prefill_here(threads: int | None = 1, **kw: Any) -> Shown[dict[str, Any]]
 def hf_prefill_gpu(force: bool | None = None, prompt_lens: Sequence[int] = HF_GPU_LENS) -> Shown[dict[str, Any]]:
     """hf_prefill on the synthetic Llama-3.1-8B shape on the GPU (live), or facts["attention"]["hf_prefill"].
 
-    The recording ran HF_RECORD_LENS: it shows the asked lengths when it holds them all, else every length it
-    has, and the line under the cell says which lengths (and which model) stand in."""
+    The recording ran HF_RECORD_LENS and is shown whole; the line under the cell says which lengths (and which
+    model) it shows where the cell asked others."""
     def live() -> dict[str, Any]:
         from ...models.synthetic import synthetic_spec
 
         return hf_prefill(synthetic_spec(BIG), prompt_lens=prompt_lens, device="cuda")
 
-    def recorded() -> dict[str, Any]:
-        value = _recorded_part("hf_prefill")
-        return {**value, "rows": asked_rows(value["rows"], "prompt_tokens", prompt_lens)}
-
     return _labelled(live_or_recorded(
-        live, recorded, force=force, asked={"model": f"synthetic:{BIG}", "prompt_lens": sorted(prompt_lens)},
-        recorded_with=lambda v: {"model": v["provenance"]["model"],
-                                 "prompt_lens": sorted({r["prompt_tokens"] for r in v["rows"]})}))
+        live, lambda: _recorded_part("hf_prefill"), force=force,
+        asked={"model": f"synthetic:{BIG}", "prompt_lens": sorted(prompt_lens)},
+        where={"model": "provenance.model", "prompt_lens": "rows.prompt_tokens"}))
 
 
 def vllm_backends(force: bool | None = None) -> Shown[list[dict[str, Any]] | None]:
@@ -273,36 +262,6 @@ def vllm_backends(force: bool | None = None) -> Shown[list[dict[str, Any]] | Non
     if not wired():
         return Shown(None, False, NOT_WIRED)
     return live_or_recorded(lambda: vllm_sweep_live()[0], lambda: _recorded_part("vllm_backends")["rows"], force=force)
-
-
-# --- the GPU session's step -------------------------------------------------------------------------------------
-
-def record(out_dir: str | Path, store: ResultStore, facts: dict[str, Any],
-           parts: Sequence[str] = ("bench", "hf", "vllm")) -> None:
-    """Step `attention`: facts["attention"] = the full microbenchmark {rows, provenance} (RECORD_BENCH), then
-    ["hf_prefill"] (synthetic 8B, HF_RECORD_LENS), then ["vllm_backends"] when wired (Results into `store`, recorded).
-
-    Each part is written to out_dir/attention-<part>.json as it ends, so a part cut off by the session's time
-    limit leaves the earlier ones. `parts` picks a subset (two GPU commands when one is too short)."""
-    for part in parts:
-        validate.choice("record", "parts", part, ("bench", "hf", "vllm"))
-    out, got = Path(out_dir), facts.setdefault(KEY, {})
-    if "bench" in parts:
-        rows, prov = run_attention_bench(**RECORD_BENCH)
-        got.update(rows=rows, provenance=prov)
-        (out / "attention-bench.json").write_text(json.dumps({"rows": rows, "provenance": prov}, default=str))
-    if "hf" in parts:
-        from ...models.synthetic import synthetic_spec
-
-        got["hf_prefill"] = hf_prefill(synthetic_spec(BIG), prompt_lens=HF_RECORD_LENS, device="cuda")
-        (out / "attention-hf.json").write_text(json.dumps(got["hf_prefill"], default=str))
-    if "vllm" in parts and wired():
-        rows, results = vllm_sweep_live()
-        for r in results:
-            store.append(dataclasses.replace(r, provenance="recorded"))
-        got["vllm_backends"] = {"rows": rows, "provenance": {"device": results[0].hardware.get("gpu") if results else None,
-                                                              "date": datetime.date.today().isoformat()}}
-        (out / "attention-vllm.json").write_text(json.dumps(got["vllm_backends"], default=str))
 
 
 def journey_rung(requests: int = 16, batch: int = 16, max_new_tokens: int = 32, *, store: ResultStore | None = None,

@@ -7,7 +7,7 @@ t the shape cannot split into, more GPUs than a worker here can use, which is NV
 CUDA_VISIBLE_DEVICES, a configuration that cannot fit) becomes a row that says "not measured" and why, never a
 number (`not_measured`, `why_not`); the 70B shape, and a synthetic checkpoint larger than the free disk, run on
 vLLM's dummy weights instead (`dummy_weights`). The notebook's calls (`lablib.experiments.parallel`) and the
-recording steps (`lablib.experiments.parallel.record`) both measure through here.
+recording steps (`record`, through `grid.measure_runs`) both measure through here.
 """
 from __future__ import annotations
 

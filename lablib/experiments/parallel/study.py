@@ -6,12 +6,6 @@
 Each is live where this machine can run it, else the recording (facts["tp1"], facts["tp_scaling"]); a run that
 cannot happen here is a row that says "not measured" and why, never a number; `refusals` lists the bad inputs
 refused outright.
-
-The lab's other parts live beside this module, and their public names are importable from here too (the notebook
-calls `experiments.parallel` for all of them): `parallel_model`, the tensor-parallel cost model swept over shapes,
-links and batches; `parallel_fit`, the fit view and the refusal a user meets before renting anything;
-`parallel_runs`, the measured runs (`measure`); `parallel_recording`, the recording steps (`record`,
-`record_scaling`) and `remaining_runs`; `parallel_nodes`, which multi-node path pays from which shape.
 """
 from __future__ import annotations
 
@@ -20,11 +14,11 @@ from typing import Any
 from ...mechanisms import parallel as tp
 from ...results.reference import load_reference, recorded_facts
 from ...results.store import ResultStore
-from ...session import Shown, asked_rows, live_label, live_or_recorded
+from ...session import Shown, live_label, live_or_recorded
 from .fit import ONE_LONG_SEQUENCE, raise_unless_fits, check_tp, fit_advice
 from .model import cost_rows
 
-from .record import (
+from .grid import (
     COMPARED_GPUS,
     COMPARED_RUNS,
     SCALING,
@@ -82,45 +76,38 @@ def _field(row: dict[str, Any], name: str) -> Any:
     return row[name] if name in row else RUN_DEFAULTS[name]
 
 
-def _recorded(key: str, step: str, fields: tuple[str, ...], points: list[tuple], batches: tuple[int, ...]
-              ) -> list[dict[str, Any]]:
-    """facts[key]'s rows at the asked points (`fields` of a row, e.g. model and scheme) and batches when the
-    recording holds them all; otherwise every row (and `_knobs` of each side says which stand in)."""
+def _recorded(key: str, step: str) -> list[dict[str, Any]]:
+    """facts[key]'s rows, every one, each labelled with the recording's GPUs and day."""
     got = recorded_facts(key, step)
-    rows = [{**row, "provenance": recorded_label(got)} for row in got["rows"]]
-    return asked_rows(rows, lambda r: (*(_field(r, f) for f in fields), r["batch"]),
-                      [(*p, b) for p in points for b in batches])
+    return [{**row, "provenance": recorded_label(got)} for row in got["rows"]]
 
 
-def _knobs(fields: tuple[str, ...], points: list[Any], batches: Any) -> dict[str, Any]:
-    """The runs and batches a cell asked for, or a recording holds, named the same way on both sides."""
-    return {f"({', '.join(fields)})": sorted({tuple(p) for p in points}), "batches": sorted(set(batches))}
-
-
-def _shown(fields: tuple[str, ...]) -> Any:
-    """recorded_with for rows keyed by `fields` and batch: the knobs as the recorded rows ran them."""
-    return lambda rows: _knobs(fields, [[_field(r, f) for f in fields] for r in rows], [r["batch"] for r in rows])
+def _shown_or_recorded(live: Any, key: str, step: str, fields: tuple[str, ...], points: list[Any], batches: Any,
+                       force: bool | None) -> Shown[list[dict[str, Any]]]:
+    """live_or_recorded on rows keyed by `fields` and batch: the cell's runs and batches against the recording's."""
+    runs = f"({', '.join(fields)})"
+    return live_or_recorded(live, lambda: _recorded(key, step), force=force,
+                            asked={runs: [list(p) for p in points], "batches": list(batches)},
+                            where={runs: fields, "batches": "batch"})
 
 
 def tp1_baseline(runs: tuple[tuple[str, str], ...] = TP1_RUNS, batches: tuple[int, ...] = TP1_BATCHES,
                  force: bool | None = None, store: ResultStore | None = None) -> Shown[list[dict[str, Any]]]:
-    """TP=1 on one GPU for each (model, scheme): live with vLLM, else the recording (facts["tp1"], step tp1): the
-    asked runs and batches when it holds them all, else every row, and the line under the cell names the stand-ins.
+    """TP=1 on one GPU for each (model, scheme): live with vLLM, else the recording (facts["tp1"], step tp1), every
+    row, and where the cell asked other runs or batches the line under it names them.
 
-    Live with record's runs and batches (the defaults) and a `store`, the run is also kept as step tp1's recording
-    after every run (`ResultStore.keep_facts("tp1", ...)`, the facts `record` writes, a failed run's rows saying
-    why as record's do): lab 09 run live on one H200 is its own baseline recording, and a 70B that fails or a
-    command cut during it keeps the 8B's rows. Any other grid stays this user's run."""
+    Live with the step's runs and batches (the defaults) and a `store`, the run is also kept as step tp1's recording
+    after every run (`live_keeper`, the facts record.record writes, a failed run's rows saying why as the step's
+    do): lab 09 run live on one H200 is its own baseline recording, and a 70B that fails or a command cut during it
+    keeps the 8B's rows. Any other grid stays this user's run."""
     planned = tp1_grid(runs)  # bad knobs refused on every machine, before the mode decides
 
     def live() -> list[dict[str, Any]]:
-        keep = live_keeper(TP1, store) if store is not None and keeps_as_tp1(runs, batches) else None
+        keep = live_keeper(TP1, store, [] if keeps_as_tp1(runs, batches) else ["not step tp1's runs and batches"])
         rows, _ = measure_runs(planned, tuple(batches), store=store, on_run=keep)
         return [{**row, "provenance": live_label()} for row in rows]
 
-    fields = ("model", "scheme")
-    return live_or_recorded(live, lambda: _recorded(TP1, TP1, fields, list(runs), batches), force=force,
-                            asked=_knobs(fields, runs, batches), recorded_with=_shown(fields))
+    return _shown_or_recorded(live, TP1, TP1, ("model", "scheme"), list(runs), batches, force)
 
 
 QUICK_SCALING_RUNS = (("llama-3.1-8b", "bf16", (1, 2)),)  # the lab's live grid: two 8B engines, TP=1 and TP=2
@@ -137,7 +124,7 @@ def tp_scaling(runs: tuple[tuple[str, str, tuple[int, ...]], ...] = SCALING_RUNS
 
     `quick=True` (the notebook's call) runs only QUICK_SCALING_RUNS live at `batches`, the 8B at TP=1 and TP=2 (two
     engine starts, which fit the lab's 10-minute run beside step 4's two), and, given a `store`, adds their rows to
-    the recording after every run (`ResultStore.keep_facts("tp_scaling", ...)`, merged row by row as the parts'
+    the recording after every run (`grid.live_keeper`, facts["tp_scaling"] merged row by row as the parts'
     are); the recording shown elsewhere is still the whole grid the other knobs name."""
     planned = scaling_grid(runs, compared, gpu_counts)
     for run in planned:
@@ -145,16 +132,15 @@ def tp_scaling(runs: tuple[tuple[str, str, tuple[int, ...]], ...] = SCALING_RUNS
     ran = scaling_grid(QUICK_SCALING_RUNS, (), ()) if quick else planned
 
     def live() -> list[dict[str, Any]]:
-        keep = live_keeper(SCALING, store, merge=True) if quick and store is not None else None
+        keep = live_keeper(SCALING, store, [] if quick else ["not the quick grid"], merge=True)
         rows, _ = measure_runs(ran, tuple(batches), store=store, on_run=keep, step_prefix=SCALING_PREFIX)
         return [{**row, "provenance": live_label()} for row in rows]
 
     if force is None and gpus_here()[0] < 2:
         force = False  # one usable GPU: show what a multi-GPU machine recorded
-    fields = ("model", "scheme", "t", "pp", "all_reduce")
     points = [(r.model, r.scheme, r.t, r.pp, r.all_reduce) for r in planned]
-    return live_or_recorded(live, lambda: _recorded(SCALING, SCALING_STEP, fields, points, batches), force=force,
-                            asked=_knobs(fields, points, batches), recorded_with=_shown(fields))
+    return _shown_or_recorded(live, SCALING, SCALING_STEP, ("model", "scheme", "t", "pp", "all_reduce"), points,
+                              batches, force)
 
 
 def plain_tp(row: dict[str, Any]) -> bool:

@@ -119,16 +119,21 @@ def falls_with_capacity(rows: list[dict[str, Any]]) -> bool:
     return True
 
 
-def checks(idea: Any, chain: Any, lengths: Any, advice: Any, demo: Any, scarce: Any, seq: Any, onoff: Any,
-           reuse: Any = None, serve: Any = None, batch: Any = None, scarce_vllm: Any = None) -> None:
-    """Lab 07's Checks cell: the simulator's exact cases asserted on this run, vLLM's claims when measured live.
+def checks(lab: Any) -> None:
+    """Lab 07's Checks cell, on what the lab's object (`lab.PrefixLab`) made: the simulator's exact cases asserted on
+    this run, vLLM's claims when measured live.
 
-    Takes what the lab's cells computed: the repeat table, the hash chain, the prefix-length rows, the advice
-    runs, the eviction demo, the scarce-memory rows, the sequential counters, the on/off runs, the transformers
-    reuse study, the server's load tests, the counters 32 at once and vLLM's scarce-memory runs. Prints what ran
-    and what did not (and returns nothing, so the cell shows it once)."""
+    Reads the repeat table, the hash chain, the prefix-length rows, the advice runs, the eviction demo, the
+    scarce-memory rows, the sequential counters, the on/off runs, and where they ran the transformers reuse study,
+    the server's load tests, the counters 32 at once and vLLM's scarce-memory runs. Prints what ran and what did
+    not (and returns nothing, so the cell shows it once)."""
     from ...session import Checks
 
+    if lab.missing():
+        raise ValueError(f"checks(lab): the steps {lab.missing()} have not run; run every step above first "
+                         "(Run > Run All Cells)")
+    idea, chain, lengths, advice, demo, scarce = lab.idea, lab.chain, lab.lengths, lab.advice, lab.demo, lab.scarce
+    seq, onoff, reuse, serve, batch, scarce_vllm = lab.seq, lab.onoff, lab.reuse, lab.served, lab.batch, lab.scarce_vllm
     c = Checks(lab_id("07"))
     c.that(
         "a repeated 64-token prompt caches 48 tokens: whole blocks, the last token recomputed",

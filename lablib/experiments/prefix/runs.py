@@ -115,20 +115,25 @@ def judged(row: dict[str, Any]) -> dict[str, Any]:
             "counters_undercount": undercount, "verdict": verdict}
 
 
+def warm_then_reset(engine: Any, *, reset: bool = True) -> None:
+    """Warm the engine on one journey request of 2 tokens (a prompt no lab workload shares), then, with `reset`,
+    empty its prefix cache (`VLLMEngine.reset_prefix_cache`) so the next run's hits are its own."""
+    run(engine, load_workload("journey", limit=1), BenchConfig(warmup_requests=0, max_new_tokens=2, progress=False))
+    if reset and not engine.reset_prefix_cache():
+        raise RuntimeError("vLLM refused to reset its prefix cache (blocks still in use): nothing should be running "
+                           "between runs; restart the engine.")
+
+
 def measure(engine: Any, workload: Workload, *, max_new_tokens: int | None = 8, lab: str = lab_id("07"),
             step: str | None = None, store: Any = None) -> dict[str, Any]:
     """One measured run from an empty prefix cache, next to the simulator's prediction for it.
 
     The engine is warmed first on a prompt the workload does not share, then its cache is reset
-    (`VLLMEngine.reset_prefix_cache`), so the run's hits are its own; the prediction uses the
+    (`warm_then_reset`), so the run's hits are its own; the prediction uses the
     engine's block size and concurrency (`max_num_seqs`)."""
     bench = BenchConfig(warmup_requests=0, max_new_tokens=max_new_tokens, progress=False)
     engine.start()
-    warm = load_workload("journey", limit=1)
-    run(engine, warm, BenchConfig(warmup_requests=0, max_new_tokens=2, progress=False))
-    if not engine.reset_prefix_cache():
-        raise RuntimeError("vLLM refused to reset its prefix cache (blocks still in use): nothing should be running "
-                           "between runs; restart the engine.")
+    warm_then_reset(engine)
     result = run(engine, workload, bench, lab=lab, step=step or f"prefix-{workload.name}", store=store)
     predicted = predict(workload, engine, block_size=int(engine.facts.get("block_size") or 16),
                         concurrency=int(engine.facts.get("max_num_seqs") or 1), bench=bench)
@@ -138,7 +143,7 @@ def measure(engine: Any, workload: Workload, *, max_new_tokens: int | None = 8, 
 # The vLLM runs the recordings lack: hits from a reset cache per workload, TTFT and throughput with caching on and
 # off, and the greedy tokens compared.
 
-ON_OFF_KEY, ON_OFF_STEP = "prefix_on_off", "prefix-on-off"  # the facts key `record` writes, and its step's name
+ON_OFF_KEY, ON_OFF_STEP = "prefix_on_off", "prefix-on-off"  # the facts key record.record_on_off writes, its step
 
 
 def counter_rows(max_num_seqs: int = 1, *, store: Any = None, lab: str = LAB) -> list[dict[str, Any]]:
@@ -168,18 +173,14 @@ def counters(max_num_seqs: int = 1, *, store: Any = None, force: bool | None = N
     step = "prefix" if max_num_seqs == 1 else "prefix-batch"
     return live_or_recorded(lambda: counter_rows(max_num_seqs, store=store),
                             lambda: [judged(r) for r in recorded_facts(f"prefix_seqs_{max_num_seqs}", step)],
-                            force=force,
-                            asked={"max_num_seqs": max_num_seqs},
-                            recorded_with=lambda rows: {"max_num_seqs": rows[0]["max_num_seqs"]})
+                            force=force, asked={"max_num_seqs": max_num_seqs})
 
 
 def run_from_empty_cache(engine: Any, workload: Workload, caching: bool, lab: str, step: str,
                           store: Any = None) -> Result:
     """One run of the workload's own output lengths (its Result appended to `store`, when given); with caching on,
     from a reset cache after a warm-up."""
-    run(engine, load_workload("journey", limit=1), BenchConfig(warmup_requests=0, max_new_tokens=2, progress=False))
-    if caching and not engine.reset_prefix_cache():
-        raise RuntimeError("vLLM refused to reset its prefix cache (blocks still in use): restart the engine.")
+    warm_then_reset(engine, reset=caching)
     return run(engine, workload, BenchConfig(warmup_requests=0, progress=False), lab=lab, step=step, store=store)
 
 
@@ -233,10 +234,10 @@ def _identical(agree: dict[str, Any]) -> str:
 
 
 def on_off(models: tuple[Any, ...] = ("embedded", BIG), *, store: Any = None, force: bool | None = None) -> Any:
-    """`on_off_runs` live on a GPU with vLLM (its Results appended to `store`); else what `record` recorded: the asked
-    models' runs when the recording holds them all, else every model's (and the line under the cell says so)."""
+    """`on_off_runs` live on a GPU with vLLM (its Results appended to `store`); else what step prefix-on-off recorded,
+    every model's runs (and where the cell asked other models, the line under it says so)."""
     from ...results.reference import recorded_facts
-    from ...session import asked_rows, live_or_recorded
+    from ...session import live_or_recorded
 
     names = [run_name(m) for m in models]
 
@@ -246,31 +247,10 @@ def on_off(models: tuple[Any, ...] = ("embedded", BIG), *, store: Any = None, fo
             store.append(r)
         return value
 
-    def recorded() -> dict[str, Any]:
-        value = recorded_facts(ON_OFF_KEY, ON_OFF_STEP)
-        return {k: asked_rows(value[k], "model", names) for k in ("runs", "agreement")}
-
-    return live_or_recorded(live, recorded, force=force, asked={"models": sorted(names)},
-                            recorded_with=lambda v: {"models": sorted({r["model"] for r in v["runs"]})})
+    return live_or_recorded(live, lambda: recorded_facts(ON_OFF_KEY, ON_OFF_STEP), force=force,
+                            asked={"models": sorted(names)}, where={"models": "runs.model"})
 
 
 def run_name(model: Any) -> str:
     """The name a Result of `on_off_runs` carries for `model`: BIG runs as its synthetic checkpoint."""
     return f"synthetic:{BIG}" if model == BIG else model if isinstance(model, str) else model.name
-
-
-def record(out_dir: Any, store: Any, facts: dict[str, Any], models: tuple[Any, ...] = ("embedded", BIG)) -> None:
-    """The GPU session's step (`--steps prefix-on-off`): on_off_runs into facts[ON_OFF_KEY], its Results recorded."""
-    import dataclasses
-
-    value, results = on_off_runs(models, lab="reference")
-    for r in results:
-        store.append(dataclasses.replace(r, provenance="recorded"))
-    facts[ON_OFF_KEY] = value
-    for a in value["agreement"]:
-        print(f"prefix on/off {a['model']} {a['workload']}: {a['identical']} of {a['of']} greedy outputs identical")
-    for p in on_off_pairs(value["runs"]):
-        print(f"prefix on/off {p['model']} {p['workload']}: TTFT p50 on/off {p['ttft_p50_on_over_off']:.2f}, "
-              f"total tok/s on/off {p['total_tok_s_on_over_off']:.2f}, hit rate {p['hit_rate']}")
-
-

@@ -20,7 +20,7 @@ from .workloads import LAB, ORDERS, embedded_tokenizer, distinct_prefix_prompts
 
 CAPACITIES = (48, 80)  # blocks: at 48 round-robin keeps nothing that comes back; at 80 it loses some of it
 MAX_MODEL_LEN = 512  # longer than any request here (at most ~190 tokens) and the warm-up; 32 blocks at least
-KEY, STEP = "prefix_scarce", "prefix-scarce"  # the facts key `record` writes, and its step's name
+KEY, STEP = "prefix_scarce", "prefix-scarce"  # the facts key record.record_scarce writes, and its step's name
 
 
 def scarce_workload(order: str, tokenizer: Any = None) -> Workload:
@@ -91,17 +91,12 @@ def scarce_vllm_rows(capacities: tuple[int, ...] = CAPACITIES, orders: tuple[str
 
 
 def scarce_vllm(capacities: tuple[int, ...] = CAPACITIES, *, store: Any = None, force: bool | None = None) -> Any:
-    """`scarce_vllm_rows` live on a GPU with vLLM; else what `--steps prefix-scarce` recorded."""
+    """`scarce_vllm_rows` live on a GPU with vLLM; else what `--steps prefix-scarce` recorded, every capacity."""
     from ...results.reference import recorded_facts
-    from ...session import asked_rows, live_or_recorded
+    from ...session import live_or_recorded
 
-    def recorded() -> list[dict[str, Any]]:
-        rows = recorded_facts(KEY, STEP)
-        return asked_rows(rows, "num_blocks", list(capacities))
-
-    return live_or_recorded(lambda: scarce_vllm_rows(capacities, store=store), recorded, force=force,
-                            asked={"capacities": sorted(capacities)},
-                            recorded_with=lambda rows: {"capacities": sorted({r["num_blocks"] for r in rows})})
+    return live_or_recorded(lambda: scarce_vllm_rows(capacities, store=store), lambda: recorded_facts(KEY, STEP),
+                            force=force, asked={"capacities": sorted(capacities)}, where={"capacities": "num_blocks"})
 
 
 def pool_as_asked(rows: list[dict[str, Any]]) -> bool:
@@ -114,20 +109,3 @@ def scarce_lines(shown: Any) -> str:
     if shown.value is None:
         return f"[{shown.label}]"
     return "\n".join(r["verdict"] for r in shown.value) + f"\n[{shown.label}]"
-
-
-def record(out_dir: Any, store: Any, facts: dict[str, Any]) -> None:
-    """The GPU session's step (`--steps prefix-scarce`): scarce_vllm_rows into facts[KEY], its Results recorded."""
-    import dataclasses
-    import time
-
-    from ...hardware.device import device_facts
-
-    results: list[Any] = []
-    rows = scarce_vllm_rows(lab="reference", results=results)
-    for r in results:
-        store.append(dataclasses.replace(r, provenance="recorded"))
-    label = f"recorded on {device_facts().get('gpu')}, {time.strftime('%Y-%m-%d')}"
-    facts[KEY] = [{**r, "provenance": label} for r in rows]
-    for r in rows:
-        print(f"prefix scarce: {r['verdict']}")

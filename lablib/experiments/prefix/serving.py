@@ -24,13 +24,12 @@ blocks) is looked up, and counted, again in the next step. On these sets nothing
 request shares the same whole blocks with every earlier one (the order of arrival does not matter), so the
 claim is exact: at every rate the counters' hits equal the simulator's.
 
-`serve` is the notebook's call (`experiments.prefix.serve`, re-exported there with `serve_lines`): `serve_runs` live on a GPU with vLLM, else what `record` recorded on the H200
-(`scripts/record_reference.py --steps prefix-serve`), or a line saying it is not recorded yet. `load_tests` is the
+`serve` is the notebook's call: `serve_runs` live on a GPU with vLLM, else what `record.record_serve` recorded on
+the H200 (`scripts/record_reference.py --steps prefix-serve`), or a line saying it is not recorded yet. `load_tests` is the
 part that needs only a running server (any OpenAI-compatible one with vLLM's counters), which the tests drive.
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import time
 import urllib.error
@@ -45,7 +44,7 @@ from ...bench.prom import fetch_metrics, parse_prometheus
 from ...results.record import Result
 from .workloads import BIG, LAB, SHARED_SETS, token_ids, variant
 
-KEY, STEP = "prefix_serve", "prefix-serve"  # the facts key `record` writes, and its step's name
+KEY, STEP = "prefix_serve", "prefix-serve"  # the facts key record.record_serve writes, and its step's name
 RATES = (2.0, 8.0, 32.0, 128.0)  # requests/s: one at a time, overlapping, queued (32 requests per test)
 WORKLOADS = (*SHARED_SETS, "shared-prefix-512-shared-after")  # the shipped sets, and one that shares nothing
 QUERIES, HITS = "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total"  # vLLM 0.26's names on /metrics
@@ -186,11 +185,11 @@ def serve_runs(model: Any = BIG, workload: str = "shared-prefix-512", rates: Seq
 
 def serve(model: Any = BIG, workload: str = "shared-prefix-512", rates: Sequence[float] = RATES, *,
           limit: int | None = None, store: Any = None, force: bool | None = None) -> Any:
-    """`serve_runs` live on a GPU with vLLM (its Results appended to `store`); else what `record` recorded, at the
-    asked rates when the recording has them all (else all of them, and the line under the cell says so), or a
-    Shown with no value whose label says it is not recorded yet and which step records it."""
+    """`serve_runs` live on a GPU with vLLM (its Results appended to `store`); else what step prefix-serve recorded,
+    every rate (where the cell asked others, the line under it says so), or a Shown with no value whose label says
+    it is not recorded yet and which step records it."""
     from ...results.reference import recorded_facts
-    from ...session import asked_rows, live_or_recorded
+    from ...session import live_or_recorded
     from .runs import run_name
 
     rates = check(workload, rates, limit)
@@ -201,14 +200,9 @@ def serve(model: Any = BIG, workload: str = "shared-prefix-512", rates: Sequence
             store.append(r)
         return rows
 
-    def recorded() -> list[dict[str, Any]]:
-        return asked_rows(recorded_facts(KEY, STEP), "rate", rates)
-
-    return live_or_recorded(live, recorded, force=force,
+    return live_or_recorded(live, lambda: recorded_facts(KEY, STEP), force=force,
                             asked={"model": run_name(model), "workload": workload, "rates": rates, "limit": limit},
-                            recorded_with=lambda rows: {"model": rows[0]["model"], "workload": rows[0]["workload"],
-                                                        "rates": list(dict.fromkeys(r["rate"] for r in rows)),
-                                                        "limit": rows[0]["limit"]})
+                            where={"rates": "rate"})
 
 
 def serve_lines(shown: Any) -> str:
@@ -228,16 +222,3 @@ def serve_lines(shown: Any) -> str:
             text += f"{',' if on else ''} TTFT p50 off {1e3 * off['ttft_p50_s']:.1f} ms"
         out.append(text)
     return "\n".join(out) + f"\n[{shown.label}]"
-
-
-def record(out_dir: Any, store: Any, facts: dict[str, Any], model: Any = BIG, rates: Sequence[float] = RATES,
-           limit: int | None = None) -> None:
-    """The GPU session's step (`--steps prefix-serve`): serve_runs into facts[KEY], its Results recorded."""
-    rows, results = serve_runs(model, rates=rates, limit=limit, lab="reference", out_dir=Path(out_dir) / "prefix-serve")
-    for r in results:
-        store.append(dataclasses.replace(r, provenance="recorded"))
-    facts[KEY] = rows
-    for r in rows:
-        print(f"prefix serve {r['model']} caching {r['caching']} at {r['rate']:g} req/s: hits {r['hits']} of "
-              f"{r['queries']} (simulator {r['predicted_hits']} of {r['predicted_queries']}), TTFT p50 "
-              f"{r['ttft_p50_s']:.4f} s, p99 {r['ttft_p99_s']:.4f} s, {r['output_tok_s']:.0f} output tok/s")

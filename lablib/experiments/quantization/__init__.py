@@ -14,15 +14,18 @@ The lab's path, one module per noun, each importing only from the ones above it 
   16-bit in each) and scores each against bf16: which part quantization hurts more per byte saved.
 - `verdicts`: `claims` answers each seed claim from those numbers; the Checks cell's claims about the run.
 - `vllm_ppl`: the same checkpoints' perplexity as vLLM runs them (`prompt_logprobs`), beside the CPU's;
-  on bf16 the two must agree within `TOLERANCE_PCT`, and a `bf16-kv-fp8` row prices the FP8 KV cache; `record` is
-  step `quantization-quality`, and a live run on its settings (`RECORD`) is kept as that recording.
+  on bf16 the two must agree within `TOLERANCE_PCT`, and a `bf16-kv-fp8` row prices the FP8 KV cache; a live run on
+  step `quantization-quality`'s settings (`RECORD`) is kept as that recording.
 - `speed_runs`, the GPU half: `prepare_checkpoints` quantizes a synthetic Llama-3.1-8B in the quantization
   environment, then `vllm_speed_runs` measures decode speed and memory per scheme and batch through vLLM,
   each against its own bandwidth roofline.
-- `recording`: scripts/record_reference.py's steps for it, `record_checkpoints` (step `quantization-prepare`)
-  and `record` (step `quantization`, or `quantization-a` and `-b`), each keeping what it made when cut short;
-  and `speed`, the notebook's one call, live on a GPU, recorded elsewhere, whose live run of QUANT_A on record's
-  grid is kept as step `quantization-a`'s recording.
+- `recording`: `speed`, the notebook's one call, live on a GPU, recorded elsewhere, whose live run of QUANT_A on
+  step `quantization-a`'s grid is kept as that recording; the speed recording's facts (`speed_facts`).
+- `checks`: the notebook's Checks cell, on the lab's object;
+- `lab`: the notebook's knobs and steps as one object (`QuantizationLab`), each step keeping what it made;
+- `record`: the GPU recording steps, which only scripts/record_reference.py calls: `record` (step `quantization`,
+  or `quantization-a` and `-b`), `record_checkpoints` (`quantization-prepare`), `record_quality`
+  (`quantization-quality`), each keeping what it made when cut short.
 
 Import the module you call (`from lablib.experiments.quantization import quality`).
 """

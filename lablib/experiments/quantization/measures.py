@@ -32,6 +32,7 @@ from typing import Any
 
 from ... import validate
 from ...hardware.device import device_facts
+from ...results.compare import first_divergence
 from ...results.store import results_dir
 from ...workloads import Workload, load_workload
 
@@ -136,7 +137,7 @@ def agreement(reference: Sequence[Sequence[int]], tokens: Sequence[Sequence[int]
     for ref, out in zip(reference, tokens):
         same = [a == b for a, b in zip(ref, out)]
         matched.append(sum(same) / n)
-        first.append(next((i for i, s in enumerate(same) if not s), None))
+        first.append(first_divergence(ref, out))
     return Agreement(tuple(matched), tuple(first), n)
 
 

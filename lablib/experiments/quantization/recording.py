@@ -1,42 +1,33 @@
-"""Lab 06's GPU recording steps (scripts/record_reference.py), and the notebook's speed step that can be one of them.
+"""Lab 06's speed step, live on a GPU and recorded elsewhere, and what its recording is (record.py records it).
 
-A GPU session stops a step at its time limit (SIGINT) and a step may meet an engine that fails, so each step here
-keeps what it made as it goes: every Result is stored as its run ends, facts[key] is written however the step
-ends ("complete": False when cut short), and a scheme that fails is named with its error while the next one runs.
-
-`speed` is the notebook's call, live on a GPU and recorded elsewhere. Run live on a fresh GPU machine (no checkpoint
-made: the three vLLM switches, QUANT_A) on record's grid (`QUANT_A_GRID`) with a store, and with no engine failing,
-it is step `quantization-a` itself: its Results go to the lab's store and `speed_facts` (the one function `record`
-writes its facts with) to facts-quantization.json, each row naming the Result it was made from (step, recorded_at),
-which scripts/pack_reference.py --labs takes as the recording. GPU time is the scarce thing: one run, not two.
+`speed` is the notebook's call. Run live on a fresh GPU machine (no checkpoint made: the three vLLM switches, QUANT_A)
+on step quantization-a's grid (`QUANT_A_GRID`) with a store, and with no engine failing, it is step `quantization-a`
+itself: its Results go to the lab's store and `speed_facts` (the one function `record.record` writes its facts with)
+to facts-quantization.json, each row naming the Result it was made from (step, recorded_at), which
+scripts/pack_reference.py --labs takes as the recording. GPU time is the scarce thing: one run, not two.
 """
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ... import validate
 from ...models import LABEL as SYNTHETIC_LABEL
-from ...models.quantize import SCHEMES, read_facts
+from ...models.quantize import read_facts
 from ...results.record import Result
-from ...results.store import ResultStore
-from ...session import Shown, asked_rows, live_or_recorded
-from .measures import OWNER
+from ...results.store import ResultStore, keep_if_recording
+from ...session import Shown, live_or_recorded
 from .speed_runs import (
     BATCHES,
     GPU_WORK,
     SPEED_MODEL,
-    SPEED_SCHEMES,
     VLLM_SWITCHES,
     ENGINE_KNOBS,
     available_speed_schemes,
     base_model,
     fixed_name,
     kv_sentence,
-    prepare_checkpoints,
     speed_rows,
     vllm_speed_runs,
 )
@@ -46,7 +37,7 @@ from .speed_runs import (
 QUANT_A = ("bf16", "bf16-kv-fp8", "fp8")
 QUANT_B = ("gptq-w4a16", "w8a8-int8", "awq-w4a16")
 KEY = "quantization"  # the facts key of steps quantization and quantization-a (quantization-b's: "quantization-2")
-# step quantization-a's grid: record(schemes=QUANT_A) with vllm_speed_runs' defaults, as the notebook's speed() runs
+# step quantization-a's grid: record.record(schemes=QUANT_A) with vllm_speed_runs' defaults, as speed() runs
 QUANT_A_GRID: dict[str, Any] = {"schemes": QUANT_A, "batches": BATCHES, "model": SPEED_MODEL, "work_dir": GPU_WORK,
                                 "prompt_len": 128, "output_len": 128, "gpu_memory_utilization": 0.9,
                                 "max_model_len": 2048}
@@ -77,81 +68,6 @@ def speed_facts(results: Sequence[Result], *, asked: Sequence[str], batches: Seq
         "skipped": skipped, "failed": failed, "complete": complete}
 
 
-def record(out_dir: str | Path, store: ResultStore, facts: dict[str, Any], *, schemes: Sequence[str] | None = None,
-           batches: Sequence[int] = BATCHES, key: str = KEY, **kw: Any) -> None:
-    """scripts/record_reference.py's steps `quantization` (every scheme that can run), `quantization-a` and
-    `quantization-b` (the six split over two commands; the second's facts under key="quantization-2"): the speed
-    runs, recorded.
-
-    Run prepare_checkpoints first (step `quantization-prepare`, or its docstring's command). `schemes=None` runs
-    what can run now (`available_speed_schemes`) and names each scheme left out, and why, in facts[key]["skipped"].
-    One engine per scheme; one that fails (a checkpoint not made, an engine that does not start or crashes) is
-    named with its error in facts[key]["failed"] and the others still run. Every Result goes into `store` as it
-    ends, with provenance "recorded" (the notebook's recorded path reads them back by step, `quant-<scheme>-b<B>`,
-    whichever step recorded them); facts[key] keeps the per-scheme summary (kernels, weight GiB, KV tokens) and the
-    checkpoints' own facts (GPU quantize seconds), and is written however the step ends: cut short (the time
-    limit's SIGINT), it holds what finished, with "complete": False.
-    """
-    model, work_dir = kw.pop("model", SPEED_MODEL), kw.pop("work_dir", GPU_WORK)
-    asked = list(SPEED_SCHEMES if schemes is None else schemes)
-    for s in asked:
-        validate.choice(OWNER, "schemes", s, list(VLLM_SWITCHES) + list(SCHEMES))
-    validate.integers(OWNER, "batches", batches, "pass batch sizes, e.g. (1, 8, 64, 256).")
-    work = Path(work_dir) / model
-    ready = available_speed_schemes(model, work_dir) if schemes is None else asked
-    skipped = {s: f"no checkpoint in {work / s}: prepare_checkpoints (step quantization-prepare) makes it"
-               for s in asked if s not in ready}
-    results: list[Result] = []
-    failed: dict[str, str] = {}
-
-    def keep(r: Result) -> None:
-        results.append(r)
-        store.append(dataclasses.replace(r, provenance="recorded"))
-
-    complete = False
-    try:
-        for s in (s for s in asked if s in ready):
-            try:
-                vllm_speed_runs((s,), batches, model=model, work_dir=work_dir, on_result=keep, **kw)
-            except Exception as e:  # this engine's runs so far are kept; the next scheme still runs
-                failed[s] = f"{type(e).__name__}: {e}"[:2000]
-        complete = True
-    finally:  # the script writes facts out after the step, or when it is interrupted
-        facts[key] = speed_facts(results, asked=asked, batches=batches, model=model, work=work, skipped=skipped,
-                                 failed=failed, complete=complete)
-        with open(Path(out_dir) / "log.txt", "a") as f:
-            f.write(f"{key}: {len(results)} runs; {facts[key]['kv']}; skipped {sorted(skipped)}, failed "
-                    f"{sorted(failed)}{'' if complete else ', cut short'}\n")
-
-
-def record_checkpoints(out_dir: str | Path, store: Any, facts: dict[str, Any], *,
-                       schemes: Sequence[str] = SPEED_SCHEMES, key: str = "quantization_checkpoints",
-                       **kw: Any) -> None:
-    """scripts/record_reference.py's step `quantization-prepare`: prepare_checkpoints one scheme at a time (the
-    quantizer's worker in the quantization environment, $LABLIB_QUANT_SITE), each checkpoint's row (folder, bytes,
-    seconds, reused) in facts[key]["schemes"] as it is made; a scheme that fails is named with its error in
-    facts[key]["failed"] and the next still runs. Cut short (the time limit), the rows made so far are kept
-    ("complete": False) and a rerun reuses those checkpoints (a folder that holds the same quantization is
-    reused); the one being made when it stopped leaves nothing behind (quantize removes its work folder)."""
-    for s in schemes:
-        validate.choice(OWNER, "schemes", s, list(SCHEMES) + list(VLLM_SWITCHES))
-    made: dict[str, dict[str, Any]] = {}
-    failed: dict[str, str] = {}
-    complete = False
-    try:
-        for s in (s for s in schemes if s not in VLLM_SWITCHES):
-            try:
-                made.update({row["scheme"]: row for row in prepare_checkpoints((s,), **kw)})
-            except Exception as e:  # the checkpoints made so far stand; the next scheme still runs
-                failed[s] = f"{type(e).__name__}: {e}"[:2000]
-        complete = True
-    finally:  # the script writes facts out after the step, or when it is interrupted
-        facts[key] = {"model": kw.get("model", SPEED_MODEL), "schemes": made, "failed": failed, "complete": complete}
-        with open(Path(out_dir) / "log.txt", "a") as f:
-            f.write(f"quantization-prepare: {[(s, r['reused'], r['seconds']) for s, r in made.items()]}; failed "
-                    f"{sorted(failed)}{'' if complete else ', cut short'}\n")
-
-
 def differs_from_quant_a(chosen: Sequence[str], kw: dict[str, Any]) -> list[str]:
     """Each knob of a live speed run that is not step quantization-a's (`QUANT_A_GRID`), in words; empty when the run
     is that step's own: QUANT_A's schemes (in any order) and vllm_speed_runs' settings as record passes them."""
@@ -175,11 +91,10 @@ def speed(force: bool | None = None, schemes: Sequence[str] | None = None, store
 
     Live, `schemes=None` runs what can run now (`available_speed_schemes`: a checkpoint scheme only once
     prepare_checkpoints has made it in the quantization environment); name them to have a missing one refused.
-    Recorded, the rows at the asked batches (and schemes, when named) when the recording holds them all, else
-    every recorded one; the line under the cell names each knob where the recording ran otherwise
+    Recorded, every recorded row; the line under the cell names each knob where the recording ran otherwise
     (`speed_knobs`). With a `store`, each live Result is appended to it as it ends, and a live run of QUANT_A on
-    record's grid (`QUANT_A_GRID`) is also kept as step quantization-a's recording (`keep_facts(KEY, speed_facts(...))`),
-    after every run ("complete": False until the last, as record's when cut short), so a run cut by a time limit or an
+    step quantization-a's grid (`QUANT_A_GRID`) is also kept as that step's recording (`keep_if_recording`), after
+    every run ("complete": False until the last, as record's when cut short), so a run cut by a time limit or an
     engine that fails keeps what ran before it. Any other run stays this user's, and a line says so.
     """
     from ...results.reference import NotRecorded, load_reference
@@ -190,20 +105,19 @@ def speed(force: bool | None = None, schemes: Sequence[str] | None = None, store
         differs = differs_from_quant_a(chosen, kw) if store is not None else ["no store"]
         so_far: list[Result] = []
 
-        def keep(complete: bool) -> Path:  # step quantization-a's facts as they stand (record's, cut short or not)
-            return store.keep_facts(KEY, speed_facts(
+        def keep(complete: bool) -> Path | None:  # step quantization-a's facts as they stand (cut short or not)
+            return keep_if_recording(store, KEY, lambda: speed_facts(
                 so_far, asked=QUANT_A_GRID["schemes"], batches=QUANT_A_GRID["batches"], model=QUANT_A_GRID["model"],
-                work=Path(QUANT_A_GRID["work_dir"]) / QUANT_A_GRID["model"], skipped={}, failed={}, complete=complete))
+                work=Path(QUANT_A_GRID["work_dir"]) / QUANT_A_GRID["model"], skipped={}, failed={}, complete=complete),
+                differs)
 
-        def ended(r: Result) -> None:  # on record's grid the facts are kept after every run: a cut run keeps what ran
+        def ended(r: Result) -> None:  # on the step's grid the facts are kept after every run: a cut run keeps what ran
             so_far.append(r)
-            if not differs:
-                keep(False)
+            keep(False)
 
         results = vllm_speed_runs(chosen, store=store, on_result=ended, **kw)  # an engine that fails raises here
-        if not differs:
-            print(f"Kept as step quantization-a's recording (record's schemes and grid, every engine ran): "
-                  f"{keep(True)}")
+        if path := keep(True):
+            print(f"Kept as step quantization-a's recording (record's schemes and grid, every engine ran): {path}")
         elif store is not None:
             print("Not kept as step quantization-a's recording (this is your run): " + "; ".join(differs))
         return speed_rows(results)
@@ -212,20 +126,20 @@ def speed(force: bool | None = None, schemes: Sequence[str] | None = None, store
         runs = load_reference(prefix="quant-")
         if not runs:
             raise NotRecorded("lab 06's speed and memory per scheme on the synthetic 8B", "quantization")
-        every = speed_rows(runs)
-        if missing := missing_line(every, schemes):  # what the recording lacks at any batch, not only the asked ones
+        rows = speed_rows(runs)
+        if missing := missing_line(rows, schemes):  # what the recording lacks at any batch, not only the asked ones
             print(missing)
-        rows = asked_rows(every, "batch", kw.get("batches", BATCHES))
-        return rows if schemes is None else asked_rows(rows, "scheme", schemes)
+        return rows
 
-    return live_or_recorded(live, recorded, force=force, asked=speed_knobs(schemes, kw), recorded_with=ran_with)
+    return live_or_recorded(live, recorded, force=force, asked=speed_knobs(schemes, kw),
+                            where={"model": recorded_model, "batches": "batch", "schemes": "scheme"})
 
 
 def missing_line(rows: Sequence[dict[str, Any]], schemes: Sequence[str] | None = None) -> str:
     """What the recorded speed rows lack of the two steps' schemes (or of `schemes`), and the steps that record it
     ("" when nothing): a scheme never run on the 8B is named as not measured, never left out without a word."""
     have = {r["scheme"] for r in rows}
-    model = ran_with(rows)["model"] if rows else base_model(SPEED_MODEL)
+    model = recorded_model(rows) if rows else base_model(SPEED_MODEL)
     lines = [f"{', '.join(gone)}: not measured on {model} yet (step {step}"
              f"{', after quantization-prepare makes its checkpoints' if step == 'quantization-b' else ''})"
              for step, wanted in (("quantization-a", QUANT_A), ("quantization-b", QUANT_B))
@@ -245,10 +159,6 @@ def speed_knobs(schemes: Sequence[str] | None, kw: dict[str, Any]) -> dict[str, 
     return asked | {k: kw[k] for k in ENGINE_KNOBS if k in kw}
 
 
-def ran_with(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """The same knobs as the speed rows ran them (the model of a vLLM switch's row: the others add "+<scheme>")."""
-    first = rows[0]
-    model = next((r["model"] for r in rows if r["scheme"] in VLLM_SWITCHES), str(first["model"]).split("+")[0])
-    return {"model": model, "batches": sorted({r["batch"] for r in rows}),
-            "schemes": sorted({r["scheme"] for r in rows}), "workload": first.get("workload"),
-            **{k: first.get(k) for k in ENGINE_KNOBS}}
+def recorded_model(rows: Sequence[dict[str, Any]]) -> str:
+    """The model speed rows ran: a vLLM switch's row names it, the others add "+<scheme>" to it."""
+    return next((r["model"] for r in rows if r["scheme"] in VLLM_SWITCHES), str(rows[0]["model"]).split("+")[0])

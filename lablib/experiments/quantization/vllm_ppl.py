@@ -28,9 +28,10 @@ from typing import Any
 
 from ... import validate
 from ...models.quantize import SCHEMES, read_facts
-from ...session import Shown, asked_rows, live_label, live_or_recorded
+from ...results.store import keep_if_recording
+from ...session import Shown, live_label, live_or_recorded
 from .measures import OWNER, evaluation_set, from_logprobs, quality_gate, work_folder
-from .speed_runs import GPU_WORK, kernels_text, vllm_log_facts
+from .speed_runs import kernels_text, vllm_log_facts
 
 TOLERANCE_PCT = 1.0  # vLLM's bf16 perplexity against transformers' float32 one, same weights: |gap| at most this
 KEY, STEP = "quantization_quality", "quantization-quality"  # facts key; scripts/record_reference.py's step
@@ -137,7 +138,7 @@ def made_facts(schemes: Sequence[str], work: Path) -> list[dict[str, Any]]:
 def quality_facts(rows: Sequence[dict[str, Any]], cpu: Sequence[dict[str, Any]], made: list[dict[str, Any]],
                   cpu_error: str | None, eval_texts: int, gpu: str | None, date: str,
                   complete: bool) -> dict[str, Any]:
-    """facts[KEY] as step `quantization-quality` keeps it, from `record` and from a live lab run alike (one function,
+    """facts[KEY] as step `quantization-quality` keeps it, from record.record_quality and a live lab run alike (one,
     so the two cannot drift): vLLM's rows labelled recorded, the CPU table beside them, the checkpoints made."""
     return {"rows": [{**r, "provenance": f"recorded on {gpu}, {date}"} for r in rows],
             "cpu_rows": [{k: v for k, v in r.items() if k != "first_divergence"} for r in cpu],
@@ -145,7 +146,8 @@ def quality_facts(rows: Sequence[dict[str, Any]], cpu: Sequence[dict[str, Any]],
             "tolerance_pct": TOLERANCE_PCT, "gpu": gpu, "date": date, "complete": complete}
 
 
-def _gpu_and_date() -> tuple[str | None, str]:
+def gpu_and_date() -> tuple[str | None, str]:
+    """This machine's GPU and today's date (UTC, as the Results' recorded_at): what a quality recording is labelled."""
     from ...hardware.device import device_facts
 
     return device_facts().get("gpu"), time.strftime("%Y-%m-%d", time.gmtime())  # UTC, as the Results' recorded_at
@@ -186,14 +188,12 @@ def gpu_quality(schemes: Sequence[str], *, cpu_rows: Sequence[dict[str, Any]], w
     """`vllm_quality_rows` live on a GPU with vLLM (beside this run's CPU rows); else what step
     `quantization-quality` recorded on the H200 (its own CPU rows, made there, beside it).
 
-    With a `store`, a live run on record's settings (`RECORD`: `differs_from_record` finds nothing) also writes what
-    `record` would (`ResultStore.keep_facts(KEY, quality_facts(...))`), after every engine ("complete": False until
-    the last, as record's when cut short): lab 06 run live on the GPU is its own quality recording, and a run cut by
-    a time limit keeps the engines that ended. Any other run stays this user's, and a line says which setting differs."""
+    With a `store`, a live run on the recording's settings (`RECORD`: `differs_from_record` finds nothing) is also kept
+    as step quantization-quality's recording (`keep_if_recording`, the facts record.record_quality writes), after every
+    engine ("complete": False until the last, as the step's when cut short): lab 06 run live on the GPU is its own
+    quality recording, and a run cut by a time limit keeps the engines that ended. Any other run stays this user's,
+    and a line says which setting differs."""
     from ...results.reference import recorded_facts
-
-    def recorded() -> list[dict[str, Any]]:
-        return asked_rows(recorded_facts(KEY, STEP)["rows"], "scheme", ["bf16", KV_FP8, *schemes])
 
     def live() -> list[dict[str, Any]]:
         work = work_folder(work_dir)
@@ -203,10 +203,10 @@ def gpu_quality(schemes: Sequence[str], *, cpu_rows: Sequence[dict[str, Any]], w
             if store is not None:
                 print(f"Not kept as step {STEP}'s recording (this is your run): " + "; ".join(differs))
             return rows
-        made, n, (gpu, date) = made_facts(schemes, work), len(evaluation_set(eval_texts)), _gpu_and_date()
+        made, n, (gpu, date) = made_facts(schemes, work), len(evaluation_set(eval_texts)), gpu_and_date()
 
-        def keep(rows: list[dict[str, Any]], complete: bool) -> Path:  # what record writes, cut short or not
-            return store.keep_facts(KEY, quality_facts(rows, cpu_rows, made, None, n, gpu, date, complete))
+        def keep(rows: list[dict[str, Any]], complete: bool) -> Path | None:  # the step's facts, cut short or not
+            return keep_if_recording(store, KEY, quality_facts(rows, cpu_rows, made, None, n, gpu, date, complete))
 
         rows = vllm_quality_rows(schemes, work_dir=work, eval_texts=eval_texts, cpu_rows=cpu_rows,
                                  on_row=lambda so_far: keep(so_far, False))  # kept after every engine
@@ -216,9 +216,8 @@ def gpu_quality(schemes: Sequence[str], *, cpu_rows: Sequence[dict[str, Any]], w
         return rows
 
     asked = {"schemes": sorted(["bf16", KV_FP8, *schemes]), "eval_texts": len(evaluation_set(eval_texts))}
-    return live_or_recorded(live, recorded, force=force, asked=asked,
-                            recorded_with=lambda rows: {"schemes": sorted(r["scheme"] for r in rows),
-                                                        "eval_texts": rows[0]["texts"]})
+    return live_or_recorded(live, lambda: recorded_facts(KEY, STEP)["rows"], force=force, asked=asked,
+                            where={"schemes": "scheme", "eval_texts": "texts"})
 
 
 def gpu_quality_lines(shown: Shown[list[dict[str, Any]]], tolerance_pct: float = TOLERANCE_PCT) -> str:
@@ -243,42 +242,6 @@ def gpu_quality_lines(shown: Shown[list[dict[str, Any]]], tolerance_pct: float =
                    + (f" (the CPU's arithmetic: {r['ppl_cpu']:.3f}; vLLM's kernels {r['vllm_vs_cpu_pct']:+.2f}% from it)"
                       if r["ppl_cpu"] is not None else "") + f"; {r['linear_kernels']}")
     return "\n".join(out) + f"\n[{shown.label}]"
-
-
-def record(out_dir: str | Path, store: Any, facts: dict[str, Any], *,
-           schemes: Sequence[str] = RECORD["schemes"], eval_texts: int = RECORD["eval_texts"],
-           num_samples: int = RECORD["num_samples"]) -> None:
-    """scripts/record_reference.py's step `quantization-quality`: the embedded target's checkpoints made on the GPU
-    machine (the quantizer's worker in the quantization environment: $LABLIB_QUANT_SITE), the CPU quality table
-    there, then vLLM's perplexities beside it; facts[KEY] keeps both, labelled recorded (`quality_facts`)."""
-    from .checkpoints import quantize_all
-    from .quality import quality_table
-
-    work = Path(GPU_WORK) / "embedded"
-    quantize_all(schemes, work_dir=work, num_samples=num_samples)
-    gpu, date = _gpu_and_date()
-    made = made_facts(schemes, work)
-
-    def keep(rows: list[dict[str, Any]], cpu: list[dict[str, Any]], cpu_error: str | None, complete: bool) -> None:
-        """facts[KEY] as it stands: the script writes facts out after the step, or when it is interrupted."""
-        facts[KEY] = quality_facts(rows, cpu, made, cpu_error, eval_texts, gpu, date, complete)
-
-    rows = vllm_quality_rows(schemes, work_dir=work, eval_texts=eval_texts,
-                             on_row=lambda so_far: keep(so_far, [], "not run: the step was cut short", False))
-    cpu, cpu_error = [], None
-    try:  # transformers there reads the checkpoints with vLLM's compressed-tensors 0.17, not the CPU lab's 0.19: on
-        # this project's CPU machine 0.17 read what 0.19 wrote, with the same perplexities to the last digit (fp8,
-        # gptq, w8a8; 2026-12-01), but a machine's pins can differ, so vLLM's rows never hang on it
-        cpu = quality_table(schemes, work_dir=work, eval_texts=eval_texts, prompts=RECORD["prompts"],
-                            max_new_tokens=RECORD["max_new_tokens"], num_samples=num_samples,
-                            max_increase_pct=RECORD["max_increase_pct"])
-    except Exception as e:  # vLLM's rows are kept either way; the lab's CPU run sets its own beside them
-        cpu_error = f"{type(e).__name__}: {e}"[:2000]
-    rows = beside_cpu(rows, cpu)
-    keep(rows, cpu, cpu_error, True)
-    rows = facts[KEY]["rows"]
-    with open(Path(out_dir) / "log.txt", "a") as f:
-        f.write(f"quantization-quality: {[(r['scheme'], round(r['ppl_vllm'], 3), r['vllm_vs_cpu_pct']) for r in rows]}\n")
 
 
 def quality_recording() -> dict[str, Any] | None:

@@ -1,27 +1,30 @@
 """Lab 08's Checks cell: the CPU loop's claims asserted on this run, vLLM's claims when its grid ran live.
 
-`checks` takes what the lab's cells computed (the CPU study, transformers' assisted generation, the harness
-runs, both drafters' acceptance, the two chi-square tests, the batch model, the vLLM study) and asserts each
-claim on them: exactness of the greedy loops, the counters' consistency, the formula within three standard
+`checks` takes the lab's object (`lab.SpeculativeLab`: the CPU study, transformers' assisted generation, the
+harness runs, both drafters' acceptance, the two chi-square tests, the batch model, the vLLM study) and asserts each
+claim on it: exactness of the greedy loops, the counters' consistency, the formula within three standard
 errors, the distribution kept at temperature T, the batch model's reversal; vLLM's counters, starts, cross-check
 and the speedup falling with batch only where `gpu` was measured on this machine (`Checks.live`).
 """
 from __future__ import annotations
 
-from typing import Any
 from ...config import lab_id
+from ...session import Checks
+from .lab import SpeculativeLab
+from .maths import pays_then_reverses
+from .sampling import distribution_kept
+from .study import acceptance_table
+from .vllm_runs import speedup_falls_with_batch
 
 
-def checks(study: dict[str, Any], hf: dict[str, Any], harness: dict[str, Any], drafters: list[dict[str, Any]],
-           sampling_rule: list[dict[str, Any]], sampling_loop: list[dict[str, Any]], model: dict[str, Any],
-           gpu: Any) -> None:
-    """Lab 08's Checks cell. Prints what ran and what did not (and returns nothing, so the cell shows it once)."""
-    from ...session import Checks
-    from .maths import pays_then_reverses
-    from .vllm_runs import speedup_falls_with_batch
-    from .sampling import distribution_kept
-    from .study import acceptance_table
-
+def checks(lab: SpeculativeLab) -> None:
+    """Lab 08's Checks cell, on every step `lab` ran. Prints what ran and what did not (and returns nothing, so the
+    cell shows it once)."""
+    if lab.missing():
+        raise ValueError(f"checks(lab): the steps {lab.missing()} have not run; run every step above first "
+                         "(Run > Run All Cells)")
+    study, hf, harness, drafters, model, gpu = lab.study, lab.hf, lab.harness, lab.drafters, lab.model, lab.gpu
+    sampling_rule, sampling_loop = lab.sampling_rule, lab.sampling_loop
     c = Checks(lab_id("08"))
     acc = acceptance_table(study)
     c.that("the loop emits exactly the target's greedy tokens, every k", all(r["identical_to_greedy"] for r in acc))

@@ -14,19 +14,15 @@ LABEL. The tokens are noise (random weights) and are not compared.
 `synthetic_config` builds vLLM's speculative_config (the draft's vocabulary checked against the target's, L in
 1..k+1); `synthetic_speed_runs` runs the pinned baseline and the draft on one engine each over the batch sizes
 (`vllm_spec_runs`, waves of b requests); `synthetic_study` is the notebook's call (recorded unless forced: two
-engine starts of the 8B pair cost ~4 minutes); `record` is the GPU session's step `speculative-8b`.
+engine starts of the 8B pair cost ~4 minutes); `record.record_8b` is the GPU session's step `speculative-8b`.
 """
 from __future__ import annotations
 
-import dataclasses
-import json
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from ... import validate
-from ...hardware.device import device_facts
 from ...results.reference import recorded_facts
 from ...session import Shown, live_or_recorded
 from .vllm_runs import Setting, speculative_config, vllm_spec_runs
@@ -92,8 +88,9 @@ def loop_length(k: int = 4, facts: dict[str, Any] | None = None) -> float:
     return float(row["measured_length"])
 
 
-def _measure(k: int, batches: Sequence[int], n_prompts: int, max_new_tokens: int, store: Any,
-             facts: dict[str, Any] | None = None) -> dict[str, Any]:
+def measure_8b(k: int, batches: Sequence[int], n_prompts: int, max_new_tokens: int, store: Any,
+               facts: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The 8B pair at acceptance length `loop_length(k, facts)`, batch by batch, with the Results and the setting."""
     length = loop_length(k, facts)
     rows = synthetic_speed_runs(length, k, batches, n_prompts=n_prompts, max_new_tokens=max_new_tokens, store=store)
     results = [r.pop("result") for r in rows]
@@ -109,13 +106,9 @@ def synthetic_study(k: int = 4, batches: Sequence[int] = (1, 4, 16, 64), *, n_pr
     validate.integer("synthetic_study", "k", k, "draft tokens per step, e.g. 4.")
     validate.integers("synthetic_study", "batches", batches, "batch sizes, e.g. (1, 4, 16, 64).")
 
-    def recorded() -> dict[str, Any]:
-        return dict(recorded_facts(KEY, STEP))
-
-    asked = {"k": k, "batches": sorted(batches)}
-    return live_or_recorded(lambda: _measure(k, batches, n_prompts, max_new_tokens, store), recorded, force=force,
-                            asked=asked, recorded_with=lambda v: {"k": v.get("k"),
-                                                                  "batches": sorted({r["batch"] for r in v["rows"]})})
+    return live_or_recorded(lambda: measure_8b(k, batches, n_prompts, max_new_tokens, store),
+                            lambda: dict(recorded_facts(KEY, STEP)), force=force,
+                            asked={"k": k, "batches": sorted(batches)}, where={"batches": "rows.batch"})
 
 
 def synthetic_lines(shown: Shown) -> str:
@@ -147,15 +140,3 @@ def synthetic_lines(shown: Shown) -> str:
                  f"draft's step costs more than its share of the weights' bytes (what else it pays, its own "
                  f"kernel launches, attention and KV, is not separated by these runs)")
     return text + f". [{v['label']}; {shown.label}]"
-
-
-def record(out_dir: Path, store: Any, facts: dict[str, Any], *, k: int = 4, batches: Sequence[int] = (1, 4, 16, 64),
-           n_prompts: int = 64, max_new_tokens: int = 128) -> None:
-    """The recording step `speculative-8b` (after `speculative`, whose loop sets L; else the loop runs here)."""
-    got = _measure(k, batches, n_prompts, max_new_tokens, None, facts)
-    for r in got.pop("results"):
-        store.append(dataclasses.replace(r, provenance="recorded"))
-    got.update({"gpu": device_facts().get("gpu"), "date": time.strftime("%Y-%m-%d")})
-    facts[KEY] = got
-    Path(out_dir).mkdir(parents=True, exist_ok=True)
-    (Path(out_dir) / "speculative-8b.json").write_text(json.dumps(got, indent=1, default=str))

@@ -1,14 +1,14 @@
 """Lab 08 on vLLM: the draft model, n-gram and the EAGLE head against a baseline on the SAME engine settings.
 
 vLLM 0.26 moves draft_model and ngram to its V1 model runner with async scheduling off (EAGLE stays on V2
-with async), so every run here pins both (`PinnedVLLMConfig`, `runner_env`), and a second baseline at vLLM's
-defaults shows what the switch alone does (on the embedded model on the H200 the defaults were the slower engine).
-The EAGLE rows are pinned too, so they measure vLLM's V1 proposer;
+with async), so every run here pins both (VLLMConfig's `async_scheduling` and `model_runner_v2`), and a second
+baseline at vLLM's defaults shows what the switch alone does (on the embedded model on the H200 the defaults were
+the slower engine). The EAGLE rows are pinned too, so they measure vLLM's V1 proposer;
 its V2 path (vLLM's defaults for EAGLE) is what tests/models/test_eagle.py's GPU test loads. `vllm_spec_runs` runs each setting (`settings`) at each batch size;
 vLLM's counter deltas are read with the formula's definitions (`counters_from_delta`) and checked against the
 CPU loop's alpha for the same drafter on the same prompts (`loop_acceptance`, `cross_check`): the embedded draft
 against `greedy_speculative`, the EAGLE head (data/models/eagle, `lablib.models.eagle`) against `greedy_eagle`.
-`gpu_study` is the notebook's call (live or recorded); `record` is the recording step `speculative`. Every bad
+`gpu_study` is the notebook's call (live or recorded); `record.record` is the recording step `speculative`. Every bad
 knob (k, a method vLLM 0.26 lacks or this lab does not run, n-gram lookups, a draft of another vocabulary, a head
 made for another target, min_p/logit_bias) is refused before an engine starts (`speculative_config`).
 
@@ -17,7 +17,6 @@ The CPU half of the lab (the loops, the counters, the formula's report, the cost
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import math
@@ -30,7 +29,7 @@ from typing import Any
 
 from ... import validate
 from ...config import BenchConfig, lab_id, VLLMConfig
-from ...engines.process import environ
+from ...engines.vllm import runner_env
 from ...hardware.device import device_facts
 from ...mechanisms.speculative import (
     SpecCounters,
@@ -40,13 +39,15 @@ from ...mechanisms.speculative import (
 )
 from ...models import embedded_path
 from ...models.eagle import check_head_dir, eagle_path
+from ...results.compare import first_divergence
 from ...results.reference import recorded_facts
-from ...session import Shown, live_label, live_or_recorded
+from ...results.store import keep_if_recording
+from ...session import Shown, live_label, live_or_recorded, stand_ins
 from ...workloads import load_workload
 from .acceptance import MODEL_DRAFTERS, counters_consistent, drafter_acceptance
 
 LAB = lab_id("08")
-STEP = "speculative"  # the recording step: scripts/record_reference.py --steps speculative calls `record` below
+STEP = "speculative"  # the recording step: scripts/record_reference.py --steps speculative calls record.record
 METHODS = ("draft_model", "ngram", "eagle")  # what this lab runs on vLLM
 # vLLM 0.26's SpeculativeMethod (vllm/config/speculative.py), its MTP model types folded into "mtp"
 VLLM_METHODS = ("ngram", "ngram_gpu", "medusa", "mlp_speculator", "draft_model", "suffix", "custom_class", "eagle",
@@ -59,43 +60,6 @@ REFUSED_WITH_SPECULATION = ("min_p", "logit_bias")  # vLLM 0.26 raises on these 
 # ------------------------------------------------------------------------------------------------------------------
 # vLLM: every run, baseline included, on the same engine settings
 # ------------------------------------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class PinnedVLLMConfig(VLLMConfig):
-    """VLLMConfig plus the two settings that speculative decoding changes behind the user's back in vLLM 0.26.
-
-    Turning on `draft_model` or `ngram` moves vLLM from Model Runner V2 to V1 and switches async scheduling
-    off (vllm/config/vllm.py), so a speculative run set against a default baseline compares two engines.
-    VLLMConfig has no field for either (config.py; a later change may move these two there), so this
-    subclass carries them and every Result's config records them. `async_scheduling` is an `LLM(...)`
-    argument and goes through llm_kwargs; the model runner is chosen by the environment variable
-    VLLM_USE_V2_MODEL_RUNNER, which `vllm_spec_runs` sets while the worker is spawned (the worker and
-    vLLM's engine core inherit it). None leaves vLLM's own choice.
-    """
-
-    async_scheduling: bool | None = None  # False: off in every run (the only setting draft_model and ngram share)
-    model_runner_v2: bool | None = None  # False: VLLM_USE_V2_MODEL_RUNNER=0, the V1 runner ngram needs
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        for name in ("async_scheduling", "model_runner_v2"):
-            if getattr(self, name) not in (None, True, False):
-                raise validate.refuse("PinnedVLLMConfig", name, getattr(self, name), "None, True or False",
-                                      "None leaves vLLM's choice; False pins it off in every run.")
-
-    def llm_kwargs(self) -> dict[str, Any]:
-        kw = super().llm_kwargs()
-        kw.pop("model_runner_v2", None)  # an environment variable, not an LLM argument
-        return kw
-
-
-RUNNER_ENV = "VLLM_USE_V2_MODEL_RUNNER"
-
-
-def runner_env(v2: bool | None) -> contextlib.AbstractContextManager[None]:
-    """VLLM_USE_V2_MODEL_RUNNER set to 1/0 (None: unset, vLLM decides) while a worker is spawned; restored after."""
-    return environ(RUNNER_ENV, None if v2 is None else "1" if v2 else "0")
-
 
 def _config(path: str | Path) -> dict[str, Any]:
     try:
@@ -191,9 +155,9 @@ class Setting:
             tail += f"-l{self.spec['prompt_lookup_min']}-{self.spec['prompt_lookup_max']}"
         return f"spec-{self.tag + '-' if self.tag else ''}{self.method}{tail}{'' if self.pinned else '-defaults'}-b{batch}"
 
-    def config(self, batch: int, gpu_memory_utilization: float) -> PinnedVLLMConfig:
+    def config(self, batch: int, gpu_memory_utilization: float) -> VLLMConfig:
         pin = False if self.pinned else None
-        return PinnedVLLMConfig(gpu_memory_utilization=gpu_memory_utilization, max_num_seqs=batch,
+        return VLLMConfig(gpu_memory_utilization=gpu_memory_utilization, max_num_seqs=batch,
                                 speculative_config=self.spec, async_scheduling=pin, model_runner_v2=pin)
 
 
@@ -243,13 +207,6 @@ def _log_facts(log_path: str | None, s: Setting) -> dict[str, Any]:
     found = re.findall(r"Asynchronous scheduling is (enabled|disabled)", log)
     return {"model_runner": runner, "async_scheduling": (found[-1] == "enabled") if found else None,
             "log_says_runner": "Model Runner" in log, "log_says_async": bool(found)}
-
-
-def _divergence(a: list[int] | None, b: list[int] | None) -> int | None:
-    """The first position where two token lists differ (None: identical or not comparable)."""
-    if a is None or b is None:
-        return None
-    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None if len(a) == len(b) else min(len(a), len(b)))
 
 
 def _row(s: Setting, batch: int, result: Any, facts: dict[str, Any], logged: dict[str, Any]) -> dict[str, Any]:
@@ -335,8 +292,8 @@ def vllm_spec_runs(methods: Sequence[str] = METHODS, ks: Sequence[int] = (2, 4),
         done = []
         try:  # the engine is built inside: its preflight (free VRAM) can refuse one setting and not the rest
             engine = VLLMEngine(model, s.config(max(batches), gpu_memory_utilization))
-            with runner_env(engine.config.model_runner_v2):
-                engine.start()
+            with runner_env(None):  # the defaults baseline too is vLLM's own choice, whatever this shell exported;
+                engine.start()  # a pinned run's VLLMEngine.start sets VLLM_USE_V2_MODEL_RUNNER=0 inside it
             for b in batches:
                 # b warm-up requests: kernels specialised on the batch size compile before the timed wave
                 done.append((b, run(engine, wl, dataclasses.replace(bench, max_concurrency=b, warmup_requests=b),
@@ -357,7 +314,8 @@ def vllm_spec_runs(methods: Sequence[str] = METHODS, ks: Sequence[int] = (2, 4),
         base = here[0][1]  # the pinned baseline's Result: every speedup is over it
         ids = {r.request_id: r.output_ids for r in base.requests}
         for s, result, row in here:
-            firsts = [_divergence(r.output_ids, ids.get(r.request_id)) for r in result.requests]
+            firsts = [None if r.output_ids is None or ids.get(r.request_id) is None else  # None: not comparable
+                      first_divergence(r.output_ids, ids[r.request_id]) for r in result.requests]
             same = [f is None for f in firsts]
             row.update({"speedup": row["output_tok_s"] / base.summary["output_tok_s"],
                         "token_match": sum(same) / len(same),
@@ -412,8 +370,9 @@ def cross_check(rows: Sequence[dict[str, Any]], loop: Sequence[dict[str, Any]]) 
     return out
 
 
-def _measure(batches: Sequence[int], ks: Sequence[int], methods: Sequence[str], prompt_lookup: tuple[int, int],
-             n_prompts: int, max_new_tokens: int, store: Any) -> dict[str, Any]:
+def measure_grid(batches: Sequence[int], ks: Sequence[int], methods: Sequence[str], prompt_lookup: tuple[int, int],
+                 n_prompts: int, max_new_tokens: int, store: Any) -> dict[str, Any]:
+    """Every setting at every batch on vLLM, the loop's acceptance on the same prompts, the cross-check, the settings."""
     failed: list[dict[str, Any]] = []
     rows = vllm_spec_runs(methods, ks, batches, prompt_lookup=prompt_lookup, n_prompts=n_prompts,
                           max_new_tokens=max_new_tokens, store=store, failures=failed)
@@ -427,6 +386,14 @@ def _measure(batches: Sequence[int], ks: Sequence[int], methods: Sequence[str], 
                          "prompt_lookup": list(prompt_lookup)}}
 
 
+def as_facts(got: dict[str, Any]) -> dict[str, Any]:
+    """`measure_grid`'s value as the recording keeps it: without the Results, with the GPU and the date."""
+    results = got["results"]
+    gpu = next((r.hardware.get("gpu") for r in results if r.hardware.get("gpu")), None) or device_facts().get("gpu")
+    date = min((r.recorded_at[:10] for r in results), default=time.strftime("%Y-%m-%d", time.gmtime()))  # UTC
+    return {**{k: v for k, v in got.items() if k != "results"}, "gpu": gpu, "date": date}
+
+
 def _recorded() -> dict[str, Any]:
     facts = dict(recorded_facts("speculative", STEP))
     label = f"recorded on {facts.get('gpu') or 'a GPU'}, {facts.get('date') or 'date unknown'}"
@@ -435,65 +402,36 @@ def _recorded() -> dict[str, Any]:
     return facts
 
 
-# The grid the recording holds (`record`'s, and gpu_study's defaults): 2 baselines + 3 methods x 2 k, 4 batches
+# The grid the recording holds (record.record's, and gpu_study's defaults): 2 baselines + 3 methods x 2 k, 4 batches
 RECORD_GRID = {"batches": (1, 4, 16, 64), "ks": (2, 4), "methods": METHODS, "prompt_lookup": (2, 5), "n_prompts": 64,
                "max_new_tokens": 64}
-
-
-def _grid_asked(grid: dict[str, Any]) -> dict[str, Any]:
-    """A grid in gpu_study's `asked` form (sorted lists), so a cell's knobs compare with it."""
-    return {"batches": sorted(grid["batches"]), "ks": sorted(grid["ks"]), "methods": sorted(grid["methods"]),
-            "prompt_lookup": list(grid["prompt_lookup"]), "n_prompts": grid["n_prompts"],
-            "max_new_tokens": grid["max_new_tokens"]}
+# where a recording says what it ran of each of gpu_study's knobs (`session.recorded_as`)
+RECORDED_AS = {"batches": "rows.batch", "ks": "settings.ks", "methods": "settings.methods",
+               "prompt_lookup": "settings.prompt_lookup", "n_prompts": "workload.requests",
+               "max_new_tokens": "workload.max_new_tokens"}
 
 
 def gpu_study(batches: Sequence[int] = (1, 4, 16, 64), ks: Sequence[int] = (2, 4), methods: Sequence[str] = METHODS, *,
               prompt_lookup: tuple[int, int] = (2, 5), n_prompts: int = 64, max_new_tokens: int = 64,
               store: Any = None, force: bool | None = None) -> Shown[dict[str, Any] | None]:
-    """Lab 08's vLLM step: live on a GPU with vLLM (`vllm_spec_runs` + the loop on the same prompts + `cross_check`),
-    otherwise the recording of `record` (all batches 1, 4, 16, 64 and k 2, 4), or "not recorded yet".
+    """Lab 08's vLLM step: live on a GPU with vLLM (`measure_grid`: `vllm_spec_runs` + the loop on the same prompts +
+    `cross_check`), otherwise step speculative's recording, whole (batches 1, 4, 16, 64 and k 2, 4), or "not recorded
+    yet".
 
-    With record's grid (RECORD_GRID, the defaults), a `store` and no failed setting, a live run also writes what
-    `record` would (`ResultStore.keep_facts`): lab 08 run live on the GPU is its own recording, eight engine starts
-    made once. Any other grid stays this user's run."""
+    With the recording's grid (RECORD_GRID, the defaults), a `store` and no failed setting, a live run is also kept
+    as step speculative's recording (`keep_if_recording`): lab 08 run live on the GPU is its own recording, eight
+    engine starts made once. Any other grid stays this user's run."""
     settings(methods, ks, prompt_lookup)  # refuse bad knobs on every machine, before the mode decides
     asked = {"batches": sorted(batches), "ks": sorted(ks), "methods": sorted(methods),
              "prompt_lookup": list(prompt_lookup), "n_prompts": n_prompts, "max_new_tokens": max_new_tokens}
+
     def live() -> dict[str, Any]:
-        got = _measure(batches, ks, methods, prompt_lookup, n_prompts, max_new_tokens, store)
-        # the live run doubles as the recording step (ResultStore.keep_facts) when it ran record's whole grid, every
-        # setting: another grid, or a setting that failed, is this user's run, not the recording
-        if store is not None and not got["failed"] and asked == _grid_asked(RECORD_GRID):
-            store.keep_facts(STEP, _as_facts(got))
+        got = measure_grid(batches, ks, methods, prompt_lookup, n_prompts, max_new_tokens, store)
+        differs = [*stand_ins(asked, RECORD_GRID), *(f"{f['name']} failed" for f in got["failed"])]
+        keep_if_recording(store, STEP, as_facts(got), differs)
         return got
 
-    return live_or_recorded(live, lambda: _asked_part(_recorded(), asked), force=force, asked=asked,
-                            recorded_with=_recorded_settings)
-
-
-def _recorded_settings(value: dict[str, Any]) -> dict[str, Any]:
-    """The knobs of the runs a recording shows (after `_asked_part`), in `gpu_study`'s asked form."""
-    rows, work = value.get("rows", []), value.get("workload", {})
-    spec_rows = [r for r in rows if r.get("method") not in (None, "baseline")]
-    return {"batches": sorted({r["batch"] for r in rows if "batch" in r}), "ks": sorted({r["k"] for r in spec_rows}),
-            "methods": sorted({r["method"] for r in spec_rows}),
-            "prompt_lookup": value.get("settings", {}).get("prompt_lookup", "not recorded"),
-            "n_prompts": work.get("requests", "not recorded"), "max_new_tokens": work.get("max_new_tokens", "not recorded")}
-
-
-def _asked_part(value: dict[str, Any], asked: dict[str, Any]) -> dict[str, Any]:
-    """The recorded runs at the asked batches, k and methods (baselines kept) when the recording has all of them;
-    otherwise the whole recording (the stand-in line then says what is shown instead)."""
-    have = _recorded_settings(value)
-    if not all(set(asked[k]) <= set(have[k]) for k in ("batches", "ks", "methods")):
-        return value
-
-    def wanted(r: dict[str, Any]) -> bool:
-        return ("batch" not in r or r["batch"] in asked["batches"]) and (
-            r.get("method") in (None, "baseline") or (r["method"] in asked["methods"] and r.get("k") in asked["ks"]))
-
-    return {**value, **{part: [r for r in value.get(part, []) if wanted(r)] for part in ("rows", "cross_check")},
-            "loop": [r for r in value.get("loop", []) if r.get("k") in asked["ks"]]}
+    return live_or_recorded(live, _recorded, force=force, asked=asked, where=RECORDED_AS)
 
 
 def gpu_table(shown: Shown, part: str = "rows", columns: list[str] | None = None) -> Any:
@@ -503,32 +441,6 @@ def gpu_table(shown: Shown, part: str = "rows", columns: list[str] | None = None
     table = Shown(value, shown.live, shown.label, shown.why).table()
     return table if columns is None or shown.value is None else table[[c for c in columns if c in table] +
                                                                        ["provenance"]]
-
-
-def record(out_dir: Path, store: Any, facts: dict[str, Any], *, batches: Sequence[int] = (1, 4, 16, 64),
-           ks: Sequence[int] = (2, 4), methods: Sequence[str] = METHODS, prompt_lookup: tuple[int, int] = (2, 5),
-           n_prompts: int = 64, max_new_tokens: int = 64) -> None:
-    """The recording step `speculative` (scripts/record_reference.py --steps speculative), for a GPU session.
-
-    Every setting at every batch (2 baselines + 3 methods x 2 k = 8 engine starts with the defaults, each serving
-    the 4 batch sizes), the loop's acceptance on the same 64 prompts x 64 tokens on the machine's CPU, the cross-check.
-    Results go into `store` marked recorded; facts["speculative"] holds the rows, the loop, the cross-check,
-    the GPU and the date; out_dir/speculative.json a copy."""
-    got = _measure(batches, ks, methods, prompt_lookup, n_prompts, max_new_tokens, None)
-    for r in got["results"]:
-        store.append(dataclasses.replace(r, provenance="recorded"))
-    facts[STEP] = _as_facts(got)
-    Path(out_dir).mkdir(parents=True, exist_ok=True)
-    (Path(out_dir) / "speculative.json").write_text(json.dumps(facts[STEP], indent=1, default=str))
-
-
-def _as_facts(got: dict[str, Any]) -> dict[str, Any]:
-    """`_measure`'s value as the recording keeps it: without the Results, with the GPU and the date."""
-    results = got["results"]
-    gpu = next((r.hardware.get("gpu") for r in results if r.hardware.get("gpu")), None) or device_facts().get("gpu")
-    date = min((r.recorded_at[:10] for r in results), default=time.strftime("%Y-%m-%d", time.gmtime()))  # UTC
-    return {**{k: v for k, v in got.items() if k != "results"}, "gpu": gpu, "date": date}
-
 
 
 def speedup_falls_with_batch(value: dict[str, Any]) -> bool:

@@ -1,0 +1,36 @@
+"""Lab 10's Checks cell: the road this machine ran and showed, and the advice, asserted on the lab's object.
+
+What ran here answered every request; every rung shown but not measured here says where and when it was
+recorded; every skipped rung says why; the road holds a rung of every lab that adds one; vLLM's rung beats every
+HF rung only where vLLM ran here (`Checks.live`); every setting advised names why and what it rests on.
+"""
+from __future__ import annotations
+
+from ...config import lab_id
+from ...session import Checks
+from ..journey import labs_on_road, vllm_gain
+from .lab import JourneyLab
+from .plan import advise
+
+
+def checks(lab: JourneyLab) -> None:
+    """Lab 10's Checks cell, on the road `lab.run` made and the goals `lab.advise` was asked about. Prints what ran
+    and what did not (and returns nothing, so the cell shows it once)."""
+    if lab.results is None or not lab.goals:
+        raise ValueError("checks(lab): run Step 1 (lab.run) and Step 3 (lab.advise) first (Run > Run All Cells)")
+    results, shown, skipped = lab.results, lab.shown, lab.skipped
+    c = Checks(lab_id("10"))
+    live = [r for r in results if r.provenance == "live" and r.workload.get("name") == "journey"]
+    c.that("naive generate and static batching ran here, every request answered",
+           {"hf-naive", "hf-static-b8"} <= {r.step for r in live} and all(r.summary["requests"] == lab.requests
+                                                                          for r in live))
+    c.that("every rung shown that was not measured here says where and when it was recorded",
+           all("recorded on" in r.label for r in shown if r.provenance == "recorded"))
+    c.that("every rung this machine skipped says why", all(s["why"] for s in skipped))
+    on_road = labs_on_road(shown, lab.batch_sizes)
+    c.that("the road holds a rung of every lab that adds one, live or recorded",
+           on_road >= {"01", "02", "03", "05", "06", "07", "08"}, on_road)
+    c.live(vllm_gain(results), "vLLM's rung out-runs every HF rung on the journey here", lambda gain: gain > 1)
+    c.that("every setting advised names why and what it rests on",
+           all(r["why"] and r["source"] for g in lab.goals for r in advise(g)))
+    c.done()
