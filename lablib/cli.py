@@ -21,6 +21,10 @@ import sys
 import time
 from pathlib import Path
 
+from .config import BenchConfig
+from .experiments.journey import best_on_road, default_store, road, run_journey
+from .hardware.contention import ADVICE, CpuMeter
+
 
 def _int_list(text: str) -> list[int]:
     try:
@@ -45,10 +49,7 @@ def main(argv: list[str] | None = None) -> int:
                          "thread measures the same thing steadily, and the contention check is calibrated for it)")
     args = ap.parse_args(argv)
 
-    from .config import BenchConfig
-    from .experiments.journey import best_on_road, default_store, road, run_journey
-    from .hardware.contention import ADVICE, CpuMeter
-    from .report import write_report
+    from .report import write_report  # deferred: plotly (through lablib.report)
 
     t0 = time.time()
     try:

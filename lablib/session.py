@@ -14,13 +14,17 @@ was recorded (the recordings are tested in `tests/`, not in the notebook).
 from __future__ import annotations
 
 import importlib.util
-from dataclasses import dataclass, field
+import os
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from collections.abc import Mapping
-from typing import Any, Callable, Generic, TypeVar
+from typing import Any, Callable, ClassVar, Generic, TypeVar
 
 from .config import lab_id, LABS
-from .results.reference import reference_facts
+from .hardware.device import device_facts
+from .results.compare import table
+from .results.record import Result
+from .results.reference import NotRecorded, reference_facts
 
 T = TypeVar("T")
 
@@ -34,10 +38,6 @@ def mode() -> dict[str, Any]:
     `LABLIB_MODE=recorded` forces the recorded path on a GPU machine (an instructor previewing
     what a CPU attendee sees).
     """
-    import os
-
-    from .hardware.device import device_facts
-
     gpu = device_facts().get("gpu")
     has_vllm = importlib.util.find_spec("vllm") is not None
     forced = os.environ.get("LABLIB_MODE") == "recorded"
@@ -83,10 +83,7 @@ class Shown(Generic[T]):
 
     def table(self, columns: list[str] | None = None) -> Any:
         """A pandas DataFrame of list-of-dict or Result values, with a `provenance` column always present."""
-        import pandas as pd
-
-        from .results.compare import table
-        from .results.record import Result
+        import pandas as pd  # deferred: pandas
 
         if self.value is None:  # not recorded yet: an empty table that still says why
             return pd.DataFrame([{"provenance": self.label}])
@@ -103,8 +100,6 @@ class Shown(Generic[T]):
 
     def derived(self, value: Any) -> "Shown[Any]":
         """Another view of the same measurement (a table of its parts): same label, same stand-ins."""
-        from dataclasses import replace
-
         return replace(self, value=value)
 
     def __repr__(self) -> str:
@@ -202,8 +197,6 @@ def live_or_recorded(live: Callable[[], T], recorded: Callable[[], T], *, force:
     where the recording ran others (`recorded_as(value, asked, where)`) the Shown's `stand_ins` name each, and one
     line under the cell says which recorded values are shown instead of the asked ones.
     """
-    from .results.reference import NotRecorded
-
     m = mode()
     use_live = m["live"] if force is None else force
     if use_live:
@@ -264,6 +257,41 @@ class Checks:
     def done(self) -> None:
         """Print the summary: a Checks cell's last line (returning nothing, so the cell shows it once)."""
         print(self.summary())
+
+
+class LabSteps:
+    """A lab's study object: each notebook step is one method that keeps what it made on an attribute (None until
+    the step ran), later steps read those attributes through `ran`, and the Checks cell calls `require_all` first.
+
+    `STEPS` maps each attribute a later step or the Checks cell reads to the method that fills it; `OPTIONAL` names
+    the ones the Checks cell does not need; `CALL` is how the error message writes the call ("()" or "(...)").
+    """
+
+    STEPS: ClassVar[dict[str, str]] = {}
+    OPTIONAL: ClassVar[frozenset[str]] = frozenset()
+    CALL: ClassVar[str] = "()"
+
+    def missing(self) -> list[str]:
+        """The steps the Checks cell needs that have not run yet, by their method names."""
+        return sorted({step for name, step in self.STEPS.items()
+                       if name not in self.OPTIONAL and getattr(self, name) is None})
+
+    def ran(self, name: str) -> Any:
+        """Attribute `name`, refused with the step to run when that step has not run yet."""
+        value = getattr(self, name)
+        if value is None:
+            raise ValueError(f"{type(self).__name__}.{name} is empty: run {self._call(self.STEPS[name])} first (a "
+                             "cell above this one)")
+        return value
+
+    def require_all(self) -> None:
+        """The Checks cell's first line: refuse, naming them, while any step it needs has not run."""
+        if missing := self.missing():
+            raise ValueError(f"checks(lab): the steps {missing} have not run; run every step above first "
+                             f"({', '.join(map(self._call, missing))}; Run > Run All Cells)")
+
+    def _call(self, step: str) -> str:
+        return f"lab.{step}" if "(" in step else f"lab.{step}{self.CALL}"
 
 
 def lab_plan() -> list[dict[str, str]]:

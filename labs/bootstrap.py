@@ -18,7 +18,9 @@
    (lablib.widgets' figure areas call it on every redraw): so it is loaded here, and the renderer's own
    loading is turned off. Colab, Kaggle, VS Code or an explicit $PLOTLY_RENDERER keep what plotly chose
    for them (Colab draws each output in its own frame, so its renderer loads plotly.js per figure).
-3. The banner: live (an NVIDIA GPU and vLLM: the vLLM cells measure here) or recorded (they show
+3. Tables: every DataFrame the kernel displays writes its numbers for people (MiB/GiB, seconds to three
+   significant digits, ratios to two decimals: `lablib.plots.numbers`); the data underneath stays numeric.
+4. The banner: live (an NVIDIA GPU and vLLM: the vLLM cells measure here) or recorded (they show
    runs recorded on an H200, labelled).
 """
 import importlib.metadata
@@ -81,6 +83,9 @@ if plotly.io.renderers.default == "plotly_mimetype" and not os.environ.get("PLOT
     plotly.io.renderers["notebook"].global_init = False  # its later activations load nothing
     plotly.io.renderers.default = "plotly_mimetype+notebook"
 
+import lablib.plots.numbers  # noqa: E402
 import lablib.session  # noqa: E402
+
+lablib.plots.numbers.install()
 
 print(lablib.session.mode()["banner"])

@@ -94,7 +94,7 @@ def test_the_draft_rung_drops_only_transformers_own_assistant_call_notice():
 @pytest.mark.parametrize("argv,threads", [([], 1), (["--threads", "2"], 2)])
 def test_torch_threads_are_one_unless_asked(argv, threads, monkeypatch, tmp_path):
     """The CLI pins torch's threads as the notebooks do, and meters the rungs on that many."""
-    from lablib.experiments import journey
+    from lablib import cli
 
     seen = {}
 
@@ -102,7 +102,7 @@ def test_torch_threads_are_one_unless_asked(argv, threads, monkeypatch, tmp_path
         seen.update(kwargs)
         raise ValueError("stop here")
 
-    monkeypatch.setattr(journey, "run_journey", fake_run_journey)
+    monkeypatch.setattr(cli, "run_journey", fake_run_journey)  # the name main calls
     assert main([*argv, "--results", str(tmp_path)]) == 2
     assert seen["cpu_threads"] == threads and seen["cpu"].threads == threads
 
@@ -169,12 +169,11 @@ def test_the_fp8_rung_is_on_the_ladder_and_says_it_is_not_recorded_yet(monkeypat
     from lablib.experiments.journey import FP8_RECORDED, available, ladder, road
     from lablib.results.reference import reference_steps
 
-    from lablib import session
     from lablib.experiments import journey
 
     step = next(s for s in ladder([1, 4]) if s.name == "vllm-fp8")
     assert step.needs == "gpu+vllm" and step.recorded == (FP8_RECORDED,)
-    monkeypatch.setattr(session, "mode", lambda: {"live": False, "why": "no NVIDIA GPU visible"})  # as on a CPU
+    monkeypatch.setattr(journey, "mode", lambda: {"live": False, "why": "no NVIDIA GPU visible"})  # as on a CPU
     monkeypatch.setattr(journey, "reference_steps", lambda: [s for s in reference_steps() if s != FP8_RECORDED])
     ok, why = available(step)  # before the recording ships
     assert not ok and "not recorded yet" in why and "--steps journey-fp8" in why

@@ -102,7 +102,7 @@ def _text(outputs: list[dict]) -> str:
 
 def test_the_first_cell_runs_from_content_and_says_what_to_do_without_a_clone(colab, tmp_path):
     first = nbformat.read(colab / "REPO" / "labs" / "00_setup.ipynb", as_version=4).cells[1].source
-    assert first == notebooks.first_cell()
+    assert first == notebooks.first_cell(notebooks.colab_repo())
     outs = _run_cells([f"%cd {tmp_path}", first,  # a folder with no clone below it, outside Colab
                        f"%cd {colab}", first,
                        "import lablib, plotly.io; print(lablib.__file__); print(plotly.io.renderers.default)"], colab)
@@ -115,27 +115,77 @@ def test_the_first_cell_runs_from_content_and_says_what_to_do_without_a_clone(co
     assert renderer == "plotly_mimetype+notebook"  # what bootstrap sets in a plain Jupyter kernel
 
 
-def test_every_lab_carries_its_badge_and_first_cell_from_COLAB_REPO():
+def test_every_lab_carries_the_colab_link_and_first_cell_of_the_recorded_repository():
+    """The links open pyproject.toml's repository; with none recorded there are none at all (no link to a placeholder,
+    no remote badge image to break offline) and the README says the one command that adds them."""
     assert notebooks.sync(check=True) == [], "run: python -m lablib.instructor.notebooks"
+    repo = notebooks.colab_repo()
+    readme = (ROOT / "README.md").read_text()
+    assert notebooks.readme_badges(notebooks.lab_notebooks(), repo) in readme
+    for path in [*notebooks.lab_notebooks(), ROOT / "README.md"]:
+        text = path.read_text()
+        assert "OWNER/REPO" not in text and "colab-badge.svg" not in text, path.name
+        if repo is None:
+            assert "colab.research.google.com" not in text, path.name
     for path in notebooks.lab_notebooks():
         nb = nbformat.read(path, as_version=4)
         md = next(c for c in nb.cells if c.cell_type == "markdown").source
-        assert notebooks.badge(path.name) in md.splitlines()[2], md[:300]  # the paragraph after the title
-        assert f"github/{notebooks.COLAB_REPO}/blob/{notebooks.COLAB_BRANCH}/labs/{path.name}" in md
-        assert next(c for c in nb.cells if c.cell_type == "code").source == notebooks.first_cell()
-    readme = (ROOT / "README.md").read_text()
-    assert notebooks.readme_badges(notebooks.lab_notebooks()) in readme
+        assert next(c for c in nb.cells if c.cell_type == "code").source == notebooks.first_cell(repo)
+        if repo is not None:
+            assert md.splitlines()[2] == notebooks.badge(path.name, repo), md[:300]  # the paragraph after the title
+    if repo is None:
+        assert notebooks.PUBLISH in readme
 
 
-def test_the_badge_goes_after_the_title_once_and_follows_the_repository():
+def test_publishing_writes_the_repository_once_and_every_link_from_it(tmp_path):
+    """`--repo`: the repository goes into pyproject.toml's [project.urls], then the labs' links and first cells,
+    and the README's list, follow it; run again with another, every one moves."""
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    labs = tmp_path / "labs"
+    labs.mkdir()
+    for p in notebooks.lab_notebooks()[:2]:
+        shutil.copy(p, labs / p.name)
+    (tmp_path / "README.md").write_text(f"x\n{notebooks.readme_badges([], None)}\ny\n")
+    for repo in ("me/lab", "you/fork"):
+        notebooks.set_colab_repo(repo, tmp_path / "pyproject.toml")
+        assert notebooks.colab_repo(tmp_path / "pyproject.toml") == repo
+        notebooks.sync(labs, tmp_path / "README.md", repo=repo)
+        assert notebooks.sync(labs, tmp_path / "README.md", check=True, repo=repo) == []
+        for p in notebooks.lab_notebooks(labs):
+            nb = nbformat.read(p, as_version=4)
+            assert nb.cells[0].source.splitlines()[2] == notebooks.badge(p.name, repo)
+            assert f"https://github.com/{repo}'" in notebooks.first_cell(repo)
+            assert next(c for c in nb.cells if c.cell_type == "code").source == notebooks.first_cell(repo)
+        assert f"github/{repo}/blob/main/labs/00_setup.ipynb" in (tmp_path / "README.md").read_text()
+    import tomllib
+
+    urls = tomllib.loads((tmp_path / "pyproject.toml").read_text())["project"]["urls"]
+    assert urls == {"Repository": "https://github.com/you/fork"}  # replaced, not added twice
+    with pytest.raises(ValueError, match="owner/name"):
+        notebooks.set_colab_repo("not a repo", tmp_path / "pyproject.toml")
+
+
+def test_the_remote_is_read_as_github_owner_and_name():
+    for url in ("https://github.com/me/lab.git", "git@github.com:me/lab.git", "https://github.com/me/lab",
+                "ssh://git@github.com/me/lab.git\n"):
+        assert notebooks.github_repo(url) == "me/lab", url
+    assert notebooks.github_repo("https://gitlab.com/me/lab.git") is None
+
+
+def test_the_link_goes_after_the_title_once_and_follows_the_repository():
     md = "# Lab 09 — Something\n\n**Objectives**\n- one"
     once = notebooks.with_badge(md, "09_x.ipynb", "me/lab")
     assert once.splitlines()[:4] == ["# Lab 09 — Something", "", notebooks.badge("09_x.ipynb", "me/lab"), ""]
     moved = notebooks.with_badge(once, "09_x.ipynb", "you/fork")
-    assert moved.count("colab-badge.svg") == 1 and "github/you/fork/blob/main/labs/09_x.ipynb" in moved
+    assert moved.count("Open in Colab") == 1 and "github/you/fork/blob/main/labs/09_x.ipynb" in moved
     assert notebooks.with_badge(moved, "09_x.ipynb", "you/fork") == moved
+    assert notebooks.with_badge(moved, "09_x.ipynb", None) == md  # no repository: the link goes, nothing else
+    old = "# T\n\n[![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab." \
+          "research.google.com/github/OWNER/REPO/blob/main/labs/09_x.ipynb)\n\n**Objectives**\n- one"
+    assert notebooks.with_badge(old, "09_x.ipynb", None) == "# T\n\n**Objectives**\n- one"  # the old badge too
     cell = notebooks.first_cell("you/fork")
     assert "https://github.com/you/fork'" in cell and "'fork/labs/bootstrap.py'" in cell and len(cell.splitlines()) <= 10
+    assert "git" not in notebooks.first_cell(None).replace("github", "")  # no repository: nothing to clone
 
 
 def test_the_terms_are_defined_once_in_lab_00_and_the_readme():

@@ -9,6 +9,7 @@ lablib module, including imports inside functions, and fails on any arrow that r
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -237,3 +238,155 @@ def test_every_module_imports_first_in_a_fresh_interpreter():
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip() == "", out.stdout
+
+
+# What a function-local import may defer: a package whose import costs far more than lablib's own modules (measured
+# on the CPU machine, a fresh interpreter: torch ~1 s, transformers ~0.9 s, nbformat/nbconvert/papermill 1-1.4 s,
+# datasets 0.8 s, pandas 0.35 s, aiohttp 0.24 s, ipykernel/jupyter_client/ipywidgets/anywidget 0.1 s,
+# prometheus_client 80 ms, IPython 75 ms, numpy 55 ms, asyncio 47 ms, tqdm 40 ms, urllib.request 29 ms, http.client
+# 24 ms, llmcompressor 4 s), vLLM (it must never load in the notebook's process), and psutil and pynvml (~20 ms each,
+# more than `import lablib.session` spends on its own; pynvml is also missing on a laptop, and the tests swap a fake
+# one in sys.modules before the call). A dotted entry (urllib.request) is that module, not its package (urllib.parse
+# is cheap and always loaded).
+HEAVY = {"torch", "vllm", "transformers", "tokenizers", "huggingface_hub", "plotly", "pandas", "numpy", "llmcompressor",
+         "safetensors", "datasets", "IPython", "ipywidgets", "anywidget", "ipykernel", "jupyter_client", "nbformat",
+         "nbconvert", "papermill", "aiohttp", "prometheus_client", "tqdm", "psutil", "pynvml", "asyncio", "urllib.request",
+         "http.client"}
+# A function-local import a cycle forces, with its reason: none today.
+LOCAL_FOR_A_CYCLE: dict[str, str] = {}
+
+
+def _split_imports(module: str, path: Path) -> tuple[list[tuple[ast.AST, set[str], set[str]]], set[str], set[str]]:
+    """(function-local import nodes with their lablib modules and other modules, the lablib modules and the other
+    modules imported at module level). A submodule's parent packages count as imported at module level:
+    importing it runs their __init__."""
+    mods = modules()
+    tree = ast.parse(path.read_text())
+    inside = set()
+    for f in ast.walk(tree):
+        if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            inside.update(n for n in ast.walk(f) if isinstance(n, (ast.Import, ast.ImportFrom)))
+    local, top_lab, top_ext = [], set(), set()
+    pkg = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
+    for node in ast.walk(tree):
+        if not isinstance(node, (ast.Import, ast.ImportFrom)):
+            continue
+        if isinstance(node, ast.ImportFrom) and node.module == "__future__":
+            continue
+        lab, ext = set(), set()
+        if isinstance(node, ast.ImportFrom) and not node.level and not (node.module or "").startswith("lablib"):
+            ext.add(node.module)
+        elif isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name.startswith("lablib."):
+                    lab.add(_resolve(a.name[len("lablib."):], mods))
+                else:
+                    ext.add(a.name)
+        else:
+            if node.level:
+                target = ".".join(pkg[:len(pkg) - node.level + 1] + ([node.module] if node.module else []))
+            else:
+                target = node.module[len("lablib."):] if node.module != "lablib" else ""
+            for a in node.names:
+                name = f"{target}.{a.name}" if target else a.name
+                lab.add(name if name in mods else _resolve(target, mods))
+        lab.discard("")
+        if node in inside:
+            local.append((node, lab, ext))
+        else:
+            top_lab |= lab
+            top_ext |= ext
+    parts = module.split(".")
+    top_lab |= {".".join(parts[:i]) for i in range(1, len(parts)) if ".".join(parts[:i]) in mods}
+    top_lab.discard(module)
+    return local, top_lab, top_ext
+
+
+def _heavy(names: set[str]) -> set[str]:
+    """The HEAVY entries among imported module names (`torch.nn` is torch; `urllib.parse` is not urllib.request)."""
+    return {h for h in HEAVY for n in names if n == h or n.startswith(h + ".")}
+
+
+def heavy_at_import() -> dict[str, set[str]]:
+    """Each lablib module: the HEAVY packages importing it loads, through its module-level imports, transitively."""
+    mods = modules()
+    split = {name: _split_imports(name, path) for name, path in mods.items()}
+    memo: dict[str, set[str]] = {}
+
+    def walk(m: str, seen: set[str]) -> set[str]:
+        if m in memo:
+            return memo[m]
+        seen.add(m)
+        _, lab, ext = split[m]
+        out = _heavy(ext)
+        for t in lab - seen:
+            out |= walk(t, seen)
+        return out
+
+    for m in mods:
+        memo[m] = walk(m, set())
+    return memo
+
+
+def test_a_function_local_import_defers_a_heavy_module_and_says_so():
+    """STYLE.md: a function-local import stays only where it defers a heavy package (HEAVY), itself or through a
+    lablib module that imports one at module level, and its line says so (`# deferred: torch`). Everything else is
+    imported at the top, where a reader sees a module's dependencies at once."""
+    heavy, bad = heavy_at_import(), []
+    for name, path in sorted(modules().items()):
+        lines = path.read_text().splitlines()
+        for node, lab, ext in _split_imports(name, path)[0]:
+            where = f"lablib/{path.relative_to(PKG)}:{node.lineno}"
+            deferred = _heavy(ext) | {h for t in lab for h in heavy.get(t, ())}
+            if where in LOCAL_FOR_A_CYCLE:
+                continue
+            if not deferred:
+                bad.append(f"{where}: `{lines[node.lineno - 1].strip()}` defers nothing heavy: import it at the top")
+            elif "# deferred: " not in lines[node.lineno - 1]:
+                bad.append(f"{where}: say what it defers: `# deferred: {', '.join(sorted(deferred))}`")
+    assert not bad, "\n".join(bad)
+
+
+def test_the_heavy_walk_follows_module_level_imports_only():
+    heavy = heavy_at_import()
+    assert heavy["plots.style"] >= {"plotly"} and "torch" in heavy["bench.attention"]
+    assert not heavy["engines.vllm"] and not heavy["session"] and not heavy["experiments.speculative.lab"]
+
+
+def _stated_order(doc: str) -> dict[str, float] | None:
+    """A package docstring's order line ("Modules import one way ...: a < b < c; d after b.") as module -> rank."""
+    m = re.search(r"import one way[^:]*:\s*(.+?)(?:\n\n|\Z)", doc, re.S)
+    if not m:
+        return None
+    clauses = [c.strip(" .") for c in " ".join(m.group(1).split()).split(";")]
+    rank = {name.strip(): float(i) for i, name in enumerate(clauses[0].split("<"))}
+    for clause in clauses[1:]:
+        late, _, after = clause.partition(" after ")
+        rank[late.strip()] = rank[after.strip()] + 0.5  # a leaf placed after `after`: nothing imports it
+    return rank
+
+
+def test_each_lab_package_states_its_module_order_and_its_imports_keep_it():
+    """A lab's package names every module once in its __init__ docstring, in an order its imports keep (function-local
+    ones counted): a reader knows where to start, and the line cannot go stale unseen."""
+    graph, bad = import_graph(), []
+    for init in sorted((PKG / "experiments").glob("*/__init__.py")):
+        pkg = "experiments." + init.parent.name
+        rank = _stated_order(ast.get_docstring(ast.parse(init.read_text())) or "")
+        members = {n.rpartition(".")[2] for n in graph if n.rpartition(".")[0] == pkg}
+        if rank is None:
+            bad.append(f"lablib/experiments/{init.parent.name}/__init__.py: no 'Modules import one way: a < b' line")
+            continue
+        if set(rank) != members:
+            bad.append(f"{pkg}: the order line lists {sorted(rank)}, the package holds {sorted(members)}")
+            continue
+        for m in sorted(members):
+            for d in sorted(graph[f"{pkg}.{m}"]):
+                if d.rpartition(".")[0] == pkg and rank[d.rpartition(".")[2]] >= rank[m]:
+                    bad.append(f"{pkg}.{m} imports {d}, stated after it")
+    assert not bad, "\n".join(bad)
+
+
+def test_the_order_line_parser_reads_chains_and_leaves():
+    doc = "Lab 1.\n\nModules import one way, each only from those before it:\na < b <\nc; d after b.\n\n- `a`: ..."
+    assert _stated_order(doc) == {"a": 0.0, "b": 1.0, "c": 2.0, "d": 1.5}

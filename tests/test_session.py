@@ -135,3 +135,22 @@ def test_a_recording_made_in_parts_names_one_command_per_step():
     msg = str(NotRecorded("tp_scaling", "tp-scaling-8b,tp-scaling-70b-fp8"))
     assert "one GPU command for each of tp-scaling-8b, tp-scaling-70b-fp8" in msg and "--steps tp-scaling-8b," not in msg
     assert "--steps prefix`" in str(NotRecorded("x", "prefix"))
+
+
+def test_lab_steps_names_what_has_not_run_and_refuses_until_it_has():
+    class Lab(session.LabSteps):
+        STEPS = {"rows": "measure", "table": "measure", "extra": "explore"}
+        OPTIONAL = frozenset({"extra"})
+
+        def __init__(self):
+            self.rows = self.table = self.extra = None
+
+    lab = Lab()
+    assert lab.missing() == ["measure"]  # once per step, the optional one left out
+    with pytest.raises(ValueError, match=r"Lab\.extra is empty: run lab\.explore\(\) first"):
+        lab.ran("extra")
+    with pytest.raises(ValueError, match=r"the steps \['measure'\] have not run; .*\(lab\.measure\(\); Run > Run All"):
+        lab.require_all()
+    lab.rows = lab.table = [1]
+    assert lab.ran("rows") == [1] and lab.missing() == []
+    lab.require_all()

@@ -89,7 +89,7 @@ def naive(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> to
 
 
 def _sdpa(backend: str) -> Callable[..., torch.Tensor]:
-    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.attention import SDPBackend, sdpa_kernel  # deferred: torch
 
     chosen = [getattr(SDPBackend, backend)]
 
@@ -103,13 +103,13 @@ class _Flex:
     """flex_attention with a causal BlockMask (built once per shape, outside the timed calls)."""
 
     def __init__(self, compile: bool) -> None:
-        from torch.nn.attention.flex_attention import flex_attention
+        from torch.nn.attention.flex_attention import flex_attention  # deferred: torch
 
         self.compiled, self._masks = compile, {}
         self._fn = torch.compile(flex_attention, dynamic=False) if compile else flex_attention
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> torch.Tensor:
-        from torch.nn.attention.flex_attention import create_block_mask
+        from torch.nn.attention.flex_attention import create_block_mask  # deferred: torch
 
         n, n_k, mask = q.shape[-2], k.shape[-2], None
         if causal:
@@ -130,7 +130,7 @@ class _VllmFa3:
 
     def __init__(self, device: str) -> None:
         try:  # importing vllm sets TORCHINDUCTOR_COMPILE_THREADS=1 (vllm/env_override.py): flex compiles slow down
-            from vllm.vllm_flash_attn import fa_version_unsupported_reason, flash_attn_varlen_func
+            from vllm.vllm_flash_attn import fa_version_unsupported_reason, flash_attn_varlen_func  # deferred: vllm
         except Exception as e:  # ImportError without vLLM; vLLM raises its own without its CUDA extensions
             raise Unavailable(f"import vllm.vllm_flash_attn failed: {error_line(e)}") from None
         if device != "cuda":

@@ -15,6 +15,7 @@ from typing import Any
 
 from .. import validate
 from ..results.record import Result
+from . import sse_stub
 from .loadgen import load_test, run_sync
 
 
@@ -28,8 +29,6 @@ def client_ceiling(streams: int = 256, tokens: int = 120) -> dict[str, Any]:
     that streams faster than `ceiling_events_s` (vLLM with a small model, a burst of hundreds
     of requests) is measured by a client that cannot keep up.
     """
-    from . import sse_stub
-
     validate.integer("client_ceiling", "streams", streams, "e.g. 256 streams at once.")
     validate.integer("client_ceiling", "tokens", tokens, "e.g. 120 token events per stream.")
     stats: dict[str, Any] = {}

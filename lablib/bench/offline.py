@@ -122,7 +122,7 @@ def run(engine: Engine, workload: Workload, bench: BenchConfig = BenchConfig(), 
     """Warm up, run the whole workload once under the memory monitor, return (and store) its Result.
 
     Kernel → Interrupt closes the engine and raises `RunInterrupted` (see the module docstring)."""
-    import torch
+    import torch  # deferred: torch
 
     requests = prepare(workload, engine, bench)  # refused here, before a vLLM engine spends a minute starting
     try:

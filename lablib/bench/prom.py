@@ -42,7 +42,7 @@ def _families(text: str) -> Iterator[tuple[str, Any]]:
     at a time under the page's own `# TYPE` lines, and the lines it still refuses are skipped:
     a line this reader does not understand is not worth failing a scrape for.
     """
-    from prometheus_client.parser import text_string_to_metric_families
+    from prometheus_client.parser import text_string_to_metric_families  # deferred: prometheus_client
 
     try:
         families = list(text_string_to_metric_families(text))

@@ -5,6 +5,7 @@ loads neither torch nor an HTTP client.
 """
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 _EXPORTS = {"Engine": "base", "PreparedRequest": "base", "HFEngine": "hf", "VLLMEngine": "vllm",
@@ -14,7 +15,5 @@ __all__ = list(_EXPORTS)
 
 def __getattr__(name: str) -> Any:
     if name in _EXPORTS:
-        import importlib
-
         return getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -41,7 +41,7 @@ class _AssistantCallNotice(logging.Filter):
         return self.NOTICE not in record.getMessage()
 
 
-def _quiet_assistant_call_notice() -> None:
+def quiet_assistant_call_notice() -> None:
     """Install `_AssistantCallNotice` on transformers' generation logger, once per process."""
     log = logging.getLogger("transformers.generation.utils")
     if not any(isinstance(f, _AssistantCallNotice) for f in log.filters):
@@ -93,7 +93,7 @@ def exact_draft_length(assistant_config: Any, k: int) -> Any:
 def progress_bar(total: int, enabled: bool, desc: str):
     if not enabled:
         return None
-    from tqdm.auto import tqdm
+    from tqdm.auto import tqdm  # deferred: tqdm
 
     return tqdm(total=total, desc=desc, unit="req", leave=False)
 
@@ -102,7 +102,7 @@ class HFEngine:
     """Hugging Face transformers `generate`, naive or statically batched, in this process."""
 
     def __init__(self, model: str | ModelSpec = "embedded", config: HFConfig = HFConfig()):
-        import torch
+        import torch  # deferred: torch
 
         self.config = config
         self.spec = model if isinstance(model, ModelSpec) else resolve_model(model)
@@ -142,7 +142,7 @@ class HFEngine:
                              f"vocabulary ({self.model.config.vocab_size} tokens; this one has "
                              f"{draft.config.vocab_size}); Fix: pick the target's own draft, or speculative='ngram'.")
         exact_draft_length(draft.generation_config, config.num_speculative_tokens)
-        _quiet_assistant_call_notice()  # transformers' own call to the draft warns of a mix our call never passes
+        quiet_assistant_call_notice()  # transformers' own call to the draft warns of a mix our call never passes
         return draft
 
     def start(self) -> "HFEngine":
@@ -154,7 +154,7 @@ class HFEngine:
 
     def generate(self, requests: list[PreparedRequest], on_record: OnRecord | None = None,
                  progress: bool = True) -> list[RequestRecord]:
-        import torch
+        import torch  # deferred: torch
 
         b = self.config.batch_size
         self._steps = 0

@@ -104,7 +104,7 @@ async def send_all(base_url: str, api_key: str | None, model: str, prompts: Sequ
     cpu_s / wall. Near 1 the client, not the server, sets the pace: events wait in socket
     buffers and are stamped late, so TPOT rises and throughput falls.
     """
-    import aiohttp
+    import aiohttp  # deferred: aiohttp
 
     if len(prompts) != len(max_tokens):
         raise ValueError(f"send_all: {len(prompts)} prompts but {len(max_tokens)} max_tokens: give one each.")

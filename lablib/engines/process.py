@@ -10,6 +10,7 @@ leaves no server behind.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import signal
 import subprocess
@@ -37,7 +38,7 @@ def environ(name: str, value: str | None) -> Iterator[None]:
 
 
 def children(pid: int) -> list:
-    import psutil
+    import psutil  # deferred: psutil
 
     try:
         return psutil.Process(pid).children(recursive=True)
@@ -46,7 +47,7 @@ def children(pid: int) -> list:
 
 
 def kill_tree(pid: int) -> None:
-    import psutil
+    import psutil  # deferred: psutil
 
     try:
         parent = psutil.Process(pid)
@@ -72,8 +73,6 @@ def die_with_parent() -> None:
     so start servers from a thread that lives as long as they do (a notebook's main thread).
     """
     try:
-        import ctypes
-
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG = 1
     except (OSError, AttributeError):  # not Linux: stop() and atexit remain the only guards
         pass

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import ServerConfig
+from ..models import embedded_path, ModelSpec, prompt_tokenizer, resolve_model
 from .process import die_with_parent, end_group
 
 HOST = "127.0.0.1"  # loopback only: the lab's server is never reachable from the network
@@ -170,16 +171,12 @@ class ServerEngine:
     def __init__(self, model: str | Any = "embedded", config: ServerConfig | None = None, *,
                  base_url: str | None = None, api_key: str | None = None, served_model_name: str | None = None,
                  log_path: str | Path | None = None, timeout_s: float = 600.0):
-        from ..models import ModelSpec, prompt_tokenizer, resolve_model
-
         if config is not None and base_url is not None:
             raise ValueError("ServerEngine: config and base_url given; allowed one of them; Fix: config= to start a "
                              "server here, base_url= (and api_key=) to measure one that is already running.")
         self.spec = model if isinstance(model, ModelSpec) else resolve_model(model)
         self.tokenizer = prompt_tokenizer(self.spec)
         if config is None and base_url is None:
-            from ..models import embedded_path
-
             # prefix caching off, as VLLMConfig's default: the journey's rungs compare the same work
             config = ServerConfig(model=str(self.spec.path), port=0, served_model_name=self.spec.name,
                                   enable_prefix_caching=False,
@@ -210,7 +207,7 @@ class ServerEngine:
 
     def generate(self, requests: list[Any], on_record: Any = None, progress: bool = True) -> list[Any]:
         """Every request at once; a failed request raises (an offline-style run has no partial Result)."""
-        from .openai import run_sync, send_all
+        from .openai import run_sync, send_all  # deferred: asyncio (through lablib.engines.openai)
 
         self.start()
         records, errors = run_sync(send_all(self.base_url, self.api_key, self.model,

@@ -33,6 +33,7 @@ from ..results.record import RequestRecord
 from .base import OnRecord, PreparedRequest
 from .hf import progress_bar
 from .process import children, environ, kill_tree
+from .vllm_worker import worker_main
 
 SETTLE_S = 60.0  # how long close() waits for the GPU to return to its baseline
 SETTLE_SLACK = 256 * 2**20  # bytes above baseline still counted as "back"
@@ -56,7 +57,7 @@ def preflight(spec: ModelSpec, config: VLLMConfig) -> dict[str, Any]:
     if mem is None:
         raise ValueError("no NVIDIA GPU is visible (NVML found none), and vLLM needs one. Fix: run on a GPU machine "
                          "(Colab: Runtime → Change runtime type → GPU); without one, the labs show recorded runs.")
-    import pynvml  # NVML, not torch.cuda: the notebook's process must not create a CUDA context
+    import pynvml  # deferred: pynvml (NVML, not torch.cuda: the notebook's process creates no CUDA context)
 
     handle = pynvml.nvmlDeviceGetHandleByIndex(0)
     major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(handle)
@@ -147,8 +148,6 @@ class VLLMEngine:
             kwargs = self.config.llm_kwargs()
             if self.spec.source == "embedded" and self.config.speculative_config:
                 kwargs["speculative_config"] = {"model": str(embedded_path("draft")), **self.config.speculative_config}
-            from .vllm_worker import worker_main
-
             t0 = time.perf_counter()
             self._proc = ctx.Process(target=worker_main, args=(child, self.spec.path, tok_path, kwargs, self.log_path,
                                                                synthetic), name="lablib-vllm", daemon=False)

@@ -48,7 +48,7 @@ def _facts(llm: Any, startup_s: float, log_path: str) -> dict[str, Any]:
     blocks = cache.num_gpu_blocks or 0
     log = open(log_path, errors="replace").read()
     backend = attention_backends(log)
-    import vllm
+    import vllm  # deferred: vllm
 
     return {
         "startup_s": startup_s, "kv_blocks": blocks, "block_size": cache.block_size,
@@ -87,9 +87,9 @@ def _minus(after: Any, before: Any) -> Any:
 
 
 def _generate(llm: Any, requests: list[dict[str, Any]], conn: Any) -> None:
-    from vllm import SamplingParams
-    from vllm.inputs import TokensPrompt
-    from vllm.sampling_params import RequestOutputKind
+    from vllm import SamplingParams  # deferred: vllm
+    from vllm.inputs import TokensPrompt  # deferred: vllm
+    from vllm.sampling_params import RequestOutputKind  # deferred: vllm
 
     params = [SamplingParams(max_tokens=r["max_new_tokens"], ignore_eos=True, temperature=0.0, detokenize=False,
                              output_kind=RequestOutputKind.DELTA) for r in requests]
@@ -129,8 +129,8 @@ def _prompt_logprobs(llm: Any, prompts: list[list[int]]) -> list[list[float]]:
     """Each prompt's log-probability of every token after its first, as the model scores its own prompt (what
     perplexity needs): `SamplingParams(max_tokens=1, prompt_logprobs=0)`; vLLM's entry 0 is None (the first token
     is never predicted), each later one holds the prompt token's Logprob."""
-    from vllm import SamplingParams
-    from vllm.inputs import TokensPrompt
+    from vllm import SamplingParams  # deferred: vllm
+    from vllm.inputs import TokensPrompt  # deferred: vllm
 
     params = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=0.0, detokenize=False)
     outs = llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False)
@@ -144,7 +144,7 @@ def worker_main(conn: Any, model: str, tokenizer: str | None, llm_kwargs: dict[s
     _redirect_output(log_path)
     os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")  # greedy only; skips a 1-1.5 min JIT on a fresh machine
     try:
-        from vllm import LLM
+        from vllm import LLM  # deferred: vllm
 
         t0 = time.monotonic()
         llm = LLM(model=model, tokenizer=tokenizer, disable_log_stats=False, skip_tokenizer_init=skip_tokenizer_init,

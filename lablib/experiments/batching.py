@@ -22,8 +22,10 @@ import re
 
 from typing import Any
 
+from ..results.compare import token_agreement
 from ..results.record import Result
 from ..config import lab_id
+from ..session import Checks
 
 
 def batch_size(r: Result) -> int:
@@ -84,15 +86,31 @@ def lines(results: list[Result], label: str) -> str:
            + (f"{gain:.1f}x" if gain else "by a factor this fit cannot bound") + " in decode throughput",
            "prefill share of the time summed over requests: "
            + ", ".join(f"{s['step']} {s['prefill_share']:.0%}" for s in phase_shares(results) if s["prefill_share"] is not None)]
-    return "\n".join(out)
+    latency = e2e_line(results)
+    return "\n".join(out + ([latency] if latency else []))
+
+
+def e2e_line(results: list[Result]) -> str | None:
+    """Median end-to-end latency per HF step against naive's, the direction read from the numbers (None without a
+    naive run): a batch finishes the set sooner, but each request waits for its batch's longest member."""
+    hf = hf_runs(results)
+    naive = next((r for r in hf if r.step == "hf-naive"), None)
+    if naive is None:
+        return None
+    base = naive.summary["e2e_s"]["p50"]
+    static = [r for r in hf if r.step != "hf-naive"]
+    below = [r.step for r in static if r.summary["e2e_s"]["p50"] < base]
+    above = [r.step for r in static if r.summary["e2e_s"]["p50"] >= base]
+    said = "; ".join(part for part in (
+        f"below naive's at {', '.join(below)} (the whole set finishes sooner)" if below else "",
+        f"at or above it at {', '.join(above)} (each request waits for its batch's longest)" if above else "") if part)
+    return ("median end-to-end latency: " + ", ".join(f"{r.step} {r.summary['e2e_s']['p50']:.2f} s" for r in hf)
+            + (f"; {said}" if said else ""))
 
 
 def checks(results: list[Result]) -> None:
     """Lab 01's Checks cell (prints what passed; raises on the first claim this run breaks): batching shares the
     decode step, wins throughput, keeps the tokens, and a static batch waits for its longest member."""
-    from ..results.compare import token_agreement
-    from ..session import Checks
-
     hf = hf_runs(results)
     steps = {r.step for r in hf}
     if "hf-naive" not in steps or not any(s.startswith("hf-static") for s in steps):

@@ -28,15 +28,19 @@ from typing import Any, Callable
 
 from .. import validate
 from ..bench.offline import run_step
-from ..config import BenchConfig, HFConfig
+from ..config import BenchConfig, HFConfig, VLLMConfig
 from ..engines.hf import HFEngine
+from ..engines.vllm import VLLMEngine
 from ..hardware.contention import CpuMeter
 from ..models import resolve_model
+from ..models.drafters import speculative_config
 from ..results.record import Result
 from ..results.reference import load_reference, reference_steps
 from ..results.store import ResultStore
+from ..session import live_label, mode, Shown
 from ..stats import latency_text
 from ..workloads import load_workload
+from .batching import LAB01_RUNG
 
 
 @dataclass(frozen=True)
@@ -63,7 +67,7 @@ FP8_RECORDED = "vllm-fp8-8b-journey"
 PREFIX_WORKLOAD = "shared-prefix-512"
 PREFIX_RECORDED = {False: f"prefix-off-{PREFIX_WORKLOAD}-llama-3.1-8b", True: f"prefix-on-{PREFIX_WORKLOAD}-llama-3.1-8b"}
 # Speculative decoding (lab 08), the EAGLE head k=4 on the embedded target, at batch 1 and 64 (its cost under load):
-# lab 08's runs (speculative_vllm.record), each beside the baseline of the same batch.
+# lab 08's runs (speculative.record), each beside the baseline of the same batch.
 SPEC_K = 4
 SPEC_RECORDED = {1: ("spec-baseline-b1", f"spec-eagle-k{SPEC_K}-b1"), 64: ("spec-baseline-b64", f"spec-eagle-k{SPEC_K}-b64")}
 LABS = ("01", "02", "03", "04", "05", "06", "07", "08", "09", "10")
@@ -106,10 +110,7 @@ def speculative_hf_steps() -> list[Step]:
 
 def ladder(batch_sizes: list[int]) -> list[Step]:
     """Every step, in order; `available` says which this machine can run."""
-    from ..config import VLLMConfig
-    from ..engines.server import ServerEngine
-    from ..engines.vllm import VLLMEngine
-    from .speculative.vllm_runs import speculative_config
+    from ..engines.server import ServerEngine  # deferred: urllib.request (through lablib.engines.server)
 
     gpu = "gpu+vllm"
 
@@ -151,8 +152,6 @@ def ladder(batch_sizes: list[int]) -> list[Step]:
 
 def _is_one_of(model: Any, names: tuple[str, ...]) -> bool:
     """Whether `model` (a name, an alias or a ModelSpec) is the checkpoint one of `names` resolves to."""
-    from ..models import resolve_model
-
     try:
         path = getattr(model, "path", None) or resolve_model(model).path
         return any(str(resolve_model(n).path) == str(path) for n in names)
@@ -167,8 +166,6 @@ def available(step: Step, model: Any = None) -> tuple[bool, str]:
         return False, f"it runs on {', '.join(step.models)} only, not {name!r}"
     if step.needs == "cpu":
         return True, ""
-    from ..session import mode
-
     m = mode()
     if m["live"]:
         return True, ""
@@ -202,7 +199,8 @@ def run_journey(model: str = "embedded", workload: str = "journey", requests: in
     The model, the settings and the workload are checked before any rung starts."""
     if not hasattr(model, "path"):  # a name: a typo is refused here, not after a rung has started
         resolve_model(model)
-    validate.integers("run_journey", "batch_sizes", batch_sizes, "e.g. --batch-sizes 1,4,16.")
+    validate.integers("run_journey", "batch_sizes", batch_sizes,
+                      "e.g. batch_sizes=[1, 4, 16] (from lablab: --batch-sizes 1,4,16).")
     if cpu_threads is not None:
         validate.integer("run_journey", "cpu_threads", cpu_threads, "1 on a shared CPU, or None to leave torch's own.")
     if through is not None:
@@ -249,8 +247,6 @@ def road(results: list[Result], batch_sizes: list[int] = (1, 4, 16)) -> list[Res
 
 def batch_sizes_of(results: list[Result]) -> list[int]:
     """The --batch-sizes a journey's live HF rungs ran with (lab 01's rungs name them), (1, 4, 16) if none."""
-    from .batching import LAB01_RUNG
-
     sizes = {int(r.config.get("batch_size") or 1) for r in results if r.provenance == "live"
              and LAB01_RUNG.fullmatch(r.step)}
     return sorted(sizes) or [1, 4, 16]
@@ -329,8 +325,6 @@ def labs_on_road(results: list[Result], batch_sizes: list[int] = (1, 4, 16)) -> 
 def vllm_gain(results: list[Result]) -> Any:
     """vLLM's journey rung over the fastest HF rung, both run on this machine now (a Shown: live only where vLLM
     ran here; on a machine without it, not measured, and the recorded road says the rest)."""
-    from ..session import Shown, live_label, mode
-
     here = [r for r in results if r.provenance == "live" and r.workload.get("name") == "journey"]
     vllm, hf = next((r for r in here if r.step == "vllm"), None), [r for r in here if r.engine.startswith("hf")]
     if vllm is None or not hf:

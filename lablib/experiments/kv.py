@@ -13,6 +13,7 @@ import contextlib
 from typing import Any, Callable
 
 from ..config import lab_id, VLLMConfig
+from ..engines.vllm import VLLMEngine
 from ..mechanisms import (
     FragmentationReport,
     kv_bytes_per_token,
@@ -25,7 +26,7 @@ from ..models import ModelSpec
 from ..results.record import Result
 from ..results.store import ResultStore
 from ..results.reference import recorded_rows, reference_facts
-from ..session import Checks, Shown, live_label, live_or_recorded
+from ..session import Checks, LabSteps, live_label, live_or_recorded, Shown
 from ..workloads import Workload, load_workload
 from .sweeps import config_sweep
 
@@ -67,8 +68,6 @@ def cold_start(gpu_memory_utilization: float = COLD_START_GMU, force: bool | Non
     config = VLLMConfig(gpu_memory_utilization=gpu_memory_utilization)
 
     def live() -> dict[str, Any]:
-        from ..engines.vllm import VLLMEngine
-
         with VLLMEngine("embedded", config) as eng:
             eng.start()
         return with_ratio(dict(eng.facts))  # close() adds the VRAM-after-close facts to the same dict
@@ -83,9 +82,12 @@ def with_ratio(facts: dict[str, Any]) -> dict[str, Any]:
     return {**facts, "kv_over_estimate": facts["kv_tokens"] / facts["fit_estimate"]["kv_tokens"]}
 
 
-class KVLab:
+class KVLab(LabSteps):
     """Lab 03 as one object: each step of the notebook is one method, and what it made stays on the object (None until
     the step ran); the figures (`lablib.plots`) read those values and the Checks cell takes the object (`checks`)."""
+
+    STEPS = {"llama8b": "arithmetic", "start": "cold_start", "report": "fragmentation", "snaps": "block_table",
+             "sweep": "gmu_sweep"}
 
     def __init__(self, workload: str = "journey", store: ResultStore | None = None) -> None:
         self.workload: Workload = load_workload(workload)  # the real lengths the simulators are fed
@@ -120,7 +122,7 @@ class KVLab:
         """`fragmentation`'s two policies as a table."""
         import pandas as pd  # deferred: pandas only where a table is shown
 
-        return pd.DataFrame(self._ran("report", "fragmentation").rows())
+        return pd.DataFrame(self.ran("report").rows())
 
     def block_table(self, requests: int = 12, num_blocks: int = 160, block_size: int = 16,
                     max_num_seqs: int = 6) -> None:
@@ -131,7 +133,7 @@ class KVLab:
 
     def snapshot(self, numerator: int, denominator: int) -> AllocatorSnapshot:
         """The pool `numerator`/`denominator` of the way through `block_table`'s replay."""
-        snaps = self._ran("snaps", "block_table")
+        snaps = self.ran("snaps")
         return snaps[numerator * len(snaps) // denominator]
 
     def gmu_sweep(self, values: list[float] = (0.1, 0.3, 0.5), chart: Any = None) -> Shown:
@@ -144,30 +146,16 @@ class KVLab:
 
     def summary(self) -> None:
         """The fragmentation simulator's figures, from this run."""
-        report = self._ran("report", "fragmentation")
+        report = self.ran("report")
         print(f"simulated here: contiguous wastes {report.contiguous.waste_fraction:.0%} and fits "
               f"{report.contiguous.max_concurrent} requests; paged wastes {report.paged.waste_fraction:.1%} and fits "
               f"{report.paged.max_concurrent}")
-
-    def missing(self) -> list[str]:
-        """The steps the Checks cell needs that have not run yet, by their method names."""
-        steps = {"llama8b": "arithmetic", "start": "cold_start", "report": "fragmentation", "snaps": "block_table",
-                 "sweep": "gmu_sweep"}
-        return sorted({step for name, step in steps.items() if getattr(self, name) is None})
-
-    def _ran(self, name: str, step: str) -> Any:
-        value = getattr(self, name)
-        if value is None:
-            raise ValueError(f"KVLab.{name} is empty: run lab.{step}() first (a cell above this one)")
-        return value
 
 
 def checks(lab: KVLab) -> None:
     """Lab 03's Checks cell: the arithmetic's and the simulators' claims asserted on this run, vLLM's when measured
     live. Prints what ran and what did not (and returns nothing, so the cell shows it once)."""
-    if lab.missing():
-        raise ValueError(f"checks(lab): the steps {lab.missing()} have not run; run every step above first "
-                         "(Run > Run All Cells)")
+    lab.require_all()
     llama8b, report, snaps, rows, start = lab.llama8b, lab.report, lab.snaps, lab.sweep, lab.start
     c = Checks(lab_id("03"))
     c.that("Llama-3.1-8B: 128 KiB of KV per token", llama8b == 131072, llama8b)

@@ -15,14 +15,17 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..bench.offline import run
 from ..config import BenchConfig, HFConfig, lab_id, VLLMConfig
+from ..engines.hf import HFEngine
+from ..engines.vllm import VLLMEngine
 from ..mechanisms import continuous_batching, static_batching
 from ..mechanisms.batching import ScheduleResult
 from ..models import ModelSpec
 from ..results.record import Result
 from ..results.store import ResultStore
 from ..results.reference import load_reference, recorded_rows
-from ..session import Checks, Shown, live_label, live_or_recorded
+from ..session import Checks, LabSteps, live_label, live_or_recorded, Shown
 from ..workloads import Workload, load_workload
 from .sweeps import config_sweep
 
@@ -76,11 +79,6 @@ def journey_comparison(workload: str = "journey", *, gpu_memory_utilization: flo
     vllm_config, hf_config = VLLMConfig(gpu_memory_utilization=gpu_memory_utilization), HFConfig("static", hf_batch)
 
     def live() -> dict[str, Any]:
-        from ..bench.offline import run
-        from ..engines.hf import HFEngine
-        from ..engines.vllm import VLLMEngine
-        from ..workloads import load_workload
-
         wl, bench = load_workload(workload), BenchConfig(progress=False)
         with VLLMEngine("embedded", vllm_config) as eng:
             vllm = run(eng, wl, bench, lab=lab, step=f"vllm-embedded-{workload}", store=store)
@@ -116,9 +114,13 @@ def _frame(rows: Any) -> Any:
     return pd.DataFrame(rows)
 
 
-class SchedulingLab:
+class SchedulingLab(LabSteps):
     """Lab 04 as one object: each step of the notebook is one method, and what it made stays on the object (None until
     the step ran); the figures (`lablib.plots`) read those values and the Checks cell takes the object (`checks`)."""
+
+    STEPS = {"static": "simulate", "hf_live": "hf_static", "seqs": "seq_sweep", "race": "journey_race",
+             "knobs": "scheduler_knobs", "continuous": "simulate"}
+    OPTIONAL = frozenset({"continuous"})
 
     def __init__(self, workload: str = "journey", store: ResultStore | None = None) -> None:
         self.workload: Workload = load_workload(workload)  # the requests every step schedules
@@ -140,14 +142,11 @@ class SchedulingLab:
 
     def simulated_table(self) -> Any:
         """Both schedules' summaries side by side."""
-        both = (self._ran("static", "simulate"), self._ran("continuous", "simulate"))
+        both = (self.ran("static"), self.ran("continuous"))
         return _frame([{"policy": s.policy, **vars(s.summary)} for s in both])
 
     def hf_static(self, requests: int = 24, batch_size: int = 8, max_new_tokens: int = 48) -> Result:
         """HF static batching of the first `requests`, `batch_size` per batch, on the embedded model, live here."""
-        from ..bench.offline import run  # deferred: torch and transformers only when a run starts
-        from ..engines.hf import HFEngine
-
         engine = HFEngine("embedded", HFConfig("static", batch_size))
         try:
             self.hf_live = run(engine, self.workload.head(requests),
@@ -165,7 +164,7 @@ class SchedulingLab:
 
     def ratio(self) -> None:
         """vLLM's output tok/s over HF static batching's, labelled."""
-        print(self._ran("race", "journey_race").line(
+        print(self.ran("race").line(
             "vLLM / HF static b=64: {ratio:.1f}x output tok/s ({vllm_tok_s:,.0f} vs {hf_tok_s:,.0f}; model {model})"))
 
     def seq_sweep(self, max_num_seqs: tuple[int, ...] = (1, 4, 16, 64)) -> dict[str, ScheduleResult]:
@@ -186,25 +185,11 @@ class SchedulingLab:
         self.knobs = scheduler_rows(list(max_num_seqs), store=self.store)
         return self.knobs
 
-    def missing(self) -> list[str]:
-        """The steps the Checks cell needs that have not run yet, by their method names."""
-        steps = {"static": "simulate", "hf_live": "hf_static", "seqs": "seq_sweep", "race": "journey_race",
-                 "knobs": "scheduler_knobs"}
-        return sorted({step for name, step in steps.items() if getattr(self, name) is None})
-
-    def _ran(self, name: str, step: str) -> Any:
-        value = getattr(self, name)
-        if value is None:
-            raise ValueError(f"SchedulingLab.{name} is empty: run lab.{step}() first (a cell above this one)")
-        return value
-
 
 def checks(lab: SchedulingLab) -> None:
     """Lab 04's Checks cell: the simulator's and HF's claims asserted on this run, vLLM's when measured live. Prints
     what ran and what did not (and returns nothing, so the cell shows it once)."""
-    if lab.missing():
-        raise ValueError(f"checks(lab): the steps {lab.missing()} have not run; run every step above first "
-                         "(Run > Run All Cells)")
+    lab.require_all()
     static, continuous, seqs, race, knobs = lab.static, lab.continuous, lab.seqs, lab.race, lab.knobs
     c = Checks(lab_id("04"))
     c.that("simulator: continuous batching finishes the 24 requests sooner",

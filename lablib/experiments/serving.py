@@ -38,12 +38,17 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from ..bench.client import client_check
 from ..bench.loadgen import run_online
+from ..bench.referee import agreement, referee
+from ..bench.vllm_bench import bench_serve, compare_serve
 from ..models import ModelSpec, embedded_path, resolve_model
 from ..results.record import Result
+from ..results.reference import load_reference, reference_facts
 from ..results.store import ResultStore, results_dir
 from ..config import lab_id, ServerConfig
 from ..engines.server import VLLMServer
+from ..session import live_or_recorded
 from ..workloads import load_workload
 
 FRACTIONS = (0.25, 0.5, 0.75, 1.0, 1.25)
@@ -74,7 +79,7 @@ def check_context(workload: Any, spec: ModelSpec, cfg: ServerConfig) -> int:
     are counted by the served tokenizer as the server will count them (completions add the special
     tokens). vLLM would only say so per request once running, as an HTTP 400 for each. Returns the
     context."""
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer  # deferred: transformers
 
     context = cfg.max_model_len or spec.architecture()["context"]
     tok = AutoTokenizer.from_pretrained(cfg.tokenizer or cfg.model)
@@ -124,8 +129,6 @@ def rate_sweep(model: str | ModelSpec = "embedded", workload: str = "journey", r
     Inputs are checked before the server starts. `knobs` go to the ServerConfig
     (e.g. `max_num_seqs=32`). `cross_check=False` skips `vllm bench serve`.
     """
-    from ..bench.vllm_bench import bench_serve, compare_serve
-
     fractions = check_fractions(fractions)
     wl, cfg, out_dir, recorded = _prepare(model, workload, repeat, out_dir, knobs)
     common = dict(seed=seed, lab=lab, store=store, on_metrics=on_metrics, on_result=on_result,
@@ -251,8 +254,6 @@ def _referee_rounds(out: dict[str, Any], base_url: str, api_key: str | None, mod
                     times: int, out_dir: Path, *, max_concurrency: int | None, seed: int, timeline: bool, lab: str,
                     store: ResultStore | None, recorded: dict[str, Any]) -> None:
     """The referee's rounds on one running endpoint, the first client alternating; appended to `out`."""
-    from ..bench.vllm_bench import bench_serve, compare_serve
-
     expected = sum(r.max_new_tokens for r in wl.requests)
 
     def lab_run(i: int) -> Result:
@@ -276,8 +277,6 @@ def _referee_rounds(out: dict[str, Any], base_url: str, api_key: str | None, mod
 
 
 def _judged(out: dict[str, Any], rules: dict[str, Any]) -> dict[str, Any]:
-    from ..bench.referee import agreement, referee
-
     out["referee"] = referee(out["rounds"], **rules)
     out["output_tok_s_ratios"] = [r["figures"]["output_tok_s"]["ratio"] for r in out["rounds"]]
     out["agreement"] = agreement(out["rounds"])
@@ -301,9 +300,6 @@ def rate_sweep_or_recorded(model: str | ModelSpec = "embedded", repeat: int = 4,
     'serve-rate-*' Results) plus `model_name` (the served checkpoint's folder) and
     `burst_output_tok_s` (the rate=inf test's output tokens/s). `kw` go to `rate_sweep`.
     """
-    from ..results.reference import load_reference, reference_facts
-    from ..session import live_or_recorded
-
     check_fractions(kw.get("fractions", FRACTIONS))
 
     def described(out: dict[str, Any]) -> dict[str, Any]:
@@ -340,7 +336,6 @@ def results_of(shown: Any):
 
 def client_verdict(shown: Any):
     """`bench.client.client_check` on the sweep's burst, carrying the sweep's label (live or recorded)."""
-    from ..bench.client import client_check
     return shown.derived(client_check(burst(shown.value["results"])))
 
 
@@ -359,9 +354,6 @@ def ttft_grows(value: dict[str, Any], factor: float = 2.0) -> bool:
 def recorded_agreements():
     """Every lab-vs-vLLM comparison recorded on the H200, one row each: the repeated serve cross-checks (per
     round, with the mean's verdict) and the offline `bench.run` against `vllm bench throughput`."""
-    from ..results.reference import reference_facts
-    from ..session import live_or_recorded
-
     def rows() -> list[dict[str, Any]]:
         facts = reference_facts()
         out = []

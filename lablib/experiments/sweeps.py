@@ -14,6 +14,7 @@ from typing import Any, Callable
 from .. import validate
 from ..bench.offline import run
 from ..config import BenchConfig, VLLMConfig
+from ..engines.vllm import nvml_used, VLLMEngine
 from ..models import ModelSpec
 from ..results.record import Result
 from ..results.store import ResultStore
@@ -28,8 +29,6 @@ def config_sweep(configs: list[VLLMConfig], model: str | ModelSpec = "embedded",
     """One vLLM engine per configuration (each in its own worker), the workload on each, one row per engine:
     KV capacity, throughput, latency and GPU memory before start and after close. `on_row(row)` is
     called as each engine closes (a live figure marks it)."""
-    from ..engines.vllm import VLLMEngine, nvml_used
-
     wl = load_workload(workload)
     rows, results = [], []
     for cfg in configs:

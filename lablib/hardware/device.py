@@ -12,11 +12,14 @@ memory a run used is `lablib.hardware.memory.MemoryMonitor`'s question.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import os
 import platform
 import sys
 from typing import Any, Callable
+
+from .roofline import lookup_gpu
 
 
 def _text(value: object) -> str | None:
@@ -41,7 +44,7 @@ def nvml_memory(index: int = 0) -> tuple[int, int, int] | None:
     watch the GPU without holding any of it.
     """
     try:
-        import pynvml
+        import pynvml  # deferred: pynvml
 
         pynvml.nvmlInit()
         info = pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(index))
@@ -73,7 +76,7 @@ def _cpu_facts() -> dict:
     except OSError:
         pass
     try:
-        import psutil
+        import psutil  # deferred: psutil
 
         ram, physical = psutil.virtual_memory().total, psutil.cpu_count(logical=False)
     except ImportError:
@@ -98,7 +101,7 @@ def device_facts(import_torch: bool = False) -> dict:
                    "torch_cuda": None, "source": None, "notes": []}
     facts.update(_cpu_facts())
     try:
-        import pynvml
+        import pynvml  # deferred: pynvml
 
         pynvml.nvmlInit()
         try:
@@ -120,7 +123,7 @@ def device_facts(import_torch: bool = False) -> dict:
         facts["notes"].append(f"NVML unavailable: {type(e).__name__}: {e}")
     if "torch" in sys.modules or import_torch:
         try:
-            import torch
+            import torch  # deferred: torch
 
             facts["torch_cuda"] = torch.version.cuda
             if torch.cuda.is_available() and not facts["gpu_names"]:
@@ -155,8 +158,6 @@ def library_versions() -> dict:
 
 def machine_summary() -> dict[str, Any]:
     """Device facts plus the roofline entry for this GPU (None when unknown or no GPU)."""
-    from .roofline import lookup_gpu
-
     facts = device_facts(import_torch=True)
     peak = lookup_gpu(facts["gpu"]) if facts["gpu"] else None
     return {**facts, "roofline_entry": peak.name if peak else None,
@@ -168,11 +169,9 @@ def torch_threads(n: int | None):
 
     On a shared CPU OpenMP threads spin against other processes', and a second thread makes the embedded models
     5-10x slower (tests/conftest.py's one_thread fixture does the same for the tests)."""
-    import contextlib
-
     @contextlib.contextmanager
     def pinned():
-        import torch
+        import torch  # deferred: torch
 
         before = torch.get_num_threads()
         torch.set_num_threads(n)

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from .. import validate
 from ..config import VLLMConfig
 from ..mechanisms import parallel
 from ..mechanisms.gpus import GPU_PEAKS
@@ -160,8 +161,6 @@ def tp_fit_table(models: tuple[str, ...] = ("llama-3.1-8b", "llama-3.1-70b", "qw
     Memory only: whether a GPU runs the scheme at all (no bf16 on a T4, FP8 weights only through Marlin before
     Ada/Hopper) is the vLLM engine's preflight to say.
     """
-    from .. import validate
-
     for s_ in schemes:
         validate.choice("tp_fit_table", "schemes", s_, tuple(SCHEME_BYTES))
     for g in gpus:

@@ -56,7 +56,7 @@ class MemoryMonitor:
 
     def __init__(self, interval_s: float = 0.05, device_index: int = 0, source: str = "auto") -> None:
         try:
-            import psutil  # noqa: F401  (child processes in both modes, RSS without a GPU)
+            import psutil  # deferred: psutil (child processes in both modes, RSS without a GPU)  # noqa: F401
         except ImportError as e:
             raise RuntimeError("MemoryMonitor needs psutil: pip install psutil") from e
         if not interval_s > 0:
@@ -97,7 +97,7 @@ class MemoryMonitor:
         reason = None
         if self.requested_source in ("auto", "nvml"):
             try:
-                import pynvml
+                import pynvml  # deferred: pynvml
 
                 pynvml.nvmlInit()
                 self._nvml = pynvml  # from here on, _close() shuts NVML down again
@@ -124,7 +124,7 @@ class MemoryMonitor:
         if now - self._pids_at < _PID_REFRESH_S:
             return
         self._pids_at = now
-        import psutil
+        import psutil  # deferred: psutil
 
         pids = {os.getpid(), *self._extra_pids}
         for root in list(pids):

@@ -4,8 +4,8 @@
 executed notebooks, one self-contained HTML per lab and an `index.html` of their status and wall time; it
 exits 1 naming the notebook and the cell that failed (`run`). The HTML keeps every plotly figure with
 plotly.js inline once, and shows widget panels as snapshots of their state (`export`). Every lab's
-committed form, its Colab badge, first cell and metadata, is written from one place (`notebooks`):
-`python -m lablib.instructor.notebooks` after changing `COLAB_REPO`.
+committed form, its Colab link, first cell and metadata, is written from one place (`notebooks`):
+`python -m lablib.instructor.notebooks --repo origin` once the project is on GitHub.
 
 This is the top layer, beside `report` and `cli`: it may import anything in lablib, nothing imports it.
 Names load lazily (PEP 562), so `python -m lablib.instructor.notebooks` imports neither papermill nor run.
@@ -15,8 +15,8 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-_EXPORTS = {"COLAB_REPO": "notebooks", "main": "run"}
-__all__ = ["COLAB_REPO", "main"]
+_EXPORTS = {"colab_repo": "notebooks", "main": "run"}
+__all__ = ["colab_repo", "main"]
 
 
 def __getattr__(name: str) -> Any:

@@ -14,6 +14,7 @@ area's outputs), marked as a snapshot, and the state is dropped. A panel is inte
 """
 from __future__ import annotations
 
+import copy
 import html
 import json
 from typing import Any
@@ -56,7 +57,7 @@ def _outputs(outputs: list[dict[str, Any]]) -> str:
 
 
 def _figure(s: dict[str, Any]) -> str:
-    import plotly.io as pio
+    import plotly.io as pio  # deferred: plotly
 
     data, layout = s.get("_widget_data") or [], s.get("_widget_layout") or {}
     if isinstance(data, str):
@@ -117,7 +118,7 @@ def plotlyjs_once(nb: Any) -> None:
     without bootstrap may have none before a widget snapshot's figure, or several (plotly's renderer
     named explicitly): those are replaced by one copy at the first figure.
     """
-    from plotly.offline import get_plotlyjs
+    from plotly.offline import get_plotlyjs  # deferred: plotly
 
     outs = _html_outputs(nb)
     text = ["".join(out["data"]["text/html"]) for out in outs]
@@ -133,9 +134,7 @@ def plotlyjs_once(nb: Any) -> None:
 
 def to_html(nb: Any) -> str:
     """The executed notebook `nb` (not modified) as one offline HTML page (nbconvert's lab template)."""
-    import copy
-
-    from nbconvert import HTMLExporter
+    from nbconvert import HTMLExporter  # deferred: nbconvert
 
     nb = copy.deepcopy(nb)
     static_widgets(nb)

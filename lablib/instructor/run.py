@@ -31,6 +31,7 @@ from typing import Any
 
 from ..engines.process import environ
 from ..validate import refuse
+from .export import to_html
 from .notebooks import LABS_DIR, lab_notebooks
 
 MODELS = ("embedded",)  # the models the labs' cells run
@@ -110,7 +111,7 @@ def _banner(nb: Any) -> str:
 
 def _execute(path: Path, out: Path, run: LabRun, cell_timeout_s: float | None) -> None:
     """papermill on one notebook (working directory: its folder); a failure is noted on `run`, never raised."""
-    import papermill
+    import papermill  # deferred: papermill
 
     try:
         papermill.execute_notebook(str(path), str(out / run.notebook), cwd=str(path.parent), progress_bar=False,
@@ -125,9 +126,7 @@ def _execute(path: Path, out: Path, run: LabRun, cell_timeout_s: float | None) -
 
 def run_lab(path: Path, out: Path, *, env: dict[str, str], cell_timeout_s: float | None) -> LabRun:
     """Execute one notebook with papermill (working directory: its folder), then write its HTML."""
-    import nbformat
-
-    from .export import to_html
+    import nbformat  # deferred: nbformat
 
     run = LabRun(lab=path.stem, source=str(path), notebook=f"{path.stem}.ipynb", html=f"{path.stem}.html")
     source = nbformat.read(path, as_version=4)
@@ -193,8 +192,8 @@ def main(argv: list[str] | None = None) -> int:
                                     "labs' cells run; no lab takes a model parameter yet)",
                                     f"leave --model out, or run the journey on it: lablab --model {args.model}")))
     try:
-        import nbconvert  # noqa: F401
-        import papermill  # noqa: F401
+        import nbconvert  # deferred: nbconvert  # noqa: F401
+        import papermill  # deferred: papermill  # noqa: F401
     except ImportError as e:
         raise SystemExit(f"lablab-instructor needs papermill and nbconvert ({e}); Fix: pip install -e '.[lab]'") from e
     labs = select(args.labs)

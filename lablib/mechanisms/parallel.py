@@ -12,7 +12,7 @@ moves 2 (t-1)/t x message bytes through each GPU's link, so its bandwidth part b
 grows with t; its latency part does not shrink with t at all, and 2 x layers collectives
 (64 for an 8B model) each pay it every step. Over NVLink (450 GB/s a direction) the
 bandwidth part is small; over PCIe (32-64 GB/s) it can cancel the gain at large batch, which
-is the seeds' warning. At batch 1 the message is tiny (8 KiB for hidden 4096) and the
+is the common warning (the all-reduces "must go over NVLink"). At batch 1 the message is tiny (8 KiB for hidden 4096) and the
 latency term, not bandwidth, is the communication cost.
 
 The model, per GPU, for one decode step of b sequences with `context` tokens each:

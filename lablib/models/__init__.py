@@ -1,4 +1,4 @@
-"""What runs: model specs and presets, checkpoint checks, architectures, synthetic checkpoints.
+"""What runs: model specs and presets, checkpoint checks, architectures, synthetic checkpoints, drafters.
 
 No torch at import: loading a model (transformers) happens inside the functions that load one.
 """

@@ -107,7 +107,7 @@ def check_head_config(config: dict[str, Any], target_config: dict[str, Any], whe
 
 def check_head_dir(path: str | Path, target_config: dict[str, Any]) -> dict[str, Any]:
     """A head folder checked against vLLM's layout and the target, from config.json and the safetensors header."""
-    from safetensors import (  # imports numpy: here, not at module import
+    from safetensors import (  # deferred: safetensors, which imports numpy
         SafetensorError,
         safe_open,
     )
@@ -137,10 +137,10 @@ def check_head_dir(path: str | Path, target_config: dict[str, Any]) -> dict[str,
 @functools.cache
 def _head_class() -> type:
     """EagleHead, defined on first use: torch and transformers load only when a head is made."""
-    import torch
-    from torch import nn
-    from transformers import LlamaConfig
-    from transformers.models.llama.modeling_llama import (
+    import torch  # deferred: torch
+    from torch import nn  # deferred: torch
+    from transformers import LlamaConfig  # deferred: transformers
+    from transformers.models.llama.modeling_llama import (  # deferred: transformers
         LlamaDecoderLayer,
         LlamaRotaryEmbedding,
     )
@@ -189,7 +189,7 @@ def new_head(target: Any, seed: int = 0) -> Any:
     of about its norm weights' (1.7 for the embedded target), its tied embeddings are ~20x smaller, and fc would
     start by ignoring the token it is told about until Adam grows those weights (on the embedded target: 0.37
     against 0.33 teacher-forced agreement after 150 steps)."""
-    import torch
+    import torch  # deferred: torch
 
     torch.manual_seed(seed)
     head = _head_class()(head_config(target.config.to_diff_dict()))  # = the target's config.json
@@ -205,7 +205,7 @@ def new_head(target: Any, seed: int = 0) -> Any:
 
 def save_head(head: Any, folder: str | Path) -> Path:
     """config.json + model.safetensors in bf16, the names vLLM loads (checked before writing)."""
-    from safetensors.torch import save_file
+    from safetensors.torch import save_file  # deferred: safetensors
 
     state = {k: v.detach().to("cpu").bfloat16().contiguous() for k, v in head.state_dict().items()}
     want = vllm_tensors(head.config_dict)
@@ -221,7 +221,7 @@ def save_head(head: Any, folder: str | Path) -> Path:
 
 def load_head(folder: str | Path | None = None, target: Any = None) -> Any:
     """A saved head (default: the shipped one) as float32 on the CPU, in eval mode; checked against `target`."""
-    from safetensors.torch import load_file
+    from safetensors.torch import load_file  # deferred: safetensors
 
     folder = Path(folder) if folder is not None else eagle_path()
     target_config = target.config.to_diff_dict() if target is not None else json.loads(
@@ -244,7 +244,7 @@ def check_pair(target: Any, head: Any, owner: str) -> None:
 def target_features(target: Any, ids: list[int], cache: Any) -> tuple[Any, list[int], Any]:
     """One target forward over `ids` on top of `cache`: its features (after the final norm, as vLLM hands them
     to the drafter), its argmax at each position, and the cache."""
-    import torch
+    import torch  # deferred: torch
 
     out = target.model(torch.tensor([ids]), past_key_values=cache, use_cache=True)
     features = out.last_hidden_state
@@ -254,8 +254,8 @@ def target_features(target: Any, ids: list[int], cache: Any) -> tuple[Any, list[
 def propose(target: Any, head: Any, cache: Any, tokens: list[int], features: Any, k: int) -> tuple[list[int], Any]:
     """k drafts: feed rows [e(tokens[i]), features[i]] (the target's features, not yet seen by the head's cache),
     then continue on the head's own features, one row per further draft. Returns the drafts and the cache."""
-    import torch
-    from transformers import DynamicCache
+    import torch  # deferred: torch
+    from transformers import DynamicCache  # deferred: transformers
 
     cache = DynamicCache() if cache is None else cache
     embed = target.model.embed_tokens
@@ -270,7 +270,7 @@ def propose(target: Any, head: Any, cache: Any, tokens: list[int], features: Any
 def draft_tokens(target: Any, head: Any, input_ids: Any, k: int) -> list[int]:
     """The k tokens the head drafts after a prompt (at least 2 tokens), as the first step of `greedy_eagle` does:
     the target reads all but the last prompt token, the head reads those features, then drafts."""
-    import torch
+    import torch  # deferred: torch
 
     owner = "draft_tokens"
     validate.integer(owner, "k", k, "draft at least one token, e.g. k=4.")

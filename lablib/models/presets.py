@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from .spec import ModelSpec, check_model_dir, embedded_path
+from .synthetic import synthetic_spec
 
 EMBEDDED = {"embedded": "target", "embedded-target": "target", "embedded-draft": "draft"}
 
@@ -43,8 +44,6 @@ def resolve_model(name: str | os.PathLike = DEFAULT_MODEL) -> ModelSpec:
     if key in PRESETS:
         return ModelSpec(key, PRESETS[key]["hf_id"], "preset")
     if key.startswith("synthetic:"):
-        from .synthetic import synthetic_spec
-
         return synthetic_spec(key.split(":", 1)[1])
     path = Path(key).expanduser()
     if path.exists() or os.sep in key or key.startswith("."):

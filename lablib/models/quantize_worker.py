@@ -54,8 +54,8 @@ def _cpu_name() -> str:
 
 def build_recipe(method: str, group_size: int | None, ignore: list[str]) -> list[Any]:
     """The llm-compressor modifiers for one scheme (see the module docstring)."""
-    from llmcompressor.modifiers.gptq import GPTQModifier
-    from llmcompressor.modifiers.quantization import QuantizationModifier
+    from llmcompressor.modifiers.gptq import GPTQModifier  # deferred: llmcompressor
+    from llmcompressor.modifiers.quantization import QuantizationModifier  # deferred: llmcompressor
 
     def int4(symmetric: bool) -> dict[str, Any]:
         weights = {"num_bits": 4, "type": "int", "symmetric": symmetric, "strategy": "group", "group_size": group_size}
@@ -64,13 +64,13 @@ def build_recipe(method: str, group_size: int | None, ignore: list[str]) -> list
     if method == "gptq":
         return [GPTQModifier(config_groups=int4(True), ignore=ignore)]
     if method == "awq":
-        from llmcompressor.modifiers.transform.awq import AWQModifier
+        from llmcompressor.modifiers.transform.awq import AWQModifier  # deferred: llmcompressor
 
         return [AWQModifier(duo_scaling="both"), QuantizationModifier(config_groups=int4(False), ignore=ignore)]
     if method == "fp8":
         return [QuantizationModifier(targets=["Linear"], scheme="FP8_DYNAMIC", ignore=ignore)]
     if method == "smoothquant+gptq":
-        from llmcompressor.modifiers.transform.smoothquant import SmoothQuantModifier
+        from llmcompressor.modifiers.transform.smoothquant import SmoothQuantModifier  # deferred: llmcompressor
 
         return [SmoothQuantModifier(smoothing_strength=0.8),
                 GPTQModifier(targets=["Linear"], scheme="W8A8", ignore=ignore)]
@@ -78,11 +78,11 @@ def build_recipe(method: str, group_size: int | None, ignore: list[str]) -> list
 
 
 def _no_accelerator_workarounds() -> list[str]:
-    import torch
+    import torch  # deferred: torch
 
     if torch.accelerator.is_available():
         return []
-    from llmcompressor.pipelines.cache import IntermediatesCache
+    from llmcompressor.pipelines.cache import IntermediatesCache  # deferred: llmcompressor
 
     IntermediatesCache.pin_memory = lambda self, *args, **kwargs: None
     return ["no accelerator: IntermediatesCache.pin_memory skipped (llm-compressor 0.14 pins for GPU copies "
@@ -92,20 +92,20 @@ def _no_accelerator_workarounds() -> list[str]:
 def run(job: dict[str, Any]) -> dict[str, Any]:
     """Quantize as the job says and save; returns the facts for quantization.json."""
     t_start = time.perf_counter()
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    import torch  # deferred: torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # deferred: transformers
 
     if job.get("threads"):
         torch.set_num_threads(job["threads"])
     workarounds = _no_accelerator_workarounds()
-    from llmcompressor import oneshot
+    from llmcompressor import oneshot  # deferred: llmcompressor
 
     tokenizer = AutoTokenizer.from_pretrained(job["model_dir"])
     model = AutoModelForCausalLM.from_pretrained(job["model_dir"], dtype="auto")
     recipe = build_recipe(job["scheme_details"]["method"], job["group_size"], job["ignore"])
     kwargs: dict[str, Any] = {}
     if job["texts"]:
-        from datasets import Dataset
+        from datasets import Dataset  # deferred: datasets
 
         ids = [tokenizer(t, truncation=True, max_length=job["max_seq_length"])["input_ids"] for t in job["texts"]]
         data = Dataset.from_dict({"input_ids": ids, "attention_mask": [[1] * len(i) for i in ids]})

@@ -117,7 +117,7 @@ def check_tokenizer(tokenizer: Any, spec: ModelSpec) -> None:
 
 
 def load_tokenizer(spec: ModelSpec, tokenizer_path: str | None = None) -> Any:
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer  # deferred: transformers
 
     tok = AutoTokenizer.from_pretrained(tokenizer_path or spec.path)
     check_tokenizer(tok, spec)
@@ -143,10 +143,10 @@ def load_hf_model(spec: ModelSpec, device: str = "cpu", dtype: str = "auto", att
 
     `attn_implementation` ("eager", "sdpa", "flex_attention"; None: transformers' own choice, sdpa) picks the
     attention kernel every layer calls."""
-    import torch
-    from transformers import AutoModelForCausalLM
+    import torch  # deferred: torch
+    from transformers import AutoModelForCausalLM  # deferred: transformers
 
-    from transformers.utils import logging as hf_logging
+    from transformers.utils import logging as hf_logging  # deferred: transformers
 
     if dtype == "auto":
         dtype = "float32" if device == "cpu" else "bfloat16"

@@ -13,6 +13,8 @@ The shapes come from the published `config.json` files, kept in
 from __future__ import annotations
 
 import json
+import multiprocessing as mp
+import shutil
 import time
 from pathlib import Path
 
@@ -48,7 +50,7 @@ def synthetic_spec(name: str, root: str | Path | None = None, weights: bool = Tr
         folder = synthetic_folder(f"{name}-config", root)
         cfg = {k: v for k, v in archs[name].items() if not k.startswith("_")}
         folder.mkdir(parents=True, exist_ok=True)
-        from transformers import AutoConfig
+        from transformers import AutoConfig  # deferred: transformers
 
         AutoConfig.for_model(**cfg).save_pretrained(folder)  # the config vLLM reads, as save_pretrained writes it
         written = json.loads((folder / "config.json").read_text())
@@ -72,9 +74,7 @@ def make_synthetic(name: str, folder: str | Path, seed: int = 0, dtype: str = "b
     context that drawing them makes, and the allocator's cache, end with it, so the notebook never holds the GPU and
     vLLM's worker starts on a GPU as empty as before. The checkpoint is written beside `folder` and moved into place
     whole, so a run cut short leaves no half of one that a later call would take for made."""
-    import shutil
-
-    import torch
+    import torch  # deferred: torch
 
     cfg = {k: v for k, v in architectures()[name].items() if not k.startswith("_")}
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -83,8 +83,6 @@ def make_synthetic(name: str, folder: str | Path, seed: int = 0, dtype: str = "b
     shutil.rmtree(partial, ignore_errors=True)
     args = (name, cfg, str(partial), seed, dtype, device)
     if device == "cuda" if in_child is None else in_child:
-        import multiprocessing as mp
-
         child = mp.get_context("spawn").Process(target=_write, args=args)
         child.start()
         child.join()
@@ -101,8 +99,8 @@ def make_synthetic(name: str, folder: str | Path, seed: int = 0, dtype: str = "b
 
 def _write(name: str, cfg: dict, folder: str, seed: int, dtype: str, device: str) -> None:
     """The checkpoint itself: config `cfg`, weights drawn on `device` from `seed`, saved with synthetic.json."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    import torch  # deferred: torch
+    from transformers import AutoConfig, AutoModelForCausalLM  # deferred: transformers
 
     config = AutoConfig.for_model(**cfg)
     torch.manual_seed(seed)

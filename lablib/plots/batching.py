@@ -41,6 +41,7 @@ from .style import (
     spans_decades,
     step_labels,
     time_axis,
+    series,
     trace_name,
 )
 
@@ -68,7 +69,7 @@ def throughput_vs_batch(results: list[Result],
         if batch_of(r, batch_keys) is None:
             skipped.append(r.step)
         else:
-            groups[trace_name(r, r.engine, mixed)].append(r)
+            groups[trace_name(r, series(r), mixed)].append(r)
     fig = go.Figure()
     unknown = False
     ys: list[float] = []

@@ -9,7 +9,7 @@ The simulator's views (`lablib.mechanisms.prefix`, fed the embedded tokenizer's 
 - `hit_rate_vs_prefix`: hit rate against the shared-prefix length, beside the most a cache of whole
   blocks could give, and the tokens each later request finds cached against its shared prompt
   (whole blocks only: a 200-token prefix yields 192).
-- `cached_per_request`: the seeds' advice, request by request: the shared part first, after a
+- `cached_per_request`: the usual advice, request by request: the shared part first, after a
   per-request line, a multi-turn chat.
 - `scarce_memory`: hit rate and evictions against the cache's capacity, per arrival order.
 
@@ -114,7 +114,7 @@ def hit_rate_vs_prefix(rows: Sequence[Mapping[str, Any]]) -> go.Figure:
                              textposition="bottom right", cliponaxis=False,
                              hovertemplate="%{x} shared: %{y} cached<extra></extra>"), 1, 2)
     fig.update_xaxes(title_text="shared prefix (tokens)")
-    fig.update_yaxes(title_text="prompt tokens served from cache (%)", rangemode="tozero", row=1, col=1)
+    fig.update_yaxes(title_text="hit rate (% of prompt)", rangemode="tozero", row=1, col=1)
     fig.update_yaxes(title_text="cached tokens per request (tokens)", rangemode="tozero", row=1, col=2)
     sets = ", ".join(f"{r['workload']} ({r['requests']} requests)" for r in rows)
     return finish(fig, "Hit rate against the shared-prefix length (whole 16-token blocks only)", SIMULATED,
@@ -161,7 +161,7 @@ def scarce_memory(rows: Sequence[Mapping[str, Any]]) -> go.Figure:
     fig.add_annotation(text=f"all prefixes:<br>{need} blocks", x=need, xref="x", yref="y domain", y=0.5,
                        xanchor="left", showarrow=False, font={"size": 11, "color": "gray"})
     fig.update_xaxes(title_text="cache capacity (blocks of 16 tokens)")
-    fig.update_yaxes(title_text="prompt tokens served from cache (%)", rangemode="tozero", row=1, col=1)
+    fig.update_yaxes(title_text="hit rate (% of prompt)", rangemode="tozero", row=1, col=1)
     fig.update_yaxes(title_text="hashes evicted (blocks)", rangemode="tozero", row=1, col=2)
     notes = [("grouped: each prefix's requests one after another; popular: every other request shares one prefix; "
               "round-robin: each prefix comes back only after all the others")]
@@ -205,7 +205,7 @@ def on_off_figure(data: Shown | Sequence[Mapping[str, Any]], where: str = "") ->
                                          hovertemplate="%{x} shared tokens: %{y:.1f}% hit<extra></extra>"), 1, 2)
     fig.update_xaxes(title_text="shared prefix (tokens)")
     fig.update_yaxes(title_text=f"TTFT p50 ({unit})", type="log" if log else None, row=1, col=1)
-    fig.update_yaxes(title_text="prompt tokens served from cache (%)", rangemode="tozero", row=1, col=2)
+    fig.update_yaxes(title_text="hit rate (% of prompt)", rangemode="tozero", row=1, col=2)
     notes = ["every request of a set arrives at once; with caching on each run starts from a reset cache"]
     return finish(fig, "vLLM with prefix caching on and off", where,
                   synthetic=any(str(m).startswith("synthetic:") for m in models), notes=notes, legend_below=True,
@@ -246,7 +246,7 @@ def serve_figure(data: Shown | Sequence[Mapping[str, Any]], where: str = "") -> 
                                      hovertemplate="%{x:g} req/s: %{y:.1f} " + unit + "<extra>" + stat + "</extra>"),
                           1, 2)
     fig.update_xaxes(title_text="offered load (requests/s, Poisson arrivals)", type="log")
-    fig.update_yaxes(title_text="prompt tokens served from cache (%)", rangemode="tozero", row=1, col=1)
+    fig.update_yaxes(title_text="hit rate (% of prompt)", rangemode="tozero", row=1, col=1)
     fig.update_yaxes(title_text=f"time to first token ({unit})", type="log" if log else None, row=1, col=2)
     sets = sorted({f"{r['workload']} ({r['requests']} requests a test)" for r in rows})
     notes = [", ".join(sets) or "no load tests to show",

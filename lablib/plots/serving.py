@@ -195,7 +195,7 @@ class LiveServerMetrics:
         self._layout = base.to_dict()["layout"]
         self._traces: dict[tuple[float, str], dict[str, Any]] = {}  # (rate, gauge) -> its trace, as plain JSON
         try:
-            from ..widgets.figure import FigureArea
+            from ..widgets.figure import FigureArea  # deferred: ipywidgets, plotly (through lablib.widgets.figure)
 
             self.area: Any = FigureArea(self._base(), min_interval_s=min_interval_s)
         except ImportError:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 import re
+import textwrap
 import zlib
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
@@ -66,6 +67,11 @@ COLOURS: dict[str, str] = {
 # hf-static-b1, b2, b4, ... b512: light orange through red and purple to blue, so batch size reads as an order
 HF_STATIC_RAMP = ["#fdae61", "#f46d43", "#d73027", "#a50026", "#762a83", "#542788", "#2b3b8f", "#1f5fa8",
                   "#2a85c0", "#4ba6d0"]
+# a rung run again with another attention kernel (hf-static-b16-sdpa): not its batch's ramp colour, so the two differ
+ATTENTION_VARIANTS = {"hf-naive": "#35978f", "hf-static": "#e7298a"}
+# what makes a step a variant of its engine rather than one more batch size of it: another attention kernel, or
+# speculative decoding (a draft model, n-gram lookup, an EAGLE head)
+VARIANT = re.compile(r"-(sdpa|draft-k\d+|ngram-k\d+|eagle[\w-]*)\b")
 # names not in COLOURS: picked by a hash of the name (stable across runs and processes)
 PALETTE = ["#1f77b4", "#9467bd", "#8c564b", "#e377c2", "#bcbd22", "#393b79", "#637939", "#8c6d31", "#843c39",
            "#7b4173", "#3182bd", "#d6616b"]
@@ -82,11 +88,22 @@ def colour(name: str) -> str:
     name = base_name(name)
     if name in COLOURS:
         return COLOURS[name]
+    attention = re.match(r"(hf-naive|hf-static)(-b\d+)?-sdpa\b", name)
+    if attention:
+        return ATTENTION_VARIANTS[attention.group(1)]
     m = re.match(r"hf-static-b(\d+)\b", name)
     if m:
         b = max(1, int(m.group(1)))
         return HF_STATIC_RAMP[min(len(HF_STATIC_RAMP) - 1, round(math.log2(b)))]
     return PALETTE[zlib.crc32(name.encode()) % len(PALETTE)]
+
+
+def series(r: Result) -> str:
+    """The line a run belongs to in a figure against batch size: its engine, or for a variant of it (another
+    attention kernel, a speculative method) the engine and the variant (`hf-static-sdpa`, `hf-naive-ngram-k4`), so
+    naive, n-gram and draft at batch 1 are three points, not one line drawn straight up."""
+    m = VARIANT.search(r.step)
+    return r.engine + m.group(0) if m else r.engine
 
 
 def base_name(trace_name: str) -> str:
@@ -96,7 +113,7 @@ def base_name(trace_name: str) -> str:
 
 def ordered_colours(n: int, scale: str = SEQUENTIAL) -> list[str]:
     """n colours along a sequential scale (dark to light): for the points of one ordered sweep."""
-    from plotly.colors import sample_colorscale
+    from plotly.colors import sample_colorscale  # deferred: plotly
 
     if n <= 0:
         return []
@@ -190,12 +207,17 @@ def finish(fig: go.Figure, title: str, where: str, *, synthetic: bool = False, n
     text = title + "".join(f"<br><sup>{line}</sup>" for line in lines) + synthetic_line(
         synthetic and SYNTHETIC_LABEL not in title)
     n_lines = text.count("<br>")
-    for i, note in enumerate(notes):  # under the x axis' title, one line each
+    wrapped = [line for note in notes for line in wrap(note)]  # a long note wraps, never runs off the figure's edge
+    for i, note in enumerate(wrapped):  # under the x axis' title, one line each
         fig.add_annotation(text=note, xref="paper", yref="paper", x=0, xanchor="left", y=0, yanchor="top",
                            yshift=-64 - 18 * i, showarrow=False, align="left", font={"size": 11, "color": "gray"})
-    bottom = (80 + 18 * len(notes) if notes else 60) + (60 if legend_below else 0)
-    fig.update_layout(title={"text": text, "x": 0.01, "xanchor": "left"},  # margin.t makes room; automargin hid line 1
-                      margin={"t": 60 + 22 * n_lines, "b": bottom}, showlegend=True)
+    subplot_titles = any(a.yref == "paper" and a.y is not None and a.y >= 1 and a.yanchor == "bottom"
+                         for a in fig.layout.annotations)  # make_subplots' titles sit in the top margin too
+    bottom = (80 + 18 * len(wrapped) if wrapped else 60) + (24 * legend_rows(fig) + 16 if legend_below else 0)
+    # the title hangs from the top; the margin holds all its lines, and the subplot titles below them
+    fig.update_layout(title={"text": text, "x": 0.01, "xanchor": "left", "y": 1, "yref": "container",
+                             "yanchor": "top", "pad": {"t": 26}},
+                      margin={"t": 62 + 22 * n_lines + (30 if subplot_titles else 0), "b": bottom}, showlegend=True)
     if legend_below:  # a wide legend under the plot, so the plots keep the full width
         fig.update_layout(legend={"orientation": "h", "x": 0, "xanchor": "left", "y": 0.01, "yanchor": "bottom",
                                   "yref": "container"})
@@ -204,6 +226,30 @@ def finish(fig: go.Figure, title: str, where: str, *, synthetic: bool = False, n
     fig.update_xaxes(automargin=True)
     fig.update_yaxes(automargin=True)
     return fig
+
+
+NOTE_CHARS = 120  # a note's line at 11 px fits a 1,024 px page's plot width in about this many characters
+LEGEND_WIDTH = 800  # px a horizontal legend has at 1,024 px before it wraps to another row
+
+
+def wrap(note: str, width: int = NOTE_CHARS) -> list[str]:
+    """A note in lines of at most `width` characters, broken at spaces."""
+    return textwrap.wrap(note, width) or [note]
+
+
+def legend_rows(fig: go.Figure) -> int:
+    """About how many rows a horizontal legend of this figure takes at 1,024 px (its entries' text, 7 px a
+    character, plus the symbol): what the bottom margin must hold so the legend does not climb into the notes."""
+    names = [t.name for t in fig.data if t.showlegend is not False and t.name]
+    if not names:
+        return 0
+    rows, used = 1, 0
+    for name in dict.fromkeys(names):
+        w = 50 + 7 * len(re.sub(r"<[^>]+>", "", name))
+        if used and used + w > LEGEND_WIDTH:
+            rows, used = rows + 1, 0
+        used += w
+    return rows
 
 
 def spans_decades(values: Iterable[float | None], factor: float = 20.0) -> bool:

@@ -13,12 +13,14 @@ Everything a lab, the main job or a widget measures goes to one folder, `results
 from __future__ import annotations
 
 import dataclasses
+import gzip
 import json
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import warnings
 from .record import Result
 
 
@@ -106,8 +108,6 @@ class ResultStore:
         if not self.path.exists():
             return []
         if self.path.suffix == ".gz":
-            import gzip
-
             text = gzip.open(self.path, "rt", encoding="utf-8").read()
         else:
             text = self.path.read_text()
@@ -118,8 +118,6 @@ class ResultStore:
             try:
                 result = Result.from_dict(json.loads(line))
             except (json.JSONDecodeError, TypeError) as e:
-                import warnings
-
                 warnings.warn(f"{self.path}:{i}: skipped an unreadable record ({e})", stacklevel=2)
                 continue
             if result.requests:

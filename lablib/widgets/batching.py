@@ -215,7 +215,7 @@ class BatchingPanel:
         return self.widget
 
     def _ipython_display_(self) -> None:
-        from IPython.display import display
+        from IPython.display import display  # deferred: IPython
 
         display(self.widget)
 

@@ -27,6 +27,7 @@ from ..mechanisms import kv
 from ..mechanisms.gpus import GPU_PEAKS
 from ..models import architectures, embedded_path, parameter_count, shape
 from ..plots.style import finish
+from ..session import live_label, mode
 from .figure import FigureArea
 
 _CELL = "padding:0 0.8em;"  # table cells: the 'needs' figures ran into the fit column
@@ -169,7 +170,7 @@ class KVCalculator:
         return self.widget
 
     def _ipython_display_(self) -> None:
-        from IPython.display import display
+        from IPython.display import display  # deferred: IPython
 
         display(self.widget)
 
@@ -266,14 +267,10 @@ class VRAMChart:
         fig.update_xaxes(title_text="time since the chart started (s)")
         fig.update_yaxes(title_text="GPU memory used (GiB)", rangemode="tozero",
                          range=[0, total * 1.02] if total else None)
-        from ..session import live_label
-
         return finish(fig, self.title, live_label())
 
     def display(self) -> Any:
         """The live chart when vLLM runs on this machine; otherwise one line saying why it stays empty."""
-        from ..session import mode
-
         m = mode()
         if not m["live"]:
             return f"VRAM chart not live ({m['why']}): the recorded VRAM before and after each engine is in the table below"

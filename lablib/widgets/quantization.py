@@ -29,6 +29,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from .. import validate
+from ..experiments.quantization.recording import speed as speed_step
 from ..experiments.quantization.speed_runs import BATCHES, SPEED_MODEL, SPEED_SCHEMES, VLLM_SWITCHES
 from ..experiments.quantization.sizes import WEIGHT_FORMATS, linear_shapes, predicted_bytes, weights_alone
 from ..experiments.quantization.measures import quality_gate
@@ -263,8 +264,6 @@ class QuantizationExplorer(Explorer):
         """Start at the first scheme this run quantized, from the lab's step results (quality_table, storage_rows,
         speed). `speed` defaults to the recording (`speed(force=False)`: no engine starts), or "not recorded yet"."""
         if speed is None:
-            from ..experiments.quantization.recording import speed as speed_step
-
             speed = speed_step(force=False)
         first = next((r["scheme"] for r in quality or [] if r["scheme"] != "bf16"), None)
         controls = {"scheme": first, **controls} if first else controls

@@ -29,6 +29,7 @@ from plotly.subplots import make_subplots
 from .. import validate
 from ..experiments.speculative.maths import MODEL_BATCHES, roofline_of
 from ..experiments.speculative.study import study_row
+from ..experiments.speculative.vllm_runs import gpu_study
 from ..mechanisms import speculative as maths
 from ..mechanisms.gpus import GPU_PEAKS
 from ..models.architecture import architectures
@@ -268,8 +269,6 @@ class SpeedupExplorer(Explorer):
         `runs` defaults to vLLM's recording (`gpu_study(..., force=False)`: no engine starts), or "not recorded yet".
         """
         if runs is None:
-            from ..experiments.speculative.vllm_runs import gpu_study
-
             runs = gpu_study(batches=(1, 4, 16, 64), ks=(2, 4), force=False)
         if study and study.get("rows"):
             row = study_row(study, k) if any(r["k"] == k for r in study["rows"]) else study["rows"][0]

@@ -12,7 +12,7 @@ def code_sample(text: str, caption: str, language: str = "python") -> Any:
     """An IPython Markdown object: `caption` in italics, then `text` in a fenced `language` block.
 
     A fence longer than any run of backticks in `text` keeps the model's own backticks from ending the block."""
-    from IPython.display import Markdown
+    from IPython.display import Markdown  # deferred: IPython
 
     fence = "`" * max(3, max((len(run) for run in re.findall(r"`+", text)), default=0) + 1)
     return Markdown(f"*{caption}*\n\n{fence}{language}\n{text}\n{fence}")

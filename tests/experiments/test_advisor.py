@@ -165,3 +165,24 @@ def test_the_advice_is_a_config_the_engine_takes_and_w4a16_names_its_checkpoint(
             goal.context, p["t"], p["max_num_seqs"])
         assert ("W4A16 checkpoint" in plan.config_text(goal, p)) == (p["scheme"] == "w4a16")
     assert plan.plan(Goal(model="qwen2.5-72b", concurrency=128, lowest_precision="bf16"))["t"] == 2
+
+
+def test_the_scheme_row_says_why_in_the_terms_the_choice_was_made():
+    """The 70B: fp8 is chosen because it fits on fewer GPUs than bf16, not because it is "the only allowed scheme";
+    a TP raised for latency and the 8B's speed standing in for the 70B's are said, not left to a mismatched number."""
+    from lablib.experiments.advisor import plan as advisor_plan
+
+    def why(**goal: object) -> str:
+        return next(r for r in advisor_plan.plan(advisor_plan.Goal(**goal))["rows"] if r["knob"] == "quantization")["why"]
+
+    big = why(model="llama-3.1-70b", concurrency=64)
+    assert big.startswith("fp8: the only allowed scheme that fits on 1 GPU (the others need: bf16 2 GPUs)"), big
+    assert "not the llama-3.1-70b" in big
+    slo = advisor_plan.plan(advisor_plan.Goal(model="llama-3.1-70b", concurrency=64, tpot_slo_ms=20))
+    if slo["t"] > 1:
+        assert f"run at TP={slo['t']} for the latency target" in why(model="llama-3.1-70b", concurrency=64,
+                                                                        tpot_slo_ms=20)
+    assert why(model="llama-3.1-70b", concurrency=64, lowest_precision="bf16").startswith(
+        "bf16: the only scheme lowest_precision='bf16' allows")
+    small = why()
+    assert "the fastest by the synthetic 8B's speed" in small and "not the" not in small

@@ -327,7 +327,7 @@ def test_off_float32_the_rung_checks_its_tokens_again_in_float32(monkeypatch):
                     "static", 2, attn_implementation=impl, dtype="bfloat16"))) for tail, impl in (("", "eager"),
                                                                                               ("-sdpa", "sdpa"))]
 
-    monkeypatch.setattr(journey, "hf_steps", bf16_steps)
+    monkeypatch.setattr(study, "hf_steps", bf16_steps)  # the name journey_rung calls
     v = study.journey_rung(requests=3, batch=2, max_new_tokens=8).value
     assert v["dtype"] == "bfloat16" and v["float32"] is not v["agreement"]
     assert v["float32"]["identical"] == v["float32"]["of"] == 3  # float32: the same tokens, as on the CPU's rung

@@ -219,8 +219,10 @@ def fake_engine(monkeypatch):
     from lablib.models import synthetic
 
     FakeEngine.made = []
-    monkeypatch.setattr(vllm, "VLLMEngine", FakeEngine)
-    monkeypatch.setattr(synthetic, "synthetic_spec", lambda name, root=None, weights=True: parallel_fit.shape_spec(name))
+    for module in (vllm, runs):  # the engine's module, and the name runs.measure calls
+        monkeypatch.setattr(module, "VLLMEngine", FakeEngine)
+    for module in (synthetic, runs):
+        monkeypatch.setattr(module, "synthetic_spec", lambda name, root=None, weights=True: parallel_fit.shape_spec(name))
     monkeypatch.setattr(runs, "why_not", lambda *a, **k: None)
     monkeypatch.setattr(offline, "device_facts", lambda import_torch=False: {"gpu": "NVIDIA H200"})
     machine(monkeypatch, lambda: {"gpu": "NVIDIA H200", "gpu_count": 2})
@@ -292,7 +294,8 @@ def test_a_run_this_machine_cannot_make_says_why_and_starts_nothing(fake_engine,
     from lablib.engines import vllm
 
     FakeEngine.made = []
-    monkeypatch.setattr(vllm, "VLLMEngine", FakeEngine)
+    for module in (vllm, runs):
+        monkeypatch.setattr(module, "VLLMEngine", FakeEngine)
     machine(monkeypatch, lambda: {"gpu": None, "gpu_count": 0})
     rows, results = parallel_runs.measure("llama-3.1-70b", "fp8", 1, (1, 8))
     assert results == [] and FakeEngine.made == []
@@ -317,10 +320,9 @@ def test_a_run_this_machine_cannot_make_says_why_and_starts_nothing(fake_engine,
 
 
 def test_a_shape_the_disk_cannot_hold_runs_on_vllms_dummy_weights(fake_engine, monkeypatch, tmp_path):
-    import lablib.models.synthetic as synthetic
 
     specs = []
-    monkeypatch.setattr(synthetic, "synthetic_spec", lambda name, root=None, weights=True: specs.append(weights)
+    monkeypatch.setattr(runs, "synthetic_spec", lambda name, root=None, weights=True: specs.append(weights)
                         or parallel_fit.shape_spec(name))
     full = {"on": True}  # a disk too small for the 8B's 16 GB checkpoint: vLLM's dummy weights then
     monkeypatch.setattr(runs, "no_room_on_disk", lambda m: "16 GB, 9 GB free" if full["on"] else None)

@@ -275,7 +275,7 @@ def test_a_recorded_on_off_or_counters_shows_what_the_cell_asked_or_says_what_st
             raise reference.NotRecorded(key, step)
         return facts[key]
 
-    monkeypatch.setattr(reference, "recorded_facts", recorded)
+    monkeypatch.setattr(prefix_runs, "recorded_facts", recorded)  # the name on_off and counters call
     lab = prefix_runs.on_off(force=False)
     assert lab.stand_ins == {} and lab.value == facts[prefix_runs.ON_OFF_KEY] and capsys.readouterr().out == ""
     one = prefix_runs.on_off(("embedded",), force=False)  # the recording is shown whole, and says what else it shows
@@ -434,7 +434,8 @@ def test_bad_input_is_refused_before_any_server_starts(monkeypatch, kw, message)
     def no_server(*a, **k):
         raise AssertionError("a server was started")
 
-    monkeypatch.setattr(server, "VLLMServer", no_server)
+    for module in (server, prefix_serving):  # the server's module, and the name serve_runs calls
+        monkeypatch.setattr(module, "VLLMServer", no_server)
     for call in (lambda: prefix_serving.serve_runs("embedded", **kw), lambda: prefix_serving.serve(**kw, force=True),
                  lambda: prefix_serving.serve(**kw, force=False)):
         with pytest.raises(ValueError, match=message):
@@ -467,11 +468,10 @@ def test_the_lab_serves_live_and_says_what_is_not_recorded(with_fake_vllm, tmp_p
 
 def test_a_recorded_serve_shows_the_recording_and_says_what_stands_in(monkeypatch, capsys):
     from lablib.experiments.prefix import serving as prefix_serving
-    from lablib.results import reference
 
     rows = [{"model": "synthetic:llama-3.1-8b", "workload": "shared-prefix-512", "caching": c, "rate": rate,
              "limit": None} for rate in prefix_serving.RATES for c in ("off", "on")]
-    monkeypatch.setattr(reference, "recorded_facts", lambda key, step: rows if key == prefix_serving.KEY else None)
+    monkeypatch.setattr(prefix_serving, "recorded_facts", lambda key, step: rows if key == prefix_serving.KEY else None)
     shown = prefix_serving.serve(force=False)
     assert shown.value == rows and shown.stand_ins == {} and capsys.readouterr().out == ""
     two = prefix_serving.serve(rates=[32.0, 2.0], force=False)  # the recording whole, the other rates named
@@ -563,7 +563,8 @@ def test_scarce_memory_refuses_a_pool_too_small_before_any_engine(monkeypatch, u
     import lablib.engines.vllm as engine
     from lablib.experiments.prefix import scarce as prefix_scarce
 
-    monkeypatch.setattr(engine, "VLLMEngine", lambda *a, **k: pytest.fail("an engine was made before the refusal"))
+    for module in (engine, prefix_scarce):  # the engine's module, and the name scarce_vllm_rows calls
+        monkeypatch.setattr(module, "VLLMEngine", lambda *a, **k: pytest.fail("an engine was made before the refusal"))
     with pytest.raises(ValueError, match=r"scarce_vllm_rows\.capacities"):
         prefix_scarce.scarce_vllm_rows((16,))  # 512 tokens need 32 blocks
     with pytest.raises(ValueError, match=r"scarce_vllm_rows\.orders"):

@@ -335,12 +335,11 @@ def test_the_awq_claim_is_read_from_the_recording_when_the_run_left_awq_out_and_
 
 def test_quality_recording_is_the_packed_quantization_quality_step_or_none(monkeypatch):
     from lablib.experiments.quantization import vllm_ppl
-    from lablib.results import reference
 
     facts = {"quantization_quality": {"rows": [], "cpu_rows": []}}
-    monkeypatch.setattr(reference, "reference_facts", lambda: facts)
+    monkeypatch.setattr(vllm_ppl, "reference_facts", lambda: facts)  # the name quality_recording calls
     assert vllm_ppl.quality_recording() == facts["quantization_quality"]
-    monkeypatch.setattr(reference, "reference_facts", lambda: {})
+    monkeypatch.setattr(vllm_ppl, "reference_facts", lambda: {})
     assert vllm_ppl.quality_recording() is None
 
 
@@ -412,7 +411,8 @@ def test_fixed_workload_has_exact_lengths_and_cycles():
 def test_speed_runs_refuse_before_any_engine(tmp_path, monkeypatch):
     import lablib.engines.vllm as engine
 
-    monkeypatch.setattr(engine, "VLLMEngine", lambda *a, **k: pytest.fail("an engine was made before the refusal"))
+    for module in (engine, quantization_speed_runs):  # the engine's module, and the name vllm_speed_runs calls
+        monkeypatch.setattr(module, "VLLMEngine", lambda *a, **k: pytest.fail("an engine was made before the refusal"))
     with pytest.raises(ValueError, match="prepare_checkpoints"):
         quantization_speed_runs.vllm_speed_runs(("bf16", "gptq-w4a16"), (1,), model="embedded", work_dir=tmp_path)
     with pytest.raises(ValueError, match=SHAPE.format(owner="quantization", field="schemes")):
@@ -422,9 +422,7 @@ def test_speed_runs_refuse_before_any_engine(tmp_path, monkeypatch):
 
 
 def test_speed_not_recorded_yet_names_its_step(monkeypatch):
-    import lablib.results.reference as reference
-
-    monkeypatch.setattr(reference, "load_reference", lambda *steps, prefix=None: [])  # a tree with no lab 06 runs
+    monkeypatch.setattr(quantization_recording, "load_reference", lambda *steps, prefix=None: [])  # a tree with no lab 06 runs
     shown = quantization_recording.speed(force=False)
     assert shown.value is None and "--steps quantization" in shown.label
     assert quantization_speed_runs.kv_sentence(shown.value).startswith("FP8 KV cache: not measured here")
@@ -436,14 +434,12 @@ def test_the_recorded_speed_shows_what_a_cell_asked_or_says_what_stands_in(start
     recording is shown whole (issue 28), and every knob it ran otherwise is named. Not recorded: no value, no error."""
     import pynvml
 
-    import lablib.results.reference as reference
-
     monkeypatch.setattr(pynvml, "nvmlDeviceGetCount", lambda: 1)
     monkeypatch.setattr(pynvml, "nvmlShutdown", lambda: None)
     kw = {"model": "embedded", "prompt_len": 16, "output_len": 4, "gpu_memory_utilization": 0.3, "max_model_len": 256}
     runs = [dataclasses.replace(r, provenance="recorded")
             for r in quantization_speed_runs.vllm_speed_runs(("bf16", "fp8"), (1, 4), **kw)]
-    monkeypatch.setattr(reference, "load_reference", lambda *steps, prefix=None: runs)
+    monkeypatch.setattr(quantization_recording, "load_reference", lambda *steps, prefix=None: runs)
     same = quantization_recording.speed(force=False, schemes=("fp8", "bf16"), batches=(1, 4), **kw)
     assert same.stand_ins == {} and len(same.value) == 4 and capsys.readouterr().out == ""
     part = quantization_recording.speed(force=False, batches=(4,), **kw)
@@ -466,7 +462,7 @@ def test_the_recorded_speed_shows_what_a_cell_asked_or_says_what_stands_in(start
     assert other.stand_ins == {"schemes": {"asked": ["gptq-w4a16"], "shown": ["bf16", "fp8"]},
                                "workload": {"asked": "fixed-128x4", "shown": "fixed-16x4"},
                                "max_model_len": {"asked": 4096, "shown": 256}}
-    monkeypatch.setattr(reference, "load_reference", lambda *steps, prefix=None: [])
+    monkeypatch.setattr(quantization_recording, "load_reference", lambda *steps, prefix=None: [])
     none = quantization_recording.speed(force=False, schemes=("awq-w4a16",), batches=(2,), model="embedded")
     assert none.value is None and none.stand_ins == {} and "--steps quantization" in none.label
 
@@ -600,7 +596,6 @@ def test_the_two_command_split_records_all_six_and_the_lab_shows_them_together(r
     import shutil
 
     import lablib.experiments.quantization.record as package
-    import lablib.results.reference as reference
     from lablib.models import embedded_path
     from lablib.results import ResultStore
 
@@ -622,7 +617,7 @@ def test_the_two_command_split_records_all_six_and_the_lab_shows_them_together(r
     assert list(b["schemes"]) == ["gptq-w4a16", "w8a8-int8"] and list(b["failed"]) == ["awq-w4a16"]
     assert "prepare_checkpoints" in b["failed"]["awq-w4a16"] and b["checkpoints"]["gptq-w4a16"]["seconds"] == 1.5
     runs = ResultStore(tmp_path / "run" / "reference.jsonl").load()
-    monkeypatch.setattr(reference, "load_reference",
+    monkeypatch.setattr(quantization_recording, "load_reference",
                         lambda *steps, prefix=None: [r for r in runs if r.step.startswith(prefix)])
     shown = quantization_recording.speed(force=False, batches=(2,), **KW)
     assert [r["scheme"] for r in shown.value] == ["bf16", "bf16-kv-fp8", "fp8", "gptq-w4a16", "w8a8-int8"]
@@ -723,7 +718,8 @@ def test_gpu_quality_on_the_fake_vllm_beside_the_cpu_rows_and_refusals_first(sta
     text = quantization_vllm_ppl.gpu_quality_lines(shown)
     assert shown.live and "within the 1% the two must agree by" in text and "fp8-dynamic:" in text
     assert "bf16-kv-fp8 (bf16 weights, FP8 KV cache)" in text and "(x2.00) at the same gpu_memory_utilization" in text
-    monkeypatch.setattr(engine, "VLLMEngine", lambda *a, **k: pytest.fail("an engine was made before the refusal"))
+    for module in (engine, quantization_vllm_ppl):  # the engine's module, and the name vllm_quality_rows calls
+        monkeypatch.setattr(module, "VLLMEngine", lambda *a, **k: pytest.fail("an engine was made before the refusal"))
     with pytest.raises(ValueError, match="quantize_all"):
         quantization_vllm_ppl.vllm_quality_rows(("fp8-dynamic", "gptq-w4a16"), work_dir=tmp_path, eval_texts=2)
     with pytest.raises(ValueError, match=SHAPE.format(owner="quantization", field="schemes")):
@@ -750,7 +746,8 @@ def test_recorded_gpu_quality_shows_what_was_asked_or_names_what_stands_in(monke
     rec.insert(1, {**rec[0], "scheme": "bf16-kv-fp8", "ppl_vllm": 10.03, "ppl_change_pct": 0.3, "ppl_cpu": None,
                    "vllm_vs_cpu_pct": None})
     shipped = reference.reference_facts
-    monkeypatch.setattr(reference, "reference_facts", lambda: {**shipped(), "quantization_quality": {"rows": rec}})
+    for module in (reference, quantization_vllm_ppl):  # the recordings, and the name quality_recording calls
+        monkeypatch.setattr(module, "reference_facts", lambda: {**shipped(), "quantization_quality": {"rows": rec}})
     every = quantization_vllm_ppl.gpu_quality(("fp8-dynamic", "gptq-w4a16"), cpu_rows=[], eval_texts=16, force=False)
     assert every.value == rec and every.stand_ins == {} and capsys.readouterr().out == ""
     same = quantization_vllm_ppl.gpu_quality(("fp8-dynamic",), cpu_rows=[], eval_texts=16, force=False)

@@ -8,6 +8,7 @@ scripts/pack_reference.py then takes. Record's settings are shrunk here (one sch
 run takes seconds; which settings are compared is what the tests pin down.
 """
 import json
+import types
 from pathlib import Path
 
 import pytest
@@ -204,12 +205,12 @@ def test_the_notebooks_quality_knobs_are_records():
     """Lab 06's knobs cell (as committed) asks for exactly RECORD's windows, prompts, tokens and gate, so its live
     GPU run is the quality recording; a knob changed on one side only would make it "not kept"."""
     nb = json.loads((Path(__file__).parents[2] / "labs" / "06_quantization.ipynb").read_text())
-    src = next("".join(c["source"]) for c in nb["cells"] if "GATE_PCT =" in "".join(c["source"]))
-    knobs: dict = {}
+    src = next("".join(c["source"]) for c in nb["cells"] if "lab.gate_pct =" in "".join(c["source"]))
+    lab = types.SimpleNamespace()
     for line in src.splitlines():
-        if line.startswith(("GATE_PCT =", "NUM_SAMPLES, EVAL_TEXTS, PROMPTS, NEW_TOKENS =")):
-            exec(line.split("#")[0], {}, knobs)
-    assert (knobs["NUM_SAMPLES"], knobs["EVAL_TEXTS"], knobs["PROMPTS"], knobs["NEW_TOKENS"], knobs["GATE_PCT"]) == (
+        if line.startswith(("lab.gate_pct =", "lab.num_samples, lab.eval_texts, lab.prompts, lab.new_tokens =")):
+            exec(line.split("#")[0], {}, {"lab": lab})
+    assert (lab.num_samples, lab.eval_texts, lab.prompts, lab.new_tokens, lab.gate_pct) == (
         vllm_ppl.RECORD["num_samples"], vllm_ppl.RECORD["eval_texts"], vllm_ppl.RECORD["prompts"],
         vllm_ppl.RECORD["max_new_tokens"], vllm_ppl.RECORD["max_increase_pct"])
 
@@ -218,9 +219,7 @@ def test_the_notebooks_quality_knobs_are_records():
 def test_the_labs_default_schemes_are_records_on_a_gpu_and_the_quick_three_on_a_cpu(monkeypatch, live):
     """On a live GPU machine the lab asks for record's schemes by default, so its run can be the recording; on a
     CPU the three that keep the lab quick, which differ from record's (AWQ missing), so a CPU run is never kept."""
-    import lablib.session
-
-    monkeypatch.setattr(lablib.session, "mode", lambda: {"live": live})
+    monkeypatch.setattr(vllm_ppl, "mode", lambda: {"live": live})  # the name default_schemes calls
     got = quantization_vllm_ppl.default_schemes()
     if live:
         assert tuple(got) == vllm_ppl.RECORD["schemes"] and "awq-w4a16" in got

@@ -25,7 +25,7 @@ from lablib.experiments.speculative import acceptance, loops, maths, study as sp
 from lablib.experiments.speculative import record as spec_record, vllm_runs as spec_vllm
 from lablib.mechanisms.speculative import SpecCounters, expected_tokens_per_step, reversal_batch, simulate_acceptance
 from lablib.mechanisms.speculative import speedup as formula_speedup
-from lablib.models import embedded_path
+from lablib.models import drafters, embedded_path
 from lablib.results import ResultStore
 
 torch = pytest.importorskip("torch")
@@ -275,31 +275,31 @@ def test_the_runner_variable_is_set_while_spawning_and_restored(monkeypatch):
 
 
 def test_speculative_configs_for_both_methods():
-    assert vllm_runs.speculative_config("draft_model", 4) == {
+    assert drafters.speculative_config("draft_model", 4) == {
         "method": "draft_model", "num_speculative_tokens": 4, "model": str(embedded_path("draft"))}
-    assert vllm_runs.speculative_config("ngram", 3, prompt_lookup_min=2, prompt_lookup_max=5) == {
+    assert drafters.speculative_config("ngram", 3, prompt_lookup_min=2, prompt_lookup_max=5) == {
         "method": "ngram", "num_speculative_tokens": 3, "model": None, "prompt_lookup_min": 2, "prompt_lookup_max": 5}
-    got = vllm_runs.speculative_config("ngram", 2, prompt_lookup_max=3)
+    got = drafters.speculative_config("ngram", 2, prompt_lookup_max=3)
     assert (got["prompt_lookup_min"], got["prompt_lookup_max"]) == (3, 3)  # vLLM's rule: one sets the other
-    got = vllm_runs.speculative_config("ngram", 2)
+    got = drafters.speculative_config("ngram", 2)
     assert (got["prompt_lookup_min"], got["prompt_lookup_max"]) == (5, 5)  # vLLM's defaults
-    assert vllm_runs.speculative_config("draft_model", 2, sampling={"temperature": 0})["method"] == "draft_model"
-    assert vllm_runs.speculative_config("eagle", 4) == {  # the head trained for the embedded target (data/models/eagle)
+    assert drafters.speculative_config("draft_model", 2, sampling={"temperature": 0})["method"] == "draft_model"
+    assert drafters.speculative_config("eagle", 4) == {  # the head trained for the embedded target (data/models/eagle)
         "method": "eagle", "model": str(embedded_path("eagle")), "num_speculative_tokens": 4}
 
 
 def test_an_eagle_head_is_checked_before_vllm(tmp_path):
     with pytest.raises(ValueError, match=SHAPE.format(owner="EagleHead", field="path")):
-        vllm_runs.speculative_config("eagle", 4, draft=tmp_path)  # no config.json
+        drafters.speculative_config("eagle", 4, draft=tmp_path)  # no config.json
     (tmp_path / "config.json").write_text((embedded_path("eagle") / "config.json").read_text().replace(
         '"hidden_size": 256', '"hidden_size": 128'))
     with pytest.raises(ValueError, match=SHAPE.format(owner="EagleHead", field="hidden_size")) as e:
-        vllm_runs.speculative_config("eagle", 4, draft=tmp_path)
+        drafters.speculative_config("eagle", 4, draft=tmp_path)
     assert "256" in str(e.value) and "train_eagle.py" in str(e.value)
     with pytest.raises(ValueError, match=SHAPE.format(owner="EagleHead", field="architectures")):
-        vllm_runs.speculative_config("eagle", 4, draft=embedded_path("draft"))  # a draft model is no EAGLE head
+        drafters.speculative_config("eagle", 4, draft=embedded_path("draft"))  # a draft model is no EAGLE head
     with pytest.raises(ValueError, match=SHAPE.format(owner="speculative_config", field="prompt_lookup_min")):
-        vllm_runs.speculative_config("eagle", 4, prompt_lookup_min=2)
+        drafters.speculative_config("eagle", 4, prompt_lookup_min=2)
 
 
 @pytest.mark.parametrize("args, kwargs, field, words", [
@@ -318,14 +318,14 @@ def test_an_eagle_head_is_checked_before_vllm(tmp_path):
 ])
 def test_bad_speculative_knobs_are_refused(args, kwargs, field, words):
     with pytest.raises(ValueError, match=SHAPE.format(owner="speculative_config", field=field)) as e:
-        vllm_runs.speculative_config(*args, **kwargs)
+        drafters.speculative_config(*args, **kwargs)
     assert words in str(e.value)
 
 
 def test_a_draft_with_another_vocabulary_is_refused_before_vllm(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"vocab_size": 32000}))
     with pytest.raises(ValueError, match=SHAPE.format(owner="speculative_config", field="draft")) as e:
-        vllm_runs.speculative_config("draft_model", 4, draft=tmp_path)
+        drafters.speculative_config("draft_model", 4, draft=tmp_path)
     assert "4096" in str(e.value) and "32000" in str(e.value)
 
 

@@ -102,3 +102,24 @@ def texts(fig: go.Figure) -> list[str]:
 def stating(fig: go.Figure, states: re.Pattern = STATES) -> list[str]:
     """The title and annotations that state where the figure's data come from."""
     return [t for t in texts(fig) if states.search(t)]
+
+
+def vertical_joins(fig: go.Figure) -> list[str]:
+    """Line traces that join two points at the same x: runs of different series drawn as one line, straight up."""
+    out = []
+    for t in fig.data:
+        if t.type == "scatter" and "lines" in (t.mode or "lines") and t.x is not None:
+            xs = [x for x in t.x if x is not None]
+            if len(xs) != len(set(xs)):
+                out.append(t.name)
+    return out
+
+
+def shared_colours(fig: go.Figure, name: Callable[[str], str] = str) -> dict[str, list[str]]:
+    """Legend entries of different names (as `name` reads them) drawn in the same colour, by colour."""
+    by_colour = defaultdict(set)
+    for t in legend(fig):
+        c = trace_colour(t)
+        if c is not None:
+            by_colour[c].add(name(t.name))
+    return {c: sorted(n) for c, n in by_colour.items() if len(n) > 1}

@@ -221,3 +221,30 @@ def test_gmu_sweep_shows_the_baseline_at_its_own_scale(figures):
     peak = next(t for t in fig.data if t.name == "peak during run")
     assert peak.yaxis != before.yaxis and max(peak.y) > 100  # the peaks (GiB) in their own panel
     assert any(a.text == "back to baseline<br>after all 10 engines" for a in fig.layout.annotations)
+
+
+def _journey_here() -> list:
+    """A CPU journey as `lablab` and lab 10 make it: naive, n-gram and draft at batch 1, static b4 and b16, and b16
+    again with sdpa (recorded runs standing in for live ones)."""
+    runs = [r for r in load_reference() if r.step.startswith("vllm-gmu-")]
+    steps = [("hf-naive", "hf-naive", 1), ("hf-naive-ngram-k4", "hf-naive", 1), ("hf-naive-draft-k4", "hf-naive", 1),
+             ("hf-static-b4", "hf-static", 4), ("hf-static-b16", "hf-static", 16),
+             ("hf-static-b16-sdpa", "hf-static", 16)]
+    return [_live(r, step, engine, b) for r, (step, engine, b) in zip(runs, steps)]
+
+
+def test_variants_of_an_engine_are_series_of_their_own_not_a_line_straight_up():
+    """Naive, n-gram and draft all run at batch 1 on the naive engine: three points, not one vertical line; static
+    b16 with sdpa is a point of its own, not a step back down the static line; and b16-sdpa has a colour of its
+    own in every figure that draws runs side by side."""
+    here = _journey_here()
+    fig = batching.throughput_vs_batch(here)
+    assert not rules.vertical_joins(fig), f"series joined at one batch size: {rules.vertical_joins(fig)}"
+    names = {t.name for t in rules.legend(fig)}
+    assert {"hf-naive", "hf-naive-ngram-k4", "hf-naive-draft-k4", "hf-static", "hf-static-sdpa"} <= names, names
+    assert not rules.shared_colours(fig, style.base_name), rules.shared_colours(fig, style.base_name)
+    for metric in batching.LATENCY_METRICS:
+        cdf = batching.latency_cdf(here, metric)
+        assert not rules.shared_colours(cdf, style.base_name), (metric, rules.shared_colours(cdf, style.base_name))
+    assert style.colour("hf-static-b16-sdpa") != style.colour("hf-static-b16")
+    assert style.colour("hf-static-b64-8b-journey") == style.colour("hf-static-b64")  # a recording keeps its rung's

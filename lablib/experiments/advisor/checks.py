@@ -16,8 +16,7 @@ from .plan import advise
 def checks(lab: JourneyLab) -> None:
     """Lab 10's Checks cell, on the road `lab.run` made and the goals `lab.advise` was asked about. Prints what ran
     and what did not (and returns nothing, so the cell shows it once)."""
-    if lab.results is None or not lab.goals:
-        raise ValueError("checks(lab): run Step 1 (lab.run) and Step 3 (lab.advise) first (Run > Run All Cells)")
+    lab.require_all()
     results, shown, skipped = lab.results, lab.shown, lab.skipped
     c = Checks(lab_id("10"))
     live = [r for r in results if r.provenance == "live" and r.workload.get("name") == "journey"]

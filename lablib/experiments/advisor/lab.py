@@ -13,7 +13,7 @@ from ...config import BenchConfig, lab_id
 from ...results.compare import table
 from ...results.record import Result
 from ...results.store import ResultStore, results_dir
-from ...session import mode
+from ...session import LabSteps, mode
 from .. import journey
 from . import plan
 
@@ -29,8 +29,11 @@ def _frame(rows: Any, columns: list[str] | None = None) -> Any:
     return frame if columns is None else frame[columns]
 
 
-class JourneyLab:
+class JourneyLab(LabSteps):
     """Lab 10's measurements: the road (None until `run`) and every goal advised (in the order asked)."""
+
+    CALL = "(...)"
+    STEPS = {"results": "run", "shown": "run"}
 
     def __init__(self, max_new_tokens: int = 32, store: ResultStore | None = None) -> None:
         self.bench = BenchConfig(max_new_tokens=max_new_tokens, progress=False)
@@ -55,7 +58,7 @@ class JourneyLab:
 
     def side_roads(self) -> Any:
         """Each rung against the rung it changes, on the same requests and machine (`journey.side_roads`)."""
-        return _frame(journey.side_roads(self._ran("shown"), self.batch_sizes), SIDE_ROAD_COLUMNS)
+        return _frame(journey.side_roads(self.ran("shown"), self.batch_sizes), SIDE_ROAD_COLUMNS)
 
     @property
     def report_path(self) -> Path:
@@ -73,8 +76,6 @@ class JourneyLab:
         """One sentence per goal advised (`plan.lines`)."""
         return "\n".join(plan.lines(self.goals))
 
-    def _ran(self, name: str) -> Any:
-        value = getattr(self, name)
-        if value is None:
-            raise ValueError(f"JourneyLab.{name} is empty: run lab.run(...) first (Step 1's cell)")
-        return value
+    def missing(self) -> list[str]:
+        """The steps the Checks cell needs that have not run yet: `run`, and `advise` until a goal was advised."""
+        return sorted(super().missing() + ([] if self.goals else ["advise"]))

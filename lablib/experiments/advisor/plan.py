@@ -6,7 +6,7 @@ embedded trained models for quality. A deployment meets the levers in one order,
 1. fit (labs 06 and 09): per allowed weight scheme, the fewest GPUs (`tensor_parallel_size`) whose memory holds
    the weights and the KV of every request in flight, with FP8 KV where it saves GPUs;
 2. weights (lab 06): among the schemes on the fewest GPUs, the fastest by the recorded decode speed at the batch
-   nearest the load (the seed's "int4 is faster" is tested here, not assumed);
+   nearest the load (the common claim "int4 is faster" is tested here, not assumed);
 3. the load (labs 01, 04 and 09): under a per-token latency target, the largest batch per engine that meets it,
    then the fewest GPUs that carry the whole load: replicas of that engine, or a larger TP;
 4. `enable_prefix_caching` (lab 07) and `speculative_config` (lab 08): what the recorded pairs nearest the goal
@@ -151,7 +151,7 @@ def plan(goal: Goal) -> dict[str, Any]:
     fewest = min(f[0] for f in fits.values() if f)
     speed = {s: summary_of(f"{RECORDED[s]}-b{batch}") for s, f in fits.items() if f and f[0] == fewest}
     scheme = max(speed, key=lambda s: speed[s]["output_tok_s"] if speed[s] else 0)
-    (t0, kv), on_h200 = fits[scheme], goal.gpu == "H200"
+    t0, kv = fits[scheme]
     t, cap, replicas = _load(goal, scheme, t0, kv)
     quality = {r["scheme"]: r for r in reference_facts().get("quantization_quality", {}).get("rows", [])}.get(
         QUALITY_ROW[scheme])
@@ -166,10 +166,7 @@ def plan(goal: Goal) -> dict[str, Any]:
     tp_note = "; TP>1 speed is predicted, not measured yet (lab 09)" if t > 1 else ""
     rows = [_row("tensor_parallel_size", t, tp_why, fit_text + tp_note, "lablib.mechanisms.parallel (a model)"),
             _row("quantization", {"bf16": None, "fp8": "fp8", "w4a16": "w4a16 (a checkpoint made in lab 06)"}[scheme],
-                 f"{scheme}: the " + (f"fastest allowed scheme on {t0} GPU{'s' if t0 > 1 else ''}, by the synthetic "
-                                      f"8B's speed at batch {batch} (lab 06)" if len(speed) > 1 else
-                                      f"only allowed scheme on {t0} GPU{'s' if t0 > 1 else ''}") +
-                 ("" if on_h200 else f"; measured on the H200, not on the {goal.gpu}"),
+                 _scheme_why(goal, scheme, fits, speed, t0, t, batch),
                  f"the synthetic 8B's decode output tok/s at batch {batch}: " + (", ".join(
                      f"{s} {v['output_tok_s']:,.0f}" for s, v in speed.items() if v) or "not measured") +
                  (f"; perplexity {quality['ppl_change_pct']:+.2f}% against bf16 on the embedded model" if quality
@@ -188,6 +185,31 @@ def plan(goal: Goal) -> dict[str, Any]:
                          "replicas share nothing, so their throughputs add (a model: lab 09's two-GPU rows)", MODEL))
     rows += [_prefix_row(goal), _speculative_row(goal)]
     return {"scheme": scheme, "t": t, "kv": kv, "max_num_seqs": cap, "replicas": replicas, "rows": rows}
+
+
+def _gpus(n: int) -> str:
+    return f"{n} GPU{'s' if n > 1 else ''}"
+
+
+def _scheme_why(goal: Goal, scheme: str, fits: dict[str, tuple[int, str] | None], speed: dict[str, Any], t0: int,
+                t: int, batch: int) -> str:
+    """Why this scheme, in the terms the choice was made: the fewest GPUs that hold the load, then the 8B's recorded
+    speed among the schemes tied there; what every other allowed scheme needs; where TP was raised for latency and
+    which measurements stand in (the 8B's, the H200's) for the model and GPU asked about."""
+    if len(fits) == 1:
+        why = f"{scheme}: the only scheme lowest_precision={goal.lowest_precision!r} allows"
+    elif len(speed) > 1:
+        why = (f"{scheme}: of the schemes that fit on the fewest GPUs ({_gpus(t0)}: {', '.join(speed)}), the fastest "
+               f"by the synthetic 8B's speed at batch {batch} (lab 06)")
+    else:
+        others = ", ".join(f"{s} {_gpus(f[0])}" if f else f"{s} more than {goal.max_gpus}"
+                           for s, f in fits.items() if s != scheme)
+        why = f"{scheme}: the only allowed scheme that fits on {_gpus(t0)} (the others need: {others})"
+    if t != t0:
+        why += f"; run at TP={t} for the latency target (tensor_parallel_size)"
+    stand_ins = [x for x in ("" if goal.model == "llama-3.1-8b" else f"the synthetic 8B, not the {goal.model}",
+                             "" if goal.gpu == "H200" else f"the H200, not the {goal.gpu}") if x]
+    return why + (f"; speed measured on {' and '.join(stand_ins)}" if stand_ins else "")
 
 
 def _kv_row(kv: str, batch: int) -> dict[str, Any]:

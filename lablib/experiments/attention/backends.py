@@ -17,6 +17,7 @@ from typing import Any
 from ... import validate
 from ...bench.offline import run
 from ...config import BenchConfig, lab_id, VLLMConfig
+from ...engines.vllm import VLLMEngine
 from ...results.store import ResultStore
 from ...workloads import Workload, load_workload
 
@@ -70,8 +71,6 @@ def wired() -> bool:
 
 
 def vllm_sweep_live(model: str = "embedded", store: ResultStore | None = None) -> tuple[list[dict], list[Any]]:
-    from ...engines.vllm import VLLMEngine
-
     cfg = VLLMConfig(gpu_memory_utilization=0.3)
     return vllm_backend_sweep(lambda b, kw: VLLMEngine(model, dataclasses.replace(cfg, attention_backend=b)),
                               base=cfg, store=store)

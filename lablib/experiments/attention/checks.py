@@ -24,9 +24,7 @@ def checks(lab: Any) -> None:
     """Lab 02's Checks cell: reads the prediction's summary, the kernels here, HF prefill here, the GPU sweep, HF
     prefill on the GPU, vLLM's backends and the journey rung. Prints what ran and what did not (and returns nothing,
     so the cell shows it once)."""
-    if lab.missing():
-        raise ValueError(f"checks(lab): the steps {lab.missing()} have not run; run every step above first "
-                         "(Run > Run All Cells)")
+    lab.require_all()
     summary, here, hf_here, gpu, hf_gpu = lab.summary, lab.here, lab.hf_here, lab.gpu, lab.hf_gpu
     backends, rung, s = lab.backends, lab.rung, lab.summary["slopes"]
     c = Checks(lab_id("02"))

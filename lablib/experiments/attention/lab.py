@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...session import Shown
+from ...session import LabSteps, Shown
 from . import findings, study
 
 HERE_COLUMNS = ["kernel", "N", "batch", "status", "median_ms", "max_abs_err", "within_tol"]
@@ -20,9 +20,12 @@ HF_COLUMNS = ["impl", "prompt_tokens", "status", "median_ms", "max_abs_logit_dif
 BACKEND_COLUMNS = ["backend", "ran", "status", "output_tok_s", "ttft_p50_s", "tpot_p50_s", "reason"]
 
 
-class AttentionLab:
+class AttentionLab(LabSteps):
     """Lab 02's prediction and measurements, one attribute per step, filled in as the notebook runs them (None until
     then)."""
+
+    STEPS = {"summary": "predict", "here": "kernels_here", "gpu": "kernel_sweep", "hf_here": "hf_prefill_here",
+             "hf_gpu": "hf_prefill_gpu", "backends": "vllm_backends", "rung": "journey_rung"}
 
     def __init__(self) -> None:
         self.pred: list[dict[str, Any]] | None = None  # `predict`: the IO model's bytes and times per N
@@ -42,7 +45,7 @@ class AttentionLab:
 
     def prediction_summary(self) -> None:
         """What the prediction says, in sentences (`findings.describe_prediction`)."""
-        print(findings.describe_prediction(self._ran("summary", "predict")))
+        print(findings.describe_prediction(self.ran("summary")))
 
     def kernels_here(self) -> Any:
         """Every attention kernel on this machine's CPU, checked against float64 (`study.kernels_here`): prints what
@@ -58,11 +61,11 @@ class AttentionLab:
 
     def sweep_table(self) -> Any:
         """The GPU sweep's prefill rows."""
-        return findings.table(self._ran("gpu", "kernel_sweep"), "prefill", SWEEP_COLUMNS)
+        return findings.table(self.ran("gpu"), "prefill", SWEEP_COLUMNS)
 
     def speedups(self) -> Any:
         """Each kernel's speedup over naive beside the IO model's (`findings.speedup_table`)."""
-        return findings.speedup_table(self._ran("gpu", "kernel_sweep"))
+        return findings.speedup_table(self.ran("gpu"))
 
     def hf_prefill_here(self) -> Shown:
         """HF prefill per attn_implementation on the embedded model, on this CPU (`study.hf_prefill_here`)."""
@@ -71,7 +74,7 @@ class AttentionLab:
 
     def hf_table(self) -> Any:
         """`hf_prefill_here`'s rows."""
-        return findings.table(self._ran("hf_here", "hf_prefill_here"), "hf", HF_COLUMNS)
+        return findings.table(self.ran("hf_here"), "hf", HF_COLUMNS)
 
     def hf_prefill_gpu(self) -> Shown:
         """HF prefill on the synthetic 8B, live on a GPU, else recorded (`study.hf_prefill_gpu`)."""
@@ -92,18 +95,5 @@ class AttentionLab:
 
     def observations(self) -> None:
         """This run's numbers, each with where it was measured (`findings.observations`)."""
-        print(findings.observations(self._ran("summary", "predict"), self._ran("here", "kernels_here"),
-                                    self._ran("hf_here", "hf_prefill_here"), self._ran("gpu", "kernel_sweep"),
-                                    self._ran("hf_gpu", "hf_prefill_gpu")))
-
-    def missing(self) -> list[str]:
-        """The steps the Checks cell needs that have not run yet, by their method names."""
-        steps = {"summary": "predict", "here": "kernels_here", "gpu": "kernel_sweep", "hf_here": "hf_prefill_here",
-                 "hf_gpu": "hf_prefill_gpu", "backends": "vllm_backends", "rung": "journey_rung"}
-        return sorted({step for name, step in steps.items() if getattr(self, name) is None})
-
-    def _ran(self, name: str, step: str) -> Any:
-        value = getattr(self, name)
-        if value is None:
-            raise ValueError(f"AttentionLab.{name} is empty: run lab.{step}() first (a cell above this one)")
-        return value
+        print(findings.observations(self.ran("summary"), self.ran("here"), self.ran("hf_here"), self.ran("gpu"),
+                                    self.ran("hf_gpu")))

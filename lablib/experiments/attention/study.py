@@ -38,6 +38,7 @@ here too: the notebook and the tests call `attention.prediction`, `attention.vll
 """
 from __future__ import annotations
 
+import contextlib
 import datetime
 import statistics
 import time
@@ -46,15 +47,21 @@ from typing import Any
 
 from ... import validate
 from ...bench.attention import run_attention_bench
+from ...bench.offline import run_step
+from ...engines.hf import HFEngine
 from ...hardware.device import device_facts, library_versions, torch_threads
 from ...hardware.oom import error_line, free_memory, is_out_of_memory, oom_row
 from ...models import ModelSpec, load_hf_model, resolve_model
+from ...models.synthetic import synthetic_spec
+from ...results.compare import outputs_agree
 from ...results.reference import NotRecorded, recorded_facts
 from ...results.store import ResultStore
-from ...session import Shown, live_or_recorded
+from ...session import live_label, live_or_recorded, Shown
+from ...workloads import load_workload
+from ..journey import hf_steps, Step
 from .findings import with_prediction
 from .backends import NOT_WIRED, vllm_sweep_live, wired
-from ...config import lab_id
+from ...config import BenchConfig, HFConfig, lab_id
 
 STEP = KEY = "attention"  # scripts/record_reference.py --steps attention writes facts["attention"]
 BIG = "llama-3.1-8b"  # the synthetic 8B shape of the GPU runs
@@ -121,7 +128,7 @@ def hf_prefill(model: str | ModelSpec = "embedded", impls: Sequence[str] | None 
     Status: 'ok', 'oom' (freed, the sweep goes on), 'failed' (the error's first line), 'skipped'.
     Arguments are refused before the model loads.
     """
-    import torch
+    import torch  # deferred: torch
 
     own = "hf_prefill"
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -173,9 +180,7 @@ HF_FIELDS = ("impl", "prompt_tokens", "status", "median_ms", "min_ms", "max_ms",
 def _flex_room(active: bool, shapes: int) -> Any:
     """transformers compiles flex_attention's own code object, which the microbenchmark may have compiled for many
     shapes already: past dynamo's recompile limit it would run eager (unfused) without a word. Start clean."""
-    import contextlib
-
-    import torch
+    import torch  # deferred: torch
 
     if not active:
         return contextlib.nullcontext()
@@ -188,7 +193,7 @@ def _flex_room(active: bool, shapes: int) -> Any:
 def _hf_point(net: Any, impl: str, ids: Any, cuda: bool, warmup: int, repeats: int,
               reference: dict[int, tuple[str, Any]]) -> dict[str, Any]:
     """One (implementation, length) point of hf_prefill."""
-    import torch
+    import torch  # deferred: torch
 
     n = ids.shape[-1]
     row = dict.fromkeys(HF_FIELDS) | {"impl": impl, "prompt_tokens": n, "status": "ok"}
@@ -247,8 +252,6 @@ def hf_prefill_gpu(force: bool | None = None, prompt_lens: Sequence[int] = HF_GP
     The recording ran HF_RECORD_LENS and is shown whole; the line under the cell says which lengths (and which
     model) it shows where the cell asked others."""
     def live() -> dict[str, Any]:
-        from ...models.synthetic import synthetic_spec
-
         return hf_prefill(synthetic_spec(BIG), prompt_lens=prompt_lens, device="cuda")
 
     return _labelled(live_or_recorded(
@@ -281,13 +284,6 @@ def journey_rung(requests: int = 16, batch: int = 16, max_new_tokens: int = 32, 
     validate.integer(owner, "requests", requests, "journey requests, e.g. 16.", 1, 64)
     validate.integer(owner, "batch", batch, "a static batch size > 1, e.g. 16.", 2, 64)
     validate.integer(owner, "max_new_tokens", max_new_tokens, "new tokens per request, e.g. 32.")
-    from ...config import BenchConfig
-    from ...results.compare import outputs_agree
-    from ...session import live_label
-    from ...workloads import load_workload
-    from ...bench.offline import run_step
-    from ..journey import hf_steps
-
     wl, bench = load_workload("journey", limit=requests), BenchConfig(max_new_tokens=max_new_tokens, progress=False)
     results = [run_step(step, "embedded", wl, bench, lab=lab_id("02"), store=store, threads=threads)
                for step in hf_steps([batch])[-2:]]  # hf-static-b<batch> (eager), then its -sdpa rung
@@ -307,11 +303,6 @@ def journey_rung(requests: int = 16, batch: int = 16, max_new_tokens: int = 32, 
 def _float32_pair(wl: Any, bench: Any, batch: int, threads: int | None) -> list[Any]:
     """The rung's eager and sdpa runs again in float32 on the CPU, where the claim was measured (not stored: they check
     the tokens, not the speed; the embedded model takes seconds)."""
-    from ...config import HFConfig
-    from ...engines.hf import HFEngine
-    from ...bench.offline import run_step
-    from ..journey import Step
-
     return [run_step(Step(f"hf-static-b{batch}-{impl}-float32", lambda m, impl=impl: HFEngine(m, HFConfig(
                 "static", batch, attn_implementation=impl, dtype="float32", device="cpu"))), "embedded", wl, bench,
                      lab=lab_id("02"), threads=threads) for impl in ("eager", "sdpa")]

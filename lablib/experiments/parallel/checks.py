@@ -15,9 +15,7 @@ from .study import batch_gain, tp_cuts_latency
 def checks(lab: Any) -> None:
     """Lab 09's Checks cell: reads the cost rows, the fits, the refusal's advice, the TP=1 baseline and the TP scaling
     runs. Prints what ran and what did not (and returns nothing, so the cell shows it once)."""
-    if lab.missing():
-        raise ValueError(f"checks(lab): the steps {lab.missing()} have not run; run every step above first "
-                         "(Run > Run All Cells)")
+    lab.require_all()
     rows, fits, advice, tp1, scaling = lab.rows, lab.fits, lab.advice, lab.tp1, lab.scaling
     c = Checks(lab_id("09"))
     c.that("TP=1 pays no communication",

@@ -15,6 +15,7 @@ from typing import Any
 
 from ... import validate
 from ...config import VLLMConfig
+from ...engines.vllm import VLLMEngine
 from ...hardware.fit import check_fit, tp_fit_table
 from ...mechanisms import parallel as tp
 from ...mechanisms.gpus import GPU_PEAKS
@@ -123,8 +124,6 @@ def engine_refusal(model: str = "llama-3.1-70b", config: VLLMConfig = ONE_LONG_S
 
     Without a GPU its preflight refuses first for that (or for vLLM missing); on an H200 it refuses a
     configuration that cannot fit with check_fit's advice. A configuration it accepts starts no worker here."""
-    from ...engines.vllm import VLLMEngine
-
     try:
         VLLMEngine(shape_spec(model), config)
     except ValueError as e:

@@ -28,6 +28,7 @@ from typing import Any
 from ... import validate
 from ...hardware.device import device_facts
 from ...results.record import Result
+from ...results.reference import reference_facts
 from ...results.store import ResultStore, keep_if_recording
 from .runs import LAB, OUTPUT_LEN, PROMPT_LEN, Run, gpus_here, too_few, measure, not_measured
 
@@ -224,8 +225,6 @@ def remaining_runs(facts: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     row: "recorded ...", the recorded reason it was not measured (a 2-GPU machine cannot make TP=4), or "not run yet";
     `needs` says which machine makes it."""
     if facts is None:
-        from ...results.reference import reference_facts
-
         facts = reference_facts()
     out = [{"run": f"TP=1 baseline: {r.model} {r.scheme}, batch {'/'.join(map(str, TP1_BATCHES))}",
             "needs": "1 H200 (nvidia-h200)", "step": TP1, "status": _status(facts, TP1, r, TP1_BATCHES)}

@@ -12,7 +12,7 @@ from typing import Any
 
 from ...config import VLLMConfig, lab_id
 from ...results.store import ResultStore
-from ...session import Shown
+from ...session import LabSteps, Shown
 from . import fit, grid, model, nodes, study
 
 COST_COLUMNS = ["link", "batch", "t", "latency_s", "throughput_tok_s", "speedup", "efficiency", "communication_share",
@@ -31,9 +31,13 @@ def _frame(rows: Any) -> Any:
     return pd.DataFrame(rows)
 
 
-class ParallelLab:
+class ParallelLab(LabSteps):
     """Lab 09's cost model, fits and measurements, one attribute per step, filled in as the notebook runs them (None
     until then)."""
+
+    STEPS = {"rows": "cost_model", "fits": "fit", "advice": "advise", "tp1": "tp1_baseline", "scaling": "tp_scaling",
+             "too_big": "refusal"}
+    OPTIONAL = frozenset({"too_big"})
 
     def __init__(self, store: ResultStore | None = None) -> None:
         self.store = store if store is not None else ResultStore.for_lab(lab_id("09"))  # every live vLLM run
@@ -59,7 +63,7 @@ class ParallelLab:
 
     def cost_table(self, name: str = "llama-3.1-8b", batches: tuple[int, ...] = (1, 64)) -> Any:
         """The cost model's rows for one model at a few batches."""
-        rows = [r for r in self._ran("rows", "cost_model") if r["model"] == name and r["batch"] in batches]
+        rows = [r for r in self.ran("rows") if r["model"] == name and r["batch"] in batches]
         return _frame(rows)[COST_COLUMNS]
 
     def dominance(self, models: tuple[str, ...] = ("llama-3.1-8b", "llama-3.1-70b")) -> Any:
@@ -83,7 +87,7 @@ class ParallelLab:
 
     def fit_table(self) -> Any:
         """`fit`'s rows as a table."""
-        return _frame(self._ran("fits", "fit"))
+        return _frame(self.ran("fits"))
 
     def refusal(self, name: str = "llama-3.1-70b", **config: Any) -> None:
         """What `VLLMEngine`'s preflight answers on this machine for `name` with `VLLMConfig(**config)`
@@ -93,13 +97,13 @@ class ParallelLab:
 
     def advise(self, gpu: str = "H200") -> None:
         """The same preflight on one `gpu`'s memory, and the knobs that make it fit (`fit.fit_advice`)."""
-        self.advice = fit.fit_advice(self.shape, self._ran("too_big", "refusal"), gpu)
+        self.advice = fit.fit_advice(self.shape, self.ran("too_big"), gpu)
         print("check_fit says:", self.advice["check_fit_advice"])
         print("the lab says:  ", self.advice["advice"])
 
     def try_knobs(self, gpu: str = "H200", **knobs: Any) -> None:
         """The refused configuration with `knobs` changed, through the same preflight (`fit.fit_advice`)."""
-        config = dataclasses.replace(self._ran("too_big", "refusal"), **knobs)
+        config = dataclasses.replace(self.ran("too_big"), **knobs)
         print(fit.fit_advice(self.shape, config, gpu)["advice"])
 
     def refusals(self, name: str = "llama-3.1-70b") -> Any:
@@ -135,22 +139,10 @@ class ParallelLab:
 
     def nodes(self) -> Any:
         """Where each multi-node path starts to pay (`nodes.multi_node_paths`), after its line."""
-        fits = self._ran("fits", "fit")
+        fits = self.ran("fits")
         print(nodes.nodes_line(fits))
         return _frame(nodes.multi_node_paths(fits))
 
     def summary(self) -> None:
         """The cost model's headline numbers, one line each (`model.headline`)."""
-        print("\n".join(model.headline(self._ran("rows", "cost_model"), self._ran("fits", "fit"))))
-
-    def missing(self) -> list[str]:
-        """The steps the Checks cell needs that have not run yet, by their method names."""
-        steps = {"rows": "cost_model", "fits": "fit", "advice": "advise", "tp1": "tp1_baseline",
-                 "scaling": "tp_scaling"}
-        return sorted({step for name, step in steps.items() if getattr(self, name) is None})
-
-    def _ran(self, name: str, step: str) -> Any:
-        value = getattr(self, name)
-        if value is None:
-            raise ValueError(f"ParallelLab.{name} is empty: run lab.{step}() first (a cell above this one)")
-        return value
+        print("\n".join(model.headline(self.ran("rows"), self.ran("fits"))))

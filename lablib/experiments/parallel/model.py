@@ -44,7 +44,8 @@ def lookup(rows: list[dict[str, Any]], key: str, **match: Any) -> Any:
 
 def pcie_share_above_nvlink(rows: list[dict[str, Any]]) -> bool:
     """Whether, at every model, t > 1 and batch in the rows, both PCIe links spend a larger share of the step on
-    all-reduces than NVLink 4 (the seeds' warning, as the model states it)."""
+    all-reduces than NVLink 4 (the common warning that the all-reduces "must go over NVLink", as the
+    model states it)."""
     keys = {(r["model"], r["t"], r["batch"]) for r in rows if r["t"] > 1}
     share = {(r["model"], r["t"], r["batch"], r["link"]): r["communication_share"] for r in rows}
     return bool(keys) and all(share[k + (pcie.name,)] > share[k + (tp.NVLINK4.name,)]

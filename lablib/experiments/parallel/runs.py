@@ -19,15 +19,18 @@ import statistics
 from typing import Any
 
 from ... import validate
+from ...bench.offline import run as bench_run
 from ...config import BenchConfig, lab_id, VLLMConfig
 from ...engines.process import environ
+from ...engines.vllm import VLLMEngine
 from ...hardware.device import device_facts, nvml_memory, usable_gpu_count
 from ...hardware.fit import check_fit
 from ...hardware.roofline import lookup_gpu
 from ...mechanisms import parallel as tp
 from ...mechanisms.pipeline import pipeline_step
+from ...models import load_tokenizer, resolve_model
 from ...models.architecture import architectures, parameter_count
-from ...models.synthetic import synthetic_folder
+from ...models.synthetic import synthetic_folder, synthetic_spec
 from ...results.record import Result
 from ...results.store import ResultStore
 from ...workloads import Request, Workload, load_workload
@@ -53,8 +56,6 @@ def fixed_shapes(n: int, prompt_len: int = PROMPT_LEN, output_len: int = OUTPUT_
     """n distinct prompts of exactly prompt_len tokens (held-out code from the evaluation set, the embedded
     tokenizer's ids, which a synthetic checkpoint takes), output_len tokens each. A synthetic model is sent the
     chat form (bench.offline.prepare renders it), a few tokens longer: rows use the context the records report."""
-    from ...models import load_tokenizer, resolve_model
-
     validate.integer("fixed_shapes", "n", n, "ask for at least one request, e.g. 8.")
     tok = load_tokenizer(resolve_model("embedded"))
     windows = [tok(r.prompt).input_ids[1:] for r in load_workload("evaluation").requests]
@@ -252,10 +253,6 @@ def measure(model: str, scheme: str = "bf16", t: int = 1, batches: tuple[int, ..
     why = why_not(model, scheme, t, config)
     if why:
         return [not_measured(model, scheme, t, b, why, pp, all_reduce) for b in batches], []
-    from ...bench.offline import run as bench_run
-    from ...engines.vllm import VLLMEngine
-    from ...models.synthetic import synthetic_spec
-
     disk = dummy_weights(model)
     if disk:  # vLLM draws the weights itself: same shape, same speed, nothing on disk
         config = dataclasses.replace(config, load_format="dummy")

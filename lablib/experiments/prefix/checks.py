@@ -3,7 +3,7 @@
 `part` takes one part of an on/off run's Shown (its runs, its agreement) still labelled; `on_off_pairs`
 sets caching on beside off per model and workload; `caching_cuts_ttft` and `falls_with_capacity` are the
 claims on them, `serve_hits_predicted` and `serve_cuts_ttft` the claims on the server under load
-(`prefix_serving`); `checks` is the notebook's Checks cell: the simulator's exact cases asserted on this run,
+(`serving`); `checks` is the notebook's Checks cell: the simulator's exact cases asserted on this run,
 vLLM's claims when measured live.
 """
 from __future__ import annotations
@@ -11,7 +11,9 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
+from ...session import Checks
 from .runs import counters_keep_only_the_first, on_off_pairs
+from .scarce import pool_as_asked
 from .workloads import BIG
 from ...config import lab_id
 
@@ -127,11 +129,7 @@ def checks(lab: Any) -> None:
     scarce-memory rows, the sequential counters, the on/off runs, and where they ran the transformers reuse study,
     the server's load tests, the counters 32 at once and vLLM's scarce-memory runs. Prints what ran and what did
     not (and returns nothing, so the cell shows it once)."""
-    from ...session import Checks
-
-    if lab.missing():
-        raise ValueError(f"checks(lab): the steps {lab.missing()} have not run; run every step above first "
-                         "(Run > Run All Cells)")
+    lab.require_all()
     idea, chain, lengths, advice, demo, scarce = lab.idea, lab.chain, lab.lengths, lab.advice, lab.demo, lab.scarce
     seq, onoff, reuse, serve, batch, scarce_vllm = lab.seq, lab.onoff, lab.reuse, lab.served, lab.batch, lab.scarce_vllm
     c = Checks(lab_id("07"))
@@ -169,7 +167,7 @@ def checks(lab: Any) -> None:
         all(r["hits"] == 0 for r in scarce if r["order"] == "round-robin" and r["num_blocks"] <= r["prefix_blocks"]),
     )
     c.that("scarce memory: less room never raises the hit rate, nor lowers the evictions", falls_with_capacity(scarce))
-    if reuse is not None:  # prefix_reuse.reuse_study: measured on this machine, whatever it is
+    if reuse is not None:  # reuse.reuse_study: measured on this machine, whatever it is
         c.that("on this machine, reusing the shared prefix's K/V cuts the median time to first token",
                reuse["warm_ttft_p50_ms"] < reuse["cold_ttft_p50_ms"],
                f"{reuse['cold_ttft_p50_ms']:.1f} ms cold, {reuse['warm_ttft_p50_ms']:.1f} ms warm")
@@ -200,16 +198,14 @@ def checks(lab: Any) -> None:
     c.live(
         part(onoff, "runs"), "prefix caching cuts TTFT p50 on every shared-prefix set (synthetic 8B)", caching_cuts_ttft
     )
-    if scarce_vllm is not None:  # prefix_scarce.scarce_vllm: vLLM with a pool of the simulator's capacity
-        from .scarce import pool_as_asked
-
+    if scarce_vllm is not None:  # scarce.scarce_vllm: vLLM with a pool of the simulator's capacity
         c.live(scarce_vllm, "vLLM's pool holds exactly the blocks asked for (the capacity and its null block)",
                pool_as_asked, lambda rows: [(r["num_blocks"], r["kv_blocks"]) for r in rows])
         c.live(scarce_vllm, "with too few blocks for every prefix (evictions), vLLM's num_cached_tokens equals the "
                "simulator's, request by request, in every order",
                lambda rows: all(r["per_request_exact"] for r in rows),
                lambda rows: [r["verdict"] for r in rows if not r["per_request_exact"]])
-    if serve is not None:  # prefix_serving.serve: the server under Poisson load
+    if serve is not None:  # serving.serve: the server under Poisson load
         c.live(serve, "under Poisson load the server's prefix-cache counters equal the simulator's, at every rate",
                serve_hits_predicted,
                lambda rows: [{k: r[k] for k in ("rate", "hits", "predicted_hits", "queries", "predicted_queries",

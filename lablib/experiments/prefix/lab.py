@@ -13,11 +13,16 @@ from typing import Any
 from ...config import HFConfig, lab_id
 from ...engines.hf import HFEngine
 from ...results.store import ResultStore
+from ...session import LabSteps
 from . import checks, reuse, runs, scarce, serving, simulated
 
 SCARCE_COLUMNS = ["order", "num_blocks", "kv_blocks", "predicted_hit_rate", "vllm_hit_rate", "predicted_evictions",
                   "per_request_exact"]
 AGREEMENT_COLUMNS = ["model", "workload", "identical", "of", "diverged"]
+COUNTER_COLUMNS = {1: ["workload", "predicted_hits", "vllm_hits", "predicted_queries", "vllm_queries",
+                       "per_request_exact", "exact"],
+                   32: ["workload", "predicted_hits", "vllm_hits", "predicted_queries", "vllm_queries",
+                        "per_request_exact", "exact", "differ"]}
 
 
 def _frame(rows: Any) -> Any:
@@ -26,8 +31,11 @@ def _frame(rows: Any) -> Any:
     return pd.DataFrame(rows)
 
 
-class PrefixLab:
+class PrefixLab(LabSteps):
     """Lab 07's measurements, one attribute per step, filled in as the notebook runs them (None until then)."""
+
+    STEPS = {"idea": "repeats", "chain": "hash_chain", "lengths": "prefix_lengths", "advice": "advice_runs",
+             "demo": "eviction_demo", "scarce": "scarce_memory", "seq": "counters(1)", "onoff": "on_off"}
 
     def __init__(self, store: ResultStore | None = None) -> None:
         self.store = store if store is not None else ResultStore.for_lab(lab_id("07"))  # every live vLLM run
@@ -88,13 +96,15 @@ class PrefixLab:
         return self.scarce_vllm.table(SCARCE_COLUMNS)
 
     def counters(self, max_num_seqs: int) -> Any:
-        """vLLM's prefix-cache counters against the simulator's (`runs.counters`), 1 or 32 requests at a time."""
+        """vLLM's prefix-cache counters against the simulator's (`runs.counters`), 1 or 32 requests at a time: prints
+        each workload's verdict in full, returns the table (`lab.seq` / `lab.batch` keep what was shown)."""
         shown = runs.counters(max_num_seqs, store=self.store)
         if max_num_seqs == 1:
             self.seq = shown
         else:
             self.batch = shown
-        return shown
+        print("\n".join(r["verdict"] for r in shown.value or []) + f"\n[{shown.label}]")
+        return shown.table(COUNTER_COLUMNS[max_num_seqs])
 
     def on_off(self) -> Any:
         """Each model with prefix caching off, then on (`runs.on_off`)."""
@@ -103,7 +113,7 @@ class PrefixLab:
 
     def on_off_pairs(self) -> Any:
         """Caching on beside off per model and workload (`runs.on_off_pairs`), labelled."""
-        return checks.part(self._ran("onoff", "on_off"), "runs", runs.on_off_pairs).table()
+        return checks.part(self.ran("onoff"), "runs", runs.on_off_pairs).table()
 
     def reuse_study(self, workload: str = "shared-prefix-512", requests: int = 8, rounds: int = 3) -> Any:
         """The shared prefix's K/V computed once in transformers and reused, on this machine (`reuse.reuse_study`)."""
@@ -114,7 +124,7 @@ class PrefixLab:
     def agreement(self) -> Any:
         """Greedy tokens with caching on against off (`checks.agreement_lines`): prints what they say, returns the
         table."""
-        print(checks.agreement_lines(self._ran("onoff", "on_off")))
+        print(checks.agreement_lines(self.ran("onoff")))
         return checks.part(self.onoff, "agreement").table(AGREEMENT_COLUMNS)
 
     def serve(self) -> Any:
@@ -125,8 +135,8 @@ class PrefixLab:
 
     def summary(self) -> None:
         """The simulator's cases in three lines, every number from this run."""
-        idea, lengths = self._ran("idea", "repeats"), self._ran("lengths", "prefix_lengths")
-        advice, demo = self._ran("advice", "advice_runs"), self._ran("demo", "eviction_demo")
+        idea, lengths = self.ran("idea"), self.ran("lengths")
+        advice, demo = self.ran("advice"), self.ran("demo")
         print(f"simulated here: a repeated 64-token prompt caches {idea.loc[64, 'cached_second_time']} tokens; a "
               f"{lengths[1]['shared_tokens']}-token shared prefix caches {lengths[1]['cached_per_later_request']} per "
               "later request")
@@ -135,15 +145,3 @@ class PrefixLab:
               f"{advice['per-request line first'].hits} hits; multi-turn: "
               f"{list(advice['multi-turn'].cached_tokens[:5])} ...")
         print(f"eviction picture: {demo.evictions} hashes evicted, cached per request {list(demo.cached_tokens)}")
-
-    def missing(self) -> list[str]:
-        """The steps the Checks cell needs that have not run yet, by their method names."""
-        steps = {"idea": "repeats", "chain": "hash_chain", "lengths": "prefix_lengths", "advice": "advice_runs",
-                 "demo": "eviction_demo", "scarce": "scarce_memory", "seq": "counters(1)", "onoff": "on_off"}
-        return sorted({step for name, step in steps.items() if getattr(self, name) is None})
-
-    def _ran(self, name: str, step: str) -> Any:
-        value = getattr(self, name)
-        if value is None:
-            raise ValueError(f"PrefixLab.{name} is empty: run lab.{step}() first (the cell above this one)")
-        return value

@@ -35,7 +35,7 @@ def reusable_tokens(prompt_len: int, shared: int, block_size: int = 16) -> int:
 
 def _forward(model: Any, ids: list[int], cache: Any = None) -> Any:
     """One prefill pass over `ids` (after `cache`'s tokens, when given); the model's output, its cache extended."""
-    import torch
+    import torch  # deferred: torch
 
     with torch.inference_mode():
         return model(input_ids=torch.tensor([ids]), past_key_values=cache, use_cache=True)

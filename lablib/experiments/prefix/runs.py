@@ -9,13 +9,6 @@ with many in flight the scheduler admits several in one step, and with chunked p
 request can look up a shared prompt whose later blocks another request has not been given yet,
 so hits then depend on the schedule; the lab shows that case next to the sequential one and
 says why they differ.
-
-The lab's other parts live beside this module, and their public names are importable from here too
-(the notebook calls `experiments.prefix` for all of them): `prefix_workloads`, the sets and the seeds'
-variants the lab runs; `prefix_simulated`, the simulator on their token ids, on any machine;
-`prefix_checks`, the readers of the on/off runs and the Checks cell; `prefix_scarce`, the simulator's evictions
-against vLLM's own pool (`scarce_vllm`); `prefix_serving`, the hit rate on vLLM's server under Poisson load
-(`serve`).
 """
 from __future__ import annotations
 
@@ -23,10 +16,14 @@ from typing import Any
 
 from ... import validate
 from ...bench.offline import prepare, run
-from ...config import BenchConfig, lab_id
+from ...config import BenchConfig, lab_id, VLLMConfig
+from ...engines.vllm import VLLMEngine
 from ...mechanisms.prefix import PrefixCacheResult, simulate
+from ...models.synthetic import synthetic_spec
 from ...results.compare import outputs_agree
 from ...results.record import Result
+from ...results.reference import recorded_facts
+from ...session import live_label, live_or_recorded
 from ...workloads import Workload, load_workload
 
 from .workloads import BIG, LAB, LENGTHS, token_ids, lab_workloads, shared_set, shared_tokens, variant
@@ -70,7 +67,7 @@ def predict(workload: Workload, engine: Any, *, block_size: int = 16, num_blocks
 
 
 def advice(engine: Any, base: str = "shared-prefix-512") -> dict[str, PrefixCacheResult]:
-    """The seeds' advice on one set: the shared part first, a per-request line first, a multi-turn chat."""
+    """The usual advice on one set: the shared part first, a per-request line first, a multi-turn chat."""
     tok = engine.tokenizer
     return {"shared part first": predict(load_workload(base), engine),
             "per-request line first": predict(variant("shared-after", base, tok), engine),
@@ -148,10 +145,6 @@ ON_OFF_KEY, ON_OFF_STEP = "prefix_on_off", "prefix-on-off"  # the facts key reco
 
 def counter_rows(max_num_seqs: int = 1, *, store: Any = None, lab: str = LAB) -> list[dict[str, Any]]:
     """vLLM's hits against the simulator's on every lab workload, each from a reset cache (as `--steps prefix`)."""
-    from ...config import VLLMConfig
-    from ...engines.vllm import VLLMEngine
-    from ...session import live_label
-
     rows = []
     config = VLLMConfig(gpu_memory_utilization=0.3, max_num_seqs=max_num_seqs, enable_prefix_caching=True)
     with VLLMEngine("embedded", config) as eng:
@@ -165,9 +158,6 @@ def counter_rows(max_num_seqs: int = 1, *, store: Any = None, lab: str = LAB) ->
 def counters(max_num_seqs: int = 1, *, store: Any = None, force: bool | None = None) -> Any:
     """`counter_rows` live on a GPU with vLLM; else what `--steps prefix` (1 at a time) or `prefix-batch` (32)
     recorded."""
-    from ...results.reference import recorded_facts
-    from ...session import live_or_recorded
-
     validate.choice("counters", "max_num_seqs", max_num_seqs, (1, 32),
                     "1 (exact by construction) or 32 (the batch case).")
     step = "prefix" if max_num_seqs == 1 else "prefix-batch"
@@ -201,10 +191,6 @@ def on_off_runs(models: tuple[Any, ...] = ("embedded", BIG), *, lab: str = LAB, 
 
     Every request arrives at once (vLLM's default scheduler), with the workload's own 32 output tokens. Returns
     {"runs": one on_off_row per run, "agreement": outputs_agree per model and workload} and the Results."""
-    from ...config import VLLMConfig
-    from ...engines.vllm import VLLMEngine
-    from ...models.synthetic import synthetic_spec
-
     runs, agreement, results = [], [], []
     for model in models:
         spec = synthetic_spec(model) if model == BIG else model
@@ -236,9 +222,6 @@ def _identical(agree: dict[str, Any]) -> str:
 def on_off(models: tuple[Any, ...] = ("embedded", BIG), *, store: Any = None, force: bool | None = None) -> Any:
     """`on_off_runs` live on a GPU with vLLM (its Results appended to `store`); else what step prefix-on-off recorded,
     every model's runs (and where the cell asked other models, the line under it says so)."""
-    from ...results.reference import recorded_facts
-    from ...session import live_or_recorded
-
     names = [run_name(m) for m in models]
 
     def live() -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """Lab 07's scarce-memory run on vLLM: the simulator's evictions checked against vLLM's own block pool.
 
-Step 5 simulates a pool too small for eight distinct 128-token system prompts. Here vLLM gets a pool of that very
+Step 8 simulates a pool too small for eight distinct 128-token system prompts. Here vLLM gets a pool of that very
 size: `num_gpu_blocks_override` = the simulator's capacity + 1, because vLLM's `BlockPool` takes block 0 as its
 null block and never hands it out. One request at a time, one output token each (so a request holds its prompt's
 blocks and no more), each arrival order from a reset cache after a warm-up. vLLM's KV cache manager frees a
@@ -8,13 +8,20 @@ finished request's blocks last block first, the cached ones onto the tail of its
 block (no hash) onto its head, and hands out, evicting what a block still caches, from the head: the simulator's
 LRU (`mechanisms.prefix.PrefixCache.free`). So the prediction is exact: every request's
 `num_cached_tokens` equals the simulator's at the same capacity. The offline counters are not compared: one request
-at a time vLLM 0.26 drops the stats of steps without outputs (step 6 shows it), so per request is the measure.
+at a time vLLM 0.26 drops the stats of steps without outputs (the lab's aside after step 9), so per request is the
+measure.
 """
 from __future__ import annotations
 
 from typing import Any
 
+from ... import validate
+from ...config import VLLMConfig
+from ...engines.vllm import VLLMEngine
+from ...results.reference import recorded_facts
+from ...session import live_label, live_or_recorded
 from ...workloads import Request, Workload
+from .runs import predict, run_from_empty_cache
 from .simulated import BLOCK
 from .workloads import LAB, ORDERS, embedded_tokenizer, distinct_prefix_prompts
 
@@ -62,12 +69,6 @@ def scarce_vllm_rows(capacities: tuple[int, ...] = CAPACITIES, orders: tuple[str
     """The embedded model on vLLM with a pool of each capacity (+ the null block), every order from a reset cache.
 
     Each run's Result goes to `store` (and is appended to `results`, when given); the refusals come first."""
-    from ... import validate
-    from ...config import VLLMConfig
-    from ...engines.vllm import VLLMEngine
-    from ...session import live_label
-    from .runs import run_from_empty_cache, predict
-
     for order in orders:
         validate.choice("scarce_vllm_rows", "orders", order, ORDERS)
     need = -(-MAX_MODEL_LEN // BLOCK)
@@ -92,9 +93,6 @@ def scarce_vllm_rows(capacities: tuple[int, ...] = CAPACITIES, orders: tuple[str
 
 def scarce_vllm(capacities: tuple[int, ...] = CAPACITIES, *, store: Any = None, force: bool | None = None) -> Any:
     """`scarce_vllm_rows` live on a GPU with vLLM; else what `--steps prefix-scarce` recorded, every capacity."""
-    from ...results.reference import recorded_facts
-    from ...session import live_or_recorded
-
     return live_or_recorded(lambda: scarce_vllm_rows(capacities, store=store), lambda: recorded_facts(KEY, STEP),
                             force=force, asked={"capacities": sorted(capacities)}, where={"capacities": "num_blocks"})
 

@@ -19,7 +19,7 @@ be expected to miss. In vLLM 0.26 it does not: the scheduler caches a block's ha
 the step that computes it (`KVCacheManager.allocate_slots` calls `cache_blocks`), so a request scheduled in
 the same step or any later one finds it (in the same step it reads K/V the other request writes in that
 forward pass). What can lower the hit rate under load is memory: a prefix that no running request holds is
-evicted when new requests need its blocks (step 5), and a request looked up but not admitted (no free
+evicted when new requests need its blocks (step 8), and a request looked up but not admitted (no free
 blocks) is looked up, and counted, again in the next step. On these sets nothing is evicted, and every later
 request shares the same whole blocks with every earlier one (the order of arrival does not matter), so the
 claim is exact: at every rate the counters' hits equal the simulator's.
@@ -41,7 +41,16 @@ from typing import Any
 from ... import validate
 from ...bench.loadgen import run_online
 from ...bench.prom import fetch_metrics, parse_prometheus
+from ...engines.server import ServerEngine, VLLMServer
+from ...models import ModelSpec, resolve_model
+from ...models.synthetic import synthetic_spec
 from ...results.record import Result
+from ...results.reference import recorded_facts
+from ...results.store import results_dir
+from ...session import live_or_recorded
+from ...workloads import load_workload
+from ..serving import check_context, server_config
+from .runs import predict, run_name
 from .workloads import BIG, LAB, SHARED_SETS, token_ids, variant
 
 KEY, STEP = "prefix_serve", "prefix-serve"  # the facts key record.record_serve writes, and its step's name
@@ -62,8 +71,6 @@ def check(workload: str, rates: Sequence[float], limit: int | None = None) -> li
 
 def serve_workload(name: str, limit: int | None = None) -> Any:
     """A set of WORKLOADS by name (the shared-after variant built from shared-prefix-512), its first `limit`."""
-    from ...workloads import load_workload
-
     wl = variant("shared-after", "shared-prefix-512") if name.endswith("-shared-after") else load_workload(name)
     return wl.head(limit) if limit else wl
 
@@ -150,13 +157,6 @@ def serve_runs(model: Any = BIG, workload: str = "shared-prefix-512", rates: Seq
     """The set on vLLM's OpenAI server, caching off then on (one server each), a load test per rate; (rows, Results).
 
     Inputs, every prompt's length against the context included, are checked before the first server starts."""
-    from ...engines.server import ServerEngine, VLLMServer
-    from ...models import ModelSpec, resolve_model
-    from ...models.synthetic import synthetic_spec
-    from ...results.store import results_dir
-    from .runs import predict
-    from ..serving import check_context, server_config
-
     rates = check(workload, rates, limit)
     wl = serve_workload(workload, limit)
     spec = synthetic_spec(model) if model == BIG else model if isinstance(model, ModelSpec) else resolve_model(model)
@@ -188,10 +188,6 @@ def serve(model: Any = BIG, workload: str = "shared-prefix-512", rates: Sequence
     """`serve_runs` live on a GPU with vLLM (its Results appended to `store`); else what step prefix-serve recorded,
     every rate (where the cell asked others, the line under it says so), or a Shown with no value whose label says
     it is not recorded yet and which step records it."""
-    from ...results.reference import recorded_facts
-    from ...session import live_or_recorded
-    from .runs import run_name
-
     rates = check(workload, rates, limit)
 
     def live() -> list[dict[str, Any]]:

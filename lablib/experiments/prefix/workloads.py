@@ -1,6 +1,6 @@
-"""Lab 07's workloads: the shared-prefix sets at any length, the seeds' variants, distinct prefixes in an order.
+"""Lab 07's workloads: the shared-prefix sets at any length, the advice's variants, distinct prefixes in an order.
 
-The variants put the seeds' advice to the test on the same text:
+The variants put the usual advice (the shared part first, stable) to the test on the same text:
 - `shared-first`: the shipped set as it is (one N-token system prompt, then each request's own);
 - `shared-after`: the same requests with a per-request line (a user and a date) put first, so
   every block's chained hash differs from the first token on and nothing is shared;
@@ -21,6 +21,7 @@ from typing import Any
 from ... import validate
 from ...bench.offline import prepare
 from ...config import BenchConfig, lab_id
+from ...models import embedded_path, load_tokenizer, resolve_model
 from ...workloads import Request, Workload, load_workload
 
 LAB = lab_id("07")
@@ -43,9 +44,7 @@ def variant(kind: str, base: str | Workload = "shared-prefix-512", tokenizer: An
     if kind == "shared-first":
         return wl
     if tokenizer is None:
-        from transformers import AutoTokenizer
-
-        from ...models import embedded_path
+        from transformers import AutoTokenizer  # deferred: transformers
 
         tokenizer = AutoTokenizer.from_pretrained(str(embedded_path("target")))
 
@@ -80,8 +79,6 @@ def _common_prefix_chars(wl: Workload) -> int:
 def embedded_tokenizer(tokenizer: Any) -> Any:
     if tokenizer is not None:
         return tokenizer
-    from ...models import load_tokenizer, resolve_model
-
     return load_tokenizer(resolve_model("embedded"))
 
 

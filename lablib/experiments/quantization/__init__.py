@@ -1,6 +1,7 @@
 """Lab 06, quantization: what each scheme costs in quality on the CPU, what it stores, and what it buys on the GPU.
 
-The lab's path, one module per noun, each importing only from the ones above it in this list:
+Modules import one way, each only from those before it: measures < checkpoints < sizes < quality < layers <
+verdicts < speed_runs < vllm_ppl < recording < checks < lab < record.
 
 - `measures`: perplexity, greedy agreement and the quality gate, each against bf16; the evaluation set
   (disjoint from the calibration set); a checkpoint loaded on the CPU, and how its numerics relate to vLLM's.
@@ -12,13 +13,13 @@ The lab's path, one module per noun, each importing only from the ones above it 
   16-bit against quantized.
 - `layers`: `layer_rows` quantizes one scheme into the MLP only, attention only and every Linear (lm_head
   16-bit in each) and scores each against bf16: which part quantization hurts more per byte saved.
-- `verdicts`: `claims` answers each seed claim from those numbers; the Checks cell's claims about the run.
-- `vllm_ppl`: the same checkpoints' perplexity as vLLM runs them (`prompt_logprobs`), beside the CPU's;
-  on bf16 the two must agree within `TOLERANCE_PCT`, and a `bf16-kv-fp8` row prices the FP8 KV cache; a live run on
-  step `quantization-quality`'s settings (`RECORD`) is kept as that recording.
+- `verdicts`: `claims` answers each common claim from those numbers; the Checks cell's claims about the run.
 - `speed_runs`, the GPU half: `prepare_checkpoints` quantizes a synthetic Llama-3.1-8B in the quantization
   environment, then `vllm_speed_runs` measures decode speed and memory per scheme and batch through vLLM,
   each against its own bandwidth roofline.
+- `vllm_ppl`: the same checkpoints' perplexity as vLLM runs them (`prompt_logprobs`), beside the CPU's;
+  on bf16 the two must agree within `TOLERANCE_PCT`, and a `bf16-kv-fp8` row prices the FP8 KV cache; a live run on
+  step `quantization-quality`'s settings (`RECORD`) is kept as that recording.
 - `recording`: `speed`, the notebook's one call, live on a GPU, recorded elsewhere, whose live run of QUANT_A on
   step `quantization-a`'s grid is kept as that recording; the speed recording's facts (`speed_facts`).
 - `checks`: the notebook's Checks cell, on the lab's object;

@@ -32,8 +32,8 @@ def quiet_progress() -> Iterator[None]:
     """No progress bars while checkpoints load: transformers and compressed-tensors draw one per loading phase
     (weights, quantization config, decompression) on stderr, a dozen per scheme in a notebook. tqdm reads its
     TQDM_DISABLE only at import, so here each new bar is made disabled until the block ends."""
-    import tqdm
-    from transformers.utils import logging as hf_logging
+    import tqdm  # deferred: tqdm
+    from transformers.utils import logging as hf_logging  # deferred: transformers
 
     init, was = tqdm.tqdm.__init__, hf_logging.is_progress_bar_enabled()
 

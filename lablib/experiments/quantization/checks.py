@@ -26,9 +26,7 @@ def checks(lab: Any) -> None:
     """Lab 06's Checks cell: reads the checkpoints made, their storage, the quality table at the lab's gate, the
     lm_head and layer variants, the speed runs and vLLM's perplexities. Prints what ran and what did not (and returns
     nothing, so the cell shows it once)."""
-    if lab.missing():
-        raise ValueError(f"checks(lab): the steps {lab.missing()} have not run; run every step above first "
-                         "(Run > Run All Cells)")
+    lab.require_all()
     rows, made, stored, lm, parts = lab.quality, lab.made, lab.stored, lab.lm_heads, lab.parts
     spd, gq, gate = lab.speeds, lab.vllm, lab.gate_pct
     c = Checks(lab_id("06"))

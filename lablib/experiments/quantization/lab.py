@@ -16,7 +16,7 @@ from ...config import lab_id
 from ...models import embedded_path
 from ...models.quantize import SCHEMES, quantize
 from ...results.store import ResultStore
-from ...session import Shown
+from ...session import LabSteps, Shown
 from . import checkpoints, layers, quality, recording, sizes, speed_runs, verdicts, vllm_ppl
 from .measures import work_folder
 
@@ -36,9 +36,13 @@ def _frame(rows: Any) -> Any:
     return pd.DataFrame(rows)
 
 
-class QuantizationLab:
+class QuantizationLab(LabSteps):
     """Lab 06's knobs and measurements, one attribute per step, filled in as the notebook runs them (None until
     then)."""
+
+    STEPS = {"made": "quantize", "stored": "storage", "quality": "score", "vllm": "vllm_quality", "lm_heads": "lm_head",
+             "parts": "layers", "speeds": "speed", "weights": "weights_alone"}
+    OPTIONAL = frozenset({"weights"})
 
     def __init__(self, store: ResultStore | None = None) -> None:
         self.store = store if store is not None else ResultStore.for_lab(lab_id("06"))  # every live vLLM run
@@ -101,30 +105,30 @@ class QuantizationLab:
 
     def vllm_quality(self) -> None:
         """The same checkpoints' perplexity as vLLM runs them, beside this run's CPU rows (`vllm_ppl.gpu_quality`)."""
-        self.vllm = vllm_ppl.gpu_quality(self.schemes, cpu_rows=self._ran("quality", "score"), work_dir=self.work,
+        self.vllm = vllm_ppl.gpu_quality(self.schemes, cpu_rows=self.ran("quality"), work_dir=self.work,
                                          eval_texts=self.eval_texts, store=self.store)
         print(vllm_ppl.gpu_quality_lines(self.vllm))
 
     def gate(self, pct: float | None = None) -> Any:
         """The quality table re-judged at `pct` (the lab's gate by default) without measuring again
         (`quality.gate_rows`)."""
-        rows = quality.gate_rows(self._ran("quality", "score"), self.gate_pct if pct is None else pct)
+        rows = quality.gate_rows(self.ran("quality"), self.gate_pct if pct is None else pct)
         return _frame(rows)[["scheme", "passed", "increase_pct", "sentence"]]
 
     def under_one_percent(self) -> None:
         """"The accuracy loss is under 1%", answered from this run's perplexities (`verdicts.under_one_percent`)."""
-        print(verdicts.under_one_percent(self._ran("quality", "score")))
+        print(verdicts.under_one_percent(self.ran("quality")))
 
     def lm_head(self) -> Any:
         """`lm_head_scheme` with lm_head kept 16-bit, then quantized too (`quality.lm_head_rows`)."""
-        self.lm_heads = quality.lm_head_rows(self.lm_head_scheme, quality=self._ran("quality", "score"),
+        self.lm_heads = quality.lm_head_rows(self.lm_head_scheme, quality=self.ran("quality"),
                                              max_increase_pct=self.gate_pct, **self._scoring())
         print(quality.lm_head_sentence(self.lm_heads))
         return _frame(self.lm_heads)[LM_HEAD_COLUMNS]
 
     def layers(self) -> Any:
         """`layer_scheme` into the MLP only, then attention only, beside every Linear (`layers.layer_rows`)."""
-        self.parts = layers.layer_rows(self.layer_scheme, quality=self._ran("quality", "score"),
+        self.parts = layers.layer_rows(self.layer_scheme, quality=self.ran("quality"),
                                        max_increase_pct=self.gate_pct, **self._scoring())
         print(layers.layer_sentence(self.parts))
         return _frame(self.parts)[LAYER_COLUMNS]
@@ -143,28 +147,15 @@ class QuantizationLab:
 
     def claims(self) -> Any:
         """Each common claim about quantized serving with this run's verdict and evidence (`verdicts.claims`)."""
-        return _frame(verdicts.claims(self._ran("quality", "score"), self._ran("stored", "storage"),
-                                      self._ran("lm_heads", "lm_head"), self._ran("weights", "weights_alone"),
-                                      self._ran("speeds", "speed"), self._ran("parts", "layers"),
+        return _frame(verdicts.claims(self.ran("quality"), self.ran("stored"), self.ran("lm_heads"),
+                                      self.ran("weights"), self.ran("speeds"), self.ran("parts"),
                                       recording=vllm_ppl.quality_recording()))
 
     def summary(self) -> None:
         """This run's numbers per scheme, one line each (`verdicts.headline`)."""
-        print(verdicts.headline(self._ran("stored", "storage"), self._ran("quality", "score"), self.gate_pct))
-
-    def missing(self) -> list[str]:
-        """The steps the Checks cell needs that have not run yet, by their method names."""
-        steps = {"made": "quantize", "stored": "storage", "quality": "score", "vllm": "vllm_quality",
-                 "lm_heads": "lm_head", "parts": "layers", "speeds": "speed"}
-        return sorted({step for name, step in steps.items() if getattr(self, name) is None})
+        print(verdicts.headline(self.ran("stored"), self.ran("quality"), self.gate_pct))
 
     def _scoring(self) -> dict[str, Any]:
         """The knobs every scoring step passes alike."""
         return {"work_dir": self.work, "eval_texts": self.eval_texts, "prompts": self.prompts,
                 "max_new_tokens": self.new_tokens, "num_samples": self.num_samples}
-
-    def _ran(self, name: str, step: str) -> Any:
-        value = getattr(self, name)
-        if value is None:
-            raise ValueError(f"QuantizationLab.{name} is empty: run lab.{step}() first (a cell above this one)")
-        return value

@@ -1,6 +1,6 @@
 """Lab 06's layers quantized differently: one scheme on the MLP only, on attention only, or on every Linear.
 
-The seeds' recipe treats layer types apart ("attention dynamic, MLP static, embeddings in full precision"): the
+A common recipe treats layer types apart ("attention dynamic, MLP static, embeddings in full precision"): the
 layers that hurt quality most when quantized get the careful treatment. Which those are is measurable: quantize
 the same scheme (by default GPTQ W4A16, group 64, the recipe the lab already runs) into one part at a time, with
 lm_head kept 16-bit every time, and score each checkpoint against bf16 on the same texts. `layer_rows` makes

@@ -11,7 +11,7 @@ Three measures, each against the unquantized (bf16) model:
   of positions holding the same token, and the first position where they differ. After the first
   difference the two continue from different texts, so the first divergence is the sharper measure.
 - The quality gate: a scheme passes when its perplexity is at most `max_increase_pct` percent above the
-  reference's (the user sets it; the seeds claim "under 1%").
+  reference's (the user sets it; a common claim is "under 1%").
 
 How a quantized checkpoint runs here. transformers loads a compressed-tensors folder through its
 integration and decompresses the weights on the first forward: each weight becomes exactly the value
@@ -23,6 +23,8 @@ The reference is the bf16 checkpoint computed in float32 on the same path.
 """
 from __future__ import annotations
 
+import importlib.util
+import json
 import math
 import statistics
 from collections.abc import Iterable, Sequence
@@ -81,7 +83,7 @@ def perplexity(model: Any, tokenizer: Any, texts: Iterable[str | Sequence[int]],
     Each text is scored on its own (no context carried over); `max_length` cuts each to its first tokens.
     Log-softmax and sums in float64 (the logits of a 512-token window are 2M numbers: cheap).
     """
-    import torch
+    import torch  # deferred: torch
 
     validate.optional_integer(OWNER, "max_length", max_length, "pass a token count >= 2, e.g. 512.", 2)
     limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
@@ -143,7 +145,7 @@ def agreement(reference: Sequence[Sequence[int]], tokens: Sequence[Sequence[int]
 
 def greedy_tokens(model: Any, prompts: Sequence[Sequence[int]], max_new_tokens: int = 32) -> list[list[int]]:
     """Each prompt's greedy continuation, exactly max_new_tokens (EOS ignored): one forward per token, KV cached."""
-    import torch
+    import torch  # deferred: torch
 
     validate.integer(OWNER, "max_new_tokens", max_new_tokens, "pass e.g. 32.")
     outputs = []
@@ -208,11 +210,8 @@ def evaluation_set(limit: int | None = None) -> Workload:
 
 def load_model(folder: str | Path) -> Any:
     """A model folder, quantized or not, on the CPU in float32 (weights decompressed), eval mode."""
-    import importlib.util
-    import json
-
-    import torch
-    from transformers import AutoModelForCausalLM
+    import torch  # deferred: torch
+    from transformers import AutoModelForCausalLM  # deferred: transformers
 
     cfg = json.loads((Path(folder) / "config.json").read_text())
     if cfg.get("quantization_config") and importlib.util.find_spec("compressed_tensors") is None:
@@ -222,8 +221,8 @@ def load_model(folder: str | Path) -> Any:
 
 
 def provenance(threads: int) -> str:
-    import torch
-    import transformers
+    import torch  # deferred: torch
+    import transformers  # deferred: transformers
 
     cpu = device_facts().get("cpu") or "unknown CPU"
     return (f"measured on this machine's CPU ({cpu}), torch {torch.__version__}, "

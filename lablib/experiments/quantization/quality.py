@@ -2,7 +2,7 @@
 
 `quality_table` quantizes (or reuses) a checkpoint per scheme and sets its bytes, perplexity, greedy
 agreement and gate verdict beside bf16's; `gate_rows` re-judges those rows at another threshold without
-measuring again. `lm_head_rows` puts the seeds' "lm_head in full precision" to the test both ways on one
+measuring again. `lm_head_rows` puts a common recipe's "lm_head in full precision" to the test both ways on one
 scheme, and `lm_head_sentence` says what it found.
 """
 from __future__ import annotations
@@ -48,7 +48,7 @@ def quality_table(schemes: Sequence[str] = tuple(SCHEMES), *, work_dir: str | Pa
     Checkpoints go to work_dir/<scheme> (by default results_dir()/"quantized") and are reused when they hold the
     same quantization.
     """
-    import torch
+    import torch  # deferred: torch
 
     for s in schemes:
         validate.choice(OWNER, "schemes", s, list(SCHEMES), f"pick from {list(SCHEMES)}.")
@@ -61,7 +61,7 @@ def quality_table(schemes: Sequence[str] = tuple(SCHEMES), *, work_dir: str | Pa
     torch.set_num_threads(threads)
     try:
         ref = load_model(model_dir)
-        from transformers import AutoTokenizer
+        from transformers import AutoTokenizer  # deferred: transformers
 
         tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
         texts = evaluation.prompt_ids(tokenizer)
@@ -111,7 +111,7 @@ def gate_rows(rows: Sequence[dict[str, Any]], max_increase_pct: float) -> list[d
 @contextlib.contextmanager
 def on_cpu(threads: int) -> Iterator[None]:
     """torch on `threads` threads (a shared CPU) and no progress bars, both restored after the block."""
-    import torch
+    import torch  # deferred: torch
 
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
@@ -124,7 +124,7 @@ def on_cpu(threads: int) -> Iterator[None]:
 
 def bf16_reference(eval_texts: int | None, prompts: int, max_new_tokens: int, with_ppl: bool = True) -> dict[str, Any]:
     """The bf16 target's side of every comparison: tokenizer, evaluation ids, journey prompts, its ppl and tokens."""
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer  # deferred: transformers
 
     model_dir = embedded_path("target")
     evaluation = evaluation_set(eval_texts)
@@ -176,7 +176,7 @@ def lm_head_rows(scheme: str = "gptq-w4a16", *, quality: Sequence[dict[str, Any]
                  work_dir: str | Path | None = None, eval_texts: int | None = None, prompts: int = 4,
                  max_new_tokens: int = 32, num_samples: int = 64, max_increase_pct: float = 1.0, threads: int = 1,
                  python: str | None = None) -> list[dict[str, Any]]:
-    """The seeds' "embeddings and lm_head in full precision", measured both ways on the embedded target (live).
+    """A common recipe's "embeddings and lm_head in full precision", measured both ways on the embedded target (live).
 
     Two checkpoints of `scheme`: the default recipe (ignore=("lm_head",): lm_head stays 16-bit) and one that
     quantizes lm_head too (ignore=()); each row its size, what lm_head became, perplexity and greedy agreement

@@ -16,6 +16,7 @@ from typing import Any
 from ...models import LABEL as SYNTHETIC_LABEL
 from ...models.quantize import read_facts
 from ...results.record import Result
+from ...results.reference import load_reference, NotRecorded
 from ...results.store import ResultStore, keep_if_recording
 from ...session import Shown, live_or_recorded
 from .speed_runs import (
@@ -97,8 +98,6 @@ def speed(force: bool | None = None, schemes: Sequence[str] | None = None, store
     every run ("complete": False until the last, as record's when cut short), so a run cut by a time limit or an
     engine that fails keeps what ran before it. Any other run stays this user's, and a line says so.
     """
-    from ...results.reference import NotRecorded, load_reference
-
     def live() -> list[dict[str, Any]]:
         chosen = schemes if schemes is not None else available_speed_schemes(kw.get("model", SPEED_MODEL),
                                                                              kw.get("work_dir", GPU_WORK))

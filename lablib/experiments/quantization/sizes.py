@@ -13,7 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from ... import validate
-from ...models import embedded_path, parameter_count
+from ...hardware.fit import RESERVE_BYTES
+from ...mechanisms.gpus import GPU_PEAKS
+from ...models import architectures, embedded_path, kv_bytes_per_token, parameter_count
 from .measures import OWNER, work_folder
 
 QUANTIZED_DTYPES = {"F8_E4M3": "fp8 e4m3", "I8": "int8", "I32": "int4, 8 packed per int32"}
@@ -143,10 +145,6 @@ def weights_alone(models: Sequence[str] = ("llama-3.1-8b", "llama-3.1-70b"), gpu
     their shape tensors and header (tests/experiments/test_quantization.py). What vLLM really holds per scheme on
     the H200 is the speed step's `model_load_gib`.
     """
-    from ...hardware.fit import RESERVE_BYTES
-    from ...mechanisms.gpus import GPU_PEAKS
-    from ...models import architectures, kv_bytes_per_token
-
     validate.choice(OWNER, "gpu", gpu, list(GPU_PEAKS))
     archs = architectures()
     rows = []

@@ -14,13 +14,16 @@ from pathlib import Path
 from typing import Any
 
 from ... import validate
+from ...bench.offline import run
 from ...config import BenchConfig, lab_id, VLLMConfig
-from ...models import embedded_path
+from ...engines.vllm import VLLMEngine
+from ...hardware.roofline import decode_ceiling_tok_s, decode_weight_bytes, lookup_gpu
+from ...models import check_model_dir, embedded_path, load_tokenizer, ModelSpec, resolve_model, synthetic_spec
 from ...models.quantize import SCHEMES, read_facts
 from ...results.record import Result
 from ...results.store import ResultStore
 from ...session import live_label
-from ...workloads import Workload, load_workload
+from ...workloads import load_workload, Request, Workload
 from .checkpoints import reuse_or_quantize
 from .measures import OWNER
 
@@ -41,8 +44,6 @@ KV_LINE = re.compile(r"Available KV cache memory: ([\d.]+) GiB")
 def _gpu_source(model: str, work_dir: Path) -> Path:
     """The synthetic bf16 checkpoint (made if absent) seen through a folder of links with the embedded tokenizer
     beside it: the quantizer tokenizes its calibration texts with it (ids valid in any real vocabulary)."""
-    from ...models import synthetic_spec
-
     spec = synthetic_spec(model)
     src = work_dir / f"{model}-bf16"
     src.mkdir(parents=True, exist_ok=True)
@@ -118,9 +119,6 @@ def fixed_name(prompt_len: int = 128, output_len: int = 128) -> str:
 def fixed_workload(n: int, prompt_len: int = 128, output_len: int = 128) -> Workload:
     """n requests of exactly prompt_len tokens (the embedded tokenizer's, bos included), output_len tokens out each:
     code cut from the calibration windows (speed runs score no quality), cycled when n asks for more."""
-    from ...models import load_tokenizer, resolve_model
-    from ...workloads import Request
-
     validate.integer(OWNER, "n", n, "pass a batch size, e.g. 64.")
     validate.integer(OWNER, "prompt_len", prompt_len, "pass e.g. 128.", 2)
     validate.integer(OWNER, "output_len", output_len, "pass e.g. 128.")
@@ -152,8 +150,6 @@ def base_model(model: str) -> str:
 def _speed_engine(scheme: str, model: str, work_dir: Path, gpu_memory_utilization: float, max_num_seqs: int,
                   max_model_len: int) -> tuple[Any, VLLMConfig]:
     """The ModelSpec and VLLMConfig of one speed run; a missing checkpoint is refused naming the command that makes it."""
-    from ...models import ModelSpec, check_model_dir
-
     config = VLLMConfig(gpu_memory_utilization=gpu_memory_utilization, max_num_seqs=max_num_seqs,
                         max_model_len=max_model_len, **VLLM_SWITCHES.get(scheme, {}))
     if scheme in VLLM_SWITCHES:
@@ -188,9 +184,6 @@ def vllm_speed_runs(schemes: Sequence[str] = SPEED_SCHEMES, batches: Sequence[in
     (model="embedded" runs the lab's own model, as the tests do on the fake vLLM). Every refusal (an unknown
     scheme, a checkpoint not made yet, a bad batch size) comes before any engine starts.
     """
-    from ...bench.offline import run
-    from ...engines.vllm import VLLMEngine
-
     for s in schemes:
         validate.choice(OWNER, "schemes", s, list(VLLM_SWITCHES) + list(SCHEMES))
     validate.integers(OWNER, "batches", batches, "pass batch sizes, e.g. (1, 8, 64, 256).")
@@ -222,8 +215,6 @@ def speed_rows(results: Sequence[Result]) -> list[dict[str, Any]]:
     vLLM's online FP8 touch only the Linears) the roofline leaves it out; tied, the LM head reads the whole table
     every step and nothing is left out (`roofline.decode_weight_bytes`). `weight_gib` stays what vLLM holds.
     """
-    from ...hardware.roofline import decode_ceiling_tok_s, decode_weight_bytes, lookup_gpu
-
     rows = []
     for r in results:
         f, s = r.engine_facts, r.summary

@@ -1,4 +1,4 @@
-"""Lab 06's verdicts: each seed claim answered from this run's numbers, and the run's headline.
+"""Lab 06's verdicts: each common claim answered from this run's numbers, and the run's headline.
 
 `claims` takes what the notebook measured (the quality table, the storage rows, lm_head both ways, the
 8B and 70B weights alone, the GPU speed runs when there are any, attention and MLP quantized apart) and
@@ -24,7 +24,7 @@ INT4, EIGHT_BIT = ("gptq-w4a16", "awq-w4a16"), ("fp8-dynamic", "w8a8-int8")
 
 
 def under_one_percent(rows: Sequence[dict[str, Any]], threshold_pct: float = 1.0) -> str:
-    """The seeds' "the accuracy loss is under 1%", answered scheme by scheme from a quality table."""
+    """The common claim "the accuracy loss is under 1%", answered scheme by scheme from a quality table."""
     parts = [f"{r['scheme']} {r['ppl_change_pct']:+.2f}% ({'under' if r['ppl_change_pct'] < threshold_pct else 'not under'})"
              for r in rows if r["scheme"] != "bf16"]
     under = [r["scheme"] for r in rows if r["scheme"] != "bf16" and r["ppl_change_pct"] < threshold_pct]
@@ -91,7 +91,7 @@ def claims(quality: Sequence[dict[str, Any]], stored: Sequence[dict[str, Any]], 
            weights: Sequence[dict[str, Any]], speed: Shown | None = None,
            layers: Sequence[dict[str, Any]] | None = None,
            recording: dict[str, Any] | None = None) -> list[dict[str, str]]:
-    """Each seed claim the issue lists: a verdict, the evidence in this run's numbers, and where they come from.
+    """Each common claim about quantized serving: a verdict, the evidence in this run's numbers, and their source.
 
     quality: quality_table's rows; stored: storage_rows'; lm_head: lm_head_rows'; weights: weights_alone's (with
     llama-3.1-70b); speed: what `speed()` returned (its rows, or nothing recorded yet); layers: layer_rows'

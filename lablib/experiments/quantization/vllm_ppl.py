@@ -27,9 +27,14 @@ from pathlib import Path
 from typing import Any
 
 from ... import validate
+from ...config import VLLMConfig
+from ...engines.vllm import VLLMEngine
+from ...hardware.device import device_facts
+from ...models import load_tokenizer, resolve_model
 from ...models.quantize import SCHEMES, read_facts
+from ...results.reference import recorded_facts, reference_facts
 from ...results.store import keep_if_recording
-from ...session import Shown, live_label, live_or_recorded
+from ...session import live_label, live_or_recorded, mode, Shown
 from .measures import OWNER, evaluation_set, from_logprobs, quality_gate, work_folder
 from .speed_runs import kernels_text, vllm_log_facts
 
@@ -40,8 +45,6 @@ KV_FP8 = "bf16-kv-fp8"  # the bf16 weights with vLLM's FP8 KV cache (kv_cache_dt
 
 def _engine_spec(scheme: str, work: Path) -> Any:
     """The embedded target (bf16) or the checkpoint work/<scheme>, refused (naming what makes it) when not made."""
-    from ...models import resolve_model
-
     if scheme in ("bf16", KV_FP8):
         return "embedded"
     folder = work / scheme
@@ -62,10 +65,6 @@ def vllm_quality_rows(schemes: Sequence[str], *, work_dir: str | Path | None = N
     the KV cache's dtype and its capacity in tokens.
     Every refusal (an unknown scheme, a checkpoint not made) comes before any engine starts. `on_row` is handed
     the rows so far after each engine, so a run cut short keeps the checkpoints it scored."""
-    from ...config import VLLMConfig
-    from ...engines.vllm import VLLMEngine
-    from ...models import load_tokenizer, resolve_model
-
     for s in schemes:
         validate.choice(OWNER, "schemes", s, list(SCHEMES), f"pick from {list(SCHEMES)}.")
     work = work_folder(work_dir)
@@ -120,8 +119,6 @@ def default_schemes() -> list[str]:
     """What lab 06 quantizes by default on this machine: on a live GPU machine record's four (so the run is step
     `quantization-quality`'s recording too, AWQ costing seconds there), on a CPU the three that keep the lab
     to about two minutes (add 'awq-w4a16' to run AWQ here)."""
-    from ...session import mode
-
     return list(RECORD["schemes"] if mode()["live"] else CPU_SCHEMES)
 
 
@@ -148,8 +145,6 @@ def quality_facts(rows: Sequence[dict[str, Any]], cpu: Sequence[dict[str, Any]],
 
 def gpu_and_date() -> tuple[str | None, str]:
     """This machine's GPU and today's date (UTC, as the Results' recorded_at): what a quality recording is labelled."""
-    from ...hardware.device import device_facts
-
     return device_facts().get("gpu"), time.strftime("%Y-%m-%d", time.gmtime())  # UTC, as the Results' recorded_at
 
 
@@ -193,8 +188,6 @@ def gpu_quality(schemes: Sequence[str], *, cpu_rows: Sequence[dict[str, Any]], w
     engine ("complete": False until the last, as the step's when cut short): lab 06 run live on the GPU is its own
     quality recording, and a run cut by a time limit keeps the engines that ended. Any other run stays this user's,
     and a line says which setting differs."""
-    from ...results.reference import recorded_facts
-
     def live() -> list[dict[str, Any]]:
         work = work_folder(work_dir)
         differs = differs_from_record(schemes, eval_texts, cpu_rows, work) if store is not None else ["no store"]
@@ -247,6 +240,4 @@ def gpu_quality_lines(shown: Shown[list[dict[str, Any]]], tolerance_pct: float =
 def quality_recording() -> dict[str, Any] | None:
     """Step quantization-quality's facts (every RECORD scheme quantized on the H200 machine, scored on its CPU and by
     vLLM), or None where it is not recorded: `claims` reads AWQ against GPTQ from it when a run left one out."""
-    from ...results.reference import reference_facts
-
     return reference_facts().get(KEY)

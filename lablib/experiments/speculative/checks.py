@@ -20,9 +20,7 @@ from .vllm_runs import speedup_falls_with_batch
 def checks(lab: SpeculativeLab) -> None:
     """Lab 08's Checks cell, on every step `lab` ran. Prints what ran and what did not (and returns nothing, so the
     cell shows it once)."""
-    if lab.missing():
-        raise ValueError(f"checks(lab): the steps {lab.missing()} have not run; run every step above first "
-                         "(Run > Run All Cells)")
+    lab.require_all()
     study, hf, harness, drafters, model, gpu = lab.study, lab.hf, lab.harness, lab.drafters, lab.model, lab.gpu
     sampling_rule, sampling_loop = lab.sampling_rule, lab.sampling_loop
     c = Checks(lab_id("08"))

@@ -13,7 +13,7 @@ from typing import Any
 
 from ...config import lab_id
 from ...results.store import ResultStore
-from ...session import Shown
+from ...session import LabSteps, Shown
 from . import acceptance, loops, maths, sampling, study, synthetic, vllm_runs
 
 RULE_COLUMNS = ["prompt", "temperature", "rule", "accept_prob", "tv_from_p", "n", "bins", "statistic", "df",
@@ -33,8 +33,12 @@ def _frame(rows: Any) -> Any:
     return pd.DataFrame(rows)
 
 
-class SpeculativeLab:
+class SpeculativeLab(LabSteps):
     """Lab 08's measurements, one attribute per step, filled in as the notebook runs them (None until then)."""
+
+    CALL = "(...)"
+    STEPS = {"study": "loop", "hf": "assisted", "harness": "harness_runs", "drafters": "drafter_acceptance",
+             "sampling_rule": "sampling", "sampling_loop": "sampling", "model": "batch_model", "gpu": "vllm"}
 
     def __init__(self, store: ResultStore | None = None) -> None:
         self.store = store if store is not None else ResultStore.for_lab(lab_id("08"))  # every live run lands here
@@ -101,13 +105,13 @@ class SpeculativeLab:
 
     def costs(self) -> Any:
         """The cost side of `loop`'s study: c and verify_cost two ways against the speedup it measured."""
-        print(study.cost_lines(self._ran("study", "loop")))
+        print(study.cost_lines(self.ran("study")))
         return _frame(study.cost_table(self.study))
 
     def batch_model(self, k: int = 4, draft: str = "llama-3.2-1b") -> Any:
         """The batch model at 8B scale (`maths.batch_model`, a `draft` architecture) at the alpha `loop` measured
         for this k."""
-        alpha = study.study_row(self._ran("study", "loop"), k)["alpha"]
+        alpha = study.study_row(self.ran("study"), k)["alpha"]
         self.model = m = maths.batch_model(alpha=alpha, k=k, draft=draft)
         print(f"alpha {m['alpha']:.3f}, k={m['k']}: E = {m['tokens_per_step']:.2f} tokens per step; slower than "
               f"plain decoding from batch {m['reversal']}")
@@ -124,7 +128,7 @@ class SpeculativeLab:
     def cross_check(self) -> Any:
         """vLLM's mean acceptance length against the loop's on the same prompts (gap), and against E(alpha of the
         loop, k) (formula_gap)."""
-        return vllm_runs.gpu_table(self._ran("gpu", "vllm"), "cross_check")
+        return vllm_runs.gpu_table(self.ran("gpu"), "cross_check")
 
     def synthetic_8b(self, k: int = 4, force: bool | None = False) -> Any:
         """The same at real size: a synthetic 8B target, the acceptance length set (`synthetic.synthetic_study`;
@@ -135,16 +139,4 @@ class SpeculativeLab:
 
     def summary(self) -> None:
         """What this run showed, in three lines (`study.summary_lines`)."""
-        print(study.summary_lines(self._ran("study", "loop"), self._ran("model", "batch_model")))
-
-    def missing(self) -> list[str]:
-        """The steps not run yet, by their method names."""
-        steps = {"study": "loop", "hf": "assisted", "harness": "harness_runs", "drafters": "drafter_acceptance",
-                 "sampling_rule": "sampling", "sampling_loop": "sampling", "model": "batch_model", "gpu": "vllm"}
-        return sorted({step for name, step in steps.items() if getattr(self, name) is None})
-
-    def _ran(self, name: str, step: str) -> Any:
-        value = getattr(self, name)
-        if value is None:
-            raise ValueError(f"SpeculativeLab.{name} is empty: run lab.{step}(...) first (the cell above this one)")
-        return value
+        print(study.summary_lines(self.ran("study"), self.ran("model")))

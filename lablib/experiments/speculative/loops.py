@@ -29,9 +29,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from ... import validate
-from ...engines.hf import exact_draft_length
+from ...engines.hf import exact_draft_length, quiet_assistant_call_notice
 from ...hardware.device import device_facts, torch_threads
 from ...models import load_hf_model, load_tokenizer, resolve_model
+from ...models.eagle import check_pair, load_head, propose, target_features
 from ...workloads import load_workload
 
 OWNER = "greedy_speculative"
@@ -59,7 +60,7 @@ class SpeculativeRun:
 
 
 def import_torch() -> Any:
-    import torch
+    import torch  # deferred: torch
 
     return torch
 
@@ -163,8 +164,6 @@ def greedy_eagle(target: Any, head: Any, input_ids: Any, max_new_tokens: int, k:
     vLLM's first token comes from the prefill, undrafted; here every token comes from a step, as in
     `greedy_speculative`, so the two loops' counters compare one for one.
     """
-    from ...models.eagle import check_pair, propose, target_features
-
     seq = check_loop_args(target, None, input_ids, max_new_tokens, k, "greedy_eagle")
     check_pair(target, head, "greedy_eagle")
     if len(seq) < 2:
@@ -205,6 +204,7 @@ def hf_assisted(target: Any, draft: Any, input_ids: Any, max_new_tokens: int, k:
     gen.update(do_sample=False, max_new_tokens=max_new_tokens, eos_token_id=None, pad_token_id=0)
     saved, mine = draft.generation_config, exact_draft_length(copy.deepcopy(draft.generation_config), k)
     draft.generation_config = mine
+    quiet_assistant_call_notice()  # transformers' own call to the draft warns of a mix this call never passes
     try:
         with torch.inference_mode():
             x = torch.tensor([ids])
@@ -229,8 +229,6 @@ def load_pair() -> tuple[Any, Any, Any]:
 
 def load_eagle(target: Any) -> Any:
     """The EAGLE head shipped for the embedded target (data/models/eagle; float32, CPU, eval), checked against it."""
-    from ...models.eagle import load_head
-
     return load_head(target=target)
 
 

@@ -1,23 +1,9 @@
-"""Lab 08 on the CPU: greedy speculative decoding on the embedded pair, against the formula, and at 8B scale.
+"""Lab 08's maths: the i.i.d. formula's tables, and the batch model at 8B scale.
 
-The lab's CPU half lives in six modules, and every public name is importable from here (the notebook, the
-tests and scripts/train_eagle.py call `experiments.speculative` for all of them):
-
-- `speculative_loops`: the greedy loops (`greedy`, `greedy_speculative` with the draft model, `greedy_eagle`
-  with the EAGLE head, `hf_assisted`), the pair and head they load, the CPU's `provenance`;
-- `speculative_acceptance`: the loops' steps as vLLM's counters next to the i.i.d. formula
-  (`spec_counters`, `acceptance_report`, `counters_consistent`), both drafters compared (`drafter_acceptance`);
-- `speculative_sampling`: the loop at temperature T (`speculative_sample`, against plain `sample`) and the two
-  chi-square tests that it keeps the target's distribution (`rule_test` at one position, `loop_test` end to end);
-- `speculative_study`: the costs c and verify_cost, forward by forward and in the loop, the speed study
-  (`cpu_study`) and its tables and lines;
-- `speculative_checks`: the notebook's Checks cell (`checks`), every claim asserted on the run just made;
-- here: the formula's tables (`maths_tables`), the batch model at 8B scale on the H200's spec-sheet roofline
-  (`batch_model`: where the verify pass stops being free and the speedup reverses), and `summary_lines`.
-
-The vLLM half (the draft model, n-gram and the EAGLE head on vLLM against a pinned baseline,
-`speculative_config`, `gpu_study`, `record`) is `lablib.experiments.speculative.vllm_runs`; its names are
-re-exported here, loaded on first use, so that `spec.gpu_study` and the CPU loop share one name space.
+`maths_tables` tabulates the formula of `lablib.mechanisms.speculative` (tokens per step, speedup and break-even
+alpha against k and the draft's cost c). `batch_model` puts it on the H200's spec-sheet roofline at 8B scale: the
+verify pass of k + 1 tokens is nearly free while decoding is bandwidth-bound, and stops being free as the batch
+grows, where the speedup reverses (`pays_then_reverses`).
 """
 from __future__ import annotations
 
@@ -37,11 +23,6 @@ from ...mechanisms.speculative import (
     speedup_vs_batch,
 )
 from ...models.architecture import architectures, parameter_count
-
-# ------------------------------------------------------------------------------------------------------------------
-# Lab 08's other steps. The maths (tables from lablib.mechanisms.speculative) and the batch model at 8B scale;
-# vLLM (the draft model and n-gram against a baseline on the same engine settings) is speculative_vllm.
-# ------------------------------------------------------------------------------------------------------------------
 
 MODEL_BATCHES = tuple(sorted({round(2 ** (i / 8)) for i in range(8 * 9 + 1)}))  # 1..512, 8 points per octave
 

@@ -13,7 +13,7 @@ beta' = 1 - sum min(p, q) = sum max(0, p - q), and x was then drawn from the res
     P(x) = min(p, q)(x) + (1 - sum min(p, q)) * residual(x) = min(p, q)(x) + max(0, p - q)(x) = p(x).
 
 Text from the loop is text from the target; only the speed changes. As T -> 0 both distributions become one-hot
-at their argmax and the rule is the greedy loop's (`speculative_loops.greedy_speculative`). `sample` is the naive
+at their argmax and the rule is the greedy loop's (`loops.greedy_speculative`). `sample` is the naive
 path it is compared with: one target forward per token, at the same T.
 
 The claim is tested at two levels, by chi-square tests (`lablib.stats`, without scipy: `chi2_sf` is Numerical Recipes'

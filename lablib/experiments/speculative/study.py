@@ -20,8 +20,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from ... import validate
+from ...bench.offline import run_step
+from ...engines.hf import HFEngine
 from ...mechanisms.speculative import SpecCounters, speedup
 from ...workloads import load_workload
+from ..journey import Step
 from .acceptance import acceptance_report, counters_consistent
 from .loops import (
     check_loop_args,
@@ -33,7 +36,7 @@ from .loops import (
     load_pair,
     provenance,
 )
-from ...config import lab_id
+from ...config import BenchConfig, HFConfig, lab_id
 
 
 def summary_lines(study: dict[str, Any], model: dict[str, Any]) -> str:
@@ -230,11 +233,6 @@ def harness_runs(n_prompts: int = 16, max_new_tokens: int = 32, k: int = 4, *, s
     validate.integer(owner, "n_prompts", n_prompts, "journey prompts, e.g. 16.", 1, 64)
     validate.integer(owner, "max_new_tokens", max_new_tokens, "new tokens per request, e.g. 32.")
     validate.integer(owner, "k", k, "tokens proposed per verify step, e.g. 4.", 1, 16)
-    from ...config import BenchConfig, HFConfig
-    from ...engines.hf import HFEngine
-    from ...bench.offline import run_step
-    from ..journey import Step
-
     wl = load_workload("journey", limit=n_prompts)
     bench = BenchConfig(max_new_tokens=max_new_tokens, progress=False)
     steps = [Step(f"hf-naive-{how}-k{k}" if how else "hf-naive-sdpa",

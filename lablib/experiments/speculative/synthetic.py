@@ -23,8 +23,11 @@ from pathlib import Path
 from typing import Any
 
 from ... import validate
-from ...results.reference import recorded_facts
+from ...models.architecture import architectures, parameter_count
+from ...models.synthetic import synthetic_spec
+from ...results.reference import NotRecorded, recorded_facts
 from ...session import Shown, live_or_recorded
+from .acceptance import drafter_acceptance
 from .vllm_runs import Setting, speculative_config, vllm_spec_runs
 from ...config import lab_id
 
@@ -52,8 +55,6 @@ def synthetic_speed_runs(length: float, k: int = 4, batches: Sequence[int] = (1,
     row per run as `vllm_spec_runs` gives it, plus "label" (LABEL) and "set_length" (L): vLLM's counted mean
     acceptance length should come out near L (its synthetic sampler draws acceptances at that rate): "length_gap"
     is counted minus set, None for the baseline."""
-    from ...models.synthetic import synthetic_spec
-
     batches = validate.integers("synthetic_speed_runs", "batches", batches, "batch sizes, e.g. (1, 4, 16, 64).")
     target, draft = synthetic_spec(TARGET), synthetic_spec(DRAFT)
     spec = synthetic_config(k, length, target.path, draft.path)  # refused before any engine starts
@@ -71,8 +72,6 @@ def synthetic_speed_runs(length: float, k: int = 4, batches: Sequence[int] = (1,
 def loop_length(k: int = 4, facts: dict[str, Any] | None = None) -> float:
     """L: the trained pair's mean acceptance length at k from the speculative recording's loop (this recording
     session's `facts`, else the shipped recording), else the loop run now on this machine's CPU."""
-    from ...results.reference import NotRecorded
-
     loop = (facts or {}).get("speculative", {}).get("loop")
     if loop is None:
         try:
@@ -82,8 +81,6 @@ def loop_length(k: int = 4, facts: dict[str, Any] | None = None) -> float:
     for row in loop:
         if row.get("k") == k and row.get("drafter", "draft_model") == "draft_model":
             return float(row["measured_length"])
-    from .acceptance import drafter_acceptance
-
     (row,) = drafter_acceptance(("draft_model",), n_prompts=64, max_new_tokens=64, ks=(k,))
     return float(row["measured_length"])
 
@@ -117,8 +114,6 @@ def synthetic_lines(shown: Shown) -> str:
     the weights alone would predict (c = the draft's parameters over the target's)."""
     if shown.value is None:
         return f"[{shown.label}]"
-    from ...models.architecture import architectures, parameter_count
-
     v = shown.value
     drafts = [r for r in v["rows"] if r["method"] != "baseline"]
     k, length = v["k"], v["set_length"]
