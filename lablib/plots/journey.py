@@ -3,7 +3,7 @@ per-step throughput/TTFT pair.
 
 `whole_road` is the report's first picture. Its rungs span decades (a 4.7M-parameter model on
 two CPU cores next to an 8B model on an H200), so the throughput axis is logarithmic: equal
-steps up the axis are equal factors. Every bar says where it was measured: live on this machine
+steps along the axis are equal factors. Every bar says where it was measured: live on this machine
 (its CPU or GPU) or recorded on the H200 with the date, and which model and workload it ran,
 because bars of different models are a road, not a like-for-like race.
 """
@@ -15,8 +15,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from ..results.record import Result
-from .style import (require_results, colour, finish, is_synthetic, provenance, series_name, step_labels, synthetic_note,
-                    trace_name)
+from .style import require_results, colour, finish, is_synthetic, provenance, series_name, step_labels, trace_name
 
 
 def where(r: Result) -> str:
@@ -47,6 +46,9 @@ def tok_s_text(v: float) -> str:
     return f"{v:,.0f}" if v >= 100 else f"{v:.1f}"
 
 
+ROW_PX = 46  # height of one rung's row: its three-line tick label with room above and below
+
+
 def _ticks(results: list[Result]) -> list[str]:
     ticks, seen = [], set()
     for r in results:
@@ -63,34 +65,37 @@ def _ticks(results: list[Result]) -> list[str]:
 
 
 def whole_road(results: list[Result]) -> go.Figure:
-    """Output tok/s per rung, in the order given (`experiments.journey.road`), on a log axis.
+    """Output tok/s per rung, in the order given (`experiments.journey.road`) from top to bottom, on a log axis.
 
-    One bar per rung in the rung's own colour (`style.colour`, the same in every figure); recorded bars are
-    hatched. The legend groups the bars by where they were measured, each group titled with it
-    ("live on this machine (CPU: ...)", "recorded on NVIDIA H200, <date>"), and every bar's hover repeats it.
+    Horizontal bars: a rung's name, model and request count are its tick label (three lines, read across, never
+    turned on their side or cut), and the figure grows a row per rung. One bar per rung in the rung's own colour
+    (`style.colour`, the same in every figure); recorded bars are hatched. The legend, under the plot and as
+    wide as the page, groups the bars by where they were measured, each group titled with it ("live on this
+    machine (CPU: ...)", "recorded on NVIDIA H200, <date>"), and every bar's hover repeats it.
     """
     results = require_results(results, "whole_road")
     ticks, mixed = _ticks(results), len({r.provenance for r in results}) > 1
     fig = go.Figure()
     for i, r in enumerate(results):
-        y, place = r.summary["output_tok_s"], where(r)
-        fig.add_bar(x=[ticks[i]], y=[y], name=trace_name(r, mixed=mixed), legendgroup=place,
-                    legendgrouptitle_text=place, text=[tok_s_text(y)], textposition="outside", cliponaxis=False,
-                    hovertemplate=f"{r.step}: %{{y:,.1f}} output tok/s<br>{model_name(r)}, "
+        x, place = r.summary["output_tok_s"], where(r)
+        fig.add_bar(y=[ticks[i]], x=[x], orientation="h", name=trace_name(r, mixed=mixed), legendgroup=place,
+                    legendgrouptitle_text=place, text=[tok_s_text(x)], textposition="outside", cliponaxis=False,
+                    hovertemplate=f"{r.step}: %{{x:,.1f}} output tok/s<br>{model_name(r)}, "
                                   f"{r.workload.get('name', '?')} workload, {r.summary['requests']} requests"
                                   f"<br>{place}<extra></extra>",
                     marker={"color": colour(r.step), "pattern": {"shape": "/" if r.provenance == "recorded" else ""}})
     positive = [r.summary["output_tok_s"] for r in results if r.summary["output_tok_s"] > 0]
     lo, hi = (math.log10(min(positive)), math.log10(max(positive))) if positive else (0.0, 1.0)
-    fig.update_xaxes(categoryorder="array", categoryarray=ticks, title_text="rung of the journey, in order")
-    fig.update_yaxes(type="log", range=[math.floor(lo) - 0.1, hi + 0.45],
+    fig.update_yaxes(categoryorder="array", categoryarray=ticks, autorange="reversed",  # the first rung on top
+                     title_text="rung of the journey, in order (top to bottom)")
+    fig.update_xaxes(type="log", range=[math.floor(lo) - 0.1, hi + 0.45],  # room for the last bar's number
                      title_text="output throughput (tok/s, log scale)")
-    title = ("The whole road: output tokens per second at each rung of the journey (higher is better)"
-             f"<br><sup>{provenance(results)}</sup>" + synthetic_note(results))
-    fig.update_layout(barmode="overlay", height=640, margin={"t": 60 + 22 * title.count("<br>"), "b": 200},
-                      title={"text": title, "x": 0.01, "xanchor": "left"},
-                      legend={"orientation": "h", "x": 0, "xanchor": "left", "y": -0.32, "yanchor": "top",
-                              "groupclick": "toggleitem"})
+    fig.update_layout(barmode="overlay", legend={"groupclick": "toggleitem"})
+    finish(fig, "The whole road: output tokens per second at each rung (higher is better)",
+           provenance(results), synthetic=any(is_synthetic(r) for r in results), legend_below=True)
+    # the legend spans the page, not only the plot right of the tick labels: fewer rows of groups
+    fig.update_layout(legend={"xref": "container"},
+                      height=fig.layout.margin.t + fig.layout.margin.b + ROW_PX * len(results) + 40)
     return fig
 
 

@@ -239,17 +239,44 @@ def wrap(note: str, width: int = NOTE_CHARS) -> list[str]:
 
 def legend_rows(fig: go.Figure) -> int:
     """About how many rows a horizontal legend of this figure takes at 1,024 px (its entries' text, 7 px a
-    character, plus the symbol): what the bottom margin must hold so the legend does not climb into the notes."""
-    names = [t.name for t in fig.data if t.showlegend is not False and t.name]
-    if not names:
+    character, plus the symbol): what the bottom margin must hold so the legend does not climb into the notes.
+
+    A legend of titled groups (`legendgrouptitle`) lays each group out as a column, its title over its entries,
+    and puts the columns side by side while they fit: its rows are, per line of columns, the tallest column's."""
+    shown = [t for t in fig.data if t.showlegend is not False and t.name]
+    if not shown:
         return 0
+    if any(t.legendgrouptitle and t.legendgrouptitle.text for t in shown):
+        return _grouped_legend_rows(shown)
     rows, used = 1, 0
-    for name in dict.fromkeys(names):
-        w = 50 + 7 * len(re.sub(r"<[^>]+>", "", name))
+    for name in dict.fromkeys(t.name for t in shown):
+        w = _entry_width(name)
         if used and used + w > LEGEND_WIDTH:
             rows, used = rows + 1, 0
         used += w
     return rows
+
+
+def _entry_width(text: str) -> int:
+    return 50 + 7 * len(re.sub(r"<[^>]+>", "", text))
+
+
+def _grouped_legend_rows(traces: list) -> int:
+    groups: dict[str, list[str]] = defaultdict(list)  # in the order drawn, as plotly lists them
+    titles: dict[str, str] = {}
+    for t in traces:
+        key = t.legendgroup or t.name
+        if t.name not in groups[key]:
+            groups[key].append(t.name)
+        titles.setdefault(key, t.legendgrouptitle.text if t.legendgrouptitle and t.legendgrouptitle.text else "")
+    rows, line_rows, used = 0, 0, 0
+    for key, names in groups.items():
+        w = max(_entry_width(n) for n in [*names, titles[key]])
+        tall = len(names) + bool(titles[key])
+        if used and used + w > LEGEND_WIDTH:
+            rows, line_rows, used = rows + line_rows, 0, 0
+        used, line_rows = used + w, max(line_rows, tall)
+    return rows + line_rows
 
 
 def spans_decades(values: Iterable[float | None], factor: float = 20.0) -> bool:

@@ -101,7 +101,7 @@ def test_a_rung_on_its_own_workload_says_so_under_its_bar():
 
     fig = whole_road([run_of("hf-naive", "hf-naive", 2.0),
                       run_of("vllm-prefix-on", "vllm", 0.8, workload=jx.PREFIX_WORKLOAD)])
-    ticks = list(fig.layout.xaxis.categoryarray)
+    ticks = list(fig.layout.yaxis.categoryarray)  # horizontal bars: the rungs are the y axis
     assert ticks[0].endswith("4 requests</span>") and f"4 requests of {jx.PREFIX_WORKLOAD}" in ticks[1]
 
 

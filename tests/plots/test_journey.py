@@ -6,7 +6,7 @@ import pytest
 
 from lablib.experiments import journey as jx
 from lablib.plots import style
-from lablib.plots.journey import where, whole_road
+from lablib.plots.journey import ROW_PX, where, whole_road
 from lablib.results import RequestRecord, Result
 from lablib.results.reference import load_reference, reference_steps
 
@@ -29,8 +29,9 @@ def live() -> list[Result]:
 
 
 def steps_of(fig) -> list[str]:
-    """The bars' rungs, left to right (the category order the x axis draws)."""
-    return [tick.split("<br>")[0] for tick in fig.layout.xaxis.categoryarray]
+    """The bars' rungs, top to bottom (the category order the y axis draws, reversed so the first is on top)."""
+    assert fig.layout.yaxis.autorange == "reversed"
+    return [tick.split("<br>")[0] for tick in fig.layout.yaxis.categoryarray]
 
 
 def test_road_follows_the_ladder_and_adds_each_rungs_recording(live):
@@ -45,7 +46,7 @@ def test_road_follows_the_ladder_and_adds_each_rungs_recording(live):
     assert {"vllm-8b-journey", "hf-static-b64-8b-journey"} <= set(expected)
     fig = whole_road(road)
     assert steps_of(fig) == expected
-    assert [x for t in fig.data for x in t.x] == list(fig.layout.xaxis.categoryarray)  # one bar per rung, in order
+    assert [y for t in fig.data for y in t.y] == list(fig.layout.yaxis.categoryarray)  # one bar per rung, in order
 
 
 def test_road_grows_with_a_new_rung(live, monkeypatch):
@@ -54,7 +55,7 @@ def test_road_grows_with_a_new_rung(live, monkeypatch):
     monkeypatch.setattr(jx, "ladder", lambda sizes: ladder(sizes) + [new])
     fig = whole_road(jx.road(live, [1, 2, 4]))
     assert steps_of(fig)[-1] == "vllm-8b-single"
-    assert len(fig.layout.xaxis.categoryarray) == len(jx.road(live, [1, 2, 4]))
+    assert len(fig.layout.yaxis.categoryarray) == len(jx.road(live, [1, 2, 4]))
 
 
 def test_road_keeps_unknown_steps_and_never_doubles_a_recording(live):
@@ -68,11 +69,11 @@ def test_road_keeps_unknown_steps_and_never_doubles_a_recording(live):
 def test_log_axis_with_unit_and_bar_heights_from_the_data(live):
     road = jx.road(live, [1, 2, 4])
     fig = whole_road(road)
-    assert fig.layout.yaxis.type == "log"
-    assert "tok/s" in fig.layout.yaxis.title.text and "log" in fig.layout.yaxis.title.text
-    bars = {x.split("<br>")[0]: y for t in fig.data for x, y in zip(t.x, t.y)}
+    assert fig.layout.xaxis.type == "log"  # horizontal bars: the rungs down the y axis, throughput along x
+    assert "tok/s" in fig.layout.xaxis.title.text and "log" in fig.layout.xaxis.title.text
+    bars = {y.split("<br>")[0]: x for t in fig.data for x, y in zip(t.x, t.y)}
     assert bars == pytest.approx({r.step: r.summary["output_tok_s"] for r in road})
-    lo, hi = fig.layout.yaxis.range  # log10 units: every bar and its label fits
+    lo, hi = fig.layout.xaxis.range  # log10 units: every bar and its label fits
     assert lo <= math.log10(min(bars.values())) and hi > math.log10(max(bars.values()))
 
 
@@ -82,7 +83,7 @@ def test_every_bar_says_where_it_was_measured_in_its_rungs_colour(live):
     assert len(fig.data) == len(road)
     for trace, r in zip(fig.data, road):
         want = LIVE if r.provenance == "live" else f"recorded on NVIDIA H200, {r.recorded_at[:10]}"
-        assert trace.x[0].split("<br>")[0] == r.step
+        assert trace.y[0].split("<br>")[0] == r.step
         assert trace.legendgroup == trace.legendgrouptitle.text == want  # the legend groups bars by place
         assert want in trace.hovertemplate
         assert trace.name == r.step + (style.RECORDED_MARK if r.provenance == "recorded" else "")
@@ -103,3 +104,17 @@ def test_where_names_the_gpu_of_a_live_gpu_run():
 def test_no_results_is_a_clear_error():
     with pytest.raises(ValueError, match="whole_road: no Results"):
         whole_road([])
+
+
+def test_layout_leaves_room_for_every_label(live):
+    """Rungs read across on the y axis (never turned or cut), a row each; the grouped legend spans the page under
+    the x axis's title, in a bottom margin that holds its rows of groups (`style.legend_rows`)."""
+    road = jx.road(live, [1, 2, 4])
+    fig = whole_road(road)
+    assert all(t.orientation == "h" for t in fig.data) and fig.layout.yaxis.automargin
+    assert fig.layout.legend.orientation == "h" and fig.layout.legend.xref == fig.layout.legend.yref == "container"
+    groups = list(dict.fromkeys(t.legendgroup for t in fig.data))
+    tallest = max(sum(t.legendgroup == g for t in fig.data) for g in groups) + 1  # a group's title over its entries
+    assert style.legend_rows(fig) >= tallest
+    assert fig.layout.margin.b >= 60 + 24 * style.legend_rows(fig)
+    assert fig.layout.height >= fig.layout.margin.t + fig.layout.margin.b + ROW_PX * len(road)
