@@ -20,7 +20,7 @@ from functools import lru_cache
 from collections.abc import Mapping
 from typing import Any, Callable, ClassVar, Generic, TypeVar
 
-from .config import lab_id, LABS
+from .config import LABS
 from .hardware.device import device_facts
 from .results.compare import table
 from .results.record import Result
@@ -257,6 +257,14 @@ class Checks:
     def done(self) -> None:
         """Print the summary: a Checks cell's last line (returning nothing, so the cell shows it once)."""
         print(self.summary())
+
+
+def frame(rows: Any, columns: list[str] | None = None) -> Any:
+    """A pandas DataFrame of a lab step's rows (only `columns`, in that order, when given): the lab objects' tables."""
+    import pandas as pd  # deferred: pandas only where a table is shown
+
+    table = pd.DataFrame(rows)
+    return table if columns is None else table[columns]
 
 
 class LabSteps:

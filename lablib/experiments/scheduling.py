@@ -25,7 +25,7 @@ from ..models import ModelSpec
 from ..results.record import Result
 from ..results.store import ResultStore
 from ..results.reference import load_reference, recorded_rows
-from ..session import Checks, LabSteps, live_label, live_or_recorded, Shown
+from ..session import Checks, frame, LabSteps, live_label, live_or_recorded, Shown
 from ..workloads import Workload, load_workload
 from .sweeps import config_sweep
 
@@ -108,11 +108,6 @@ def batch_starts(result: Result) -> int:
     return len({q.start if q.start is not None else q.arrival for q in drawn})
 
 
-def _frame(rows: Any) -> Any:
-    import pandas as pd  # deferred: pandas only where a table is shown
-
-    return pd.DataFrame(rows)
-
 
 class SchedulingLab(LabSteps):
     """Lab 04 as one object: each step of the notebook is one method, and what it made stays on the object (None until
@@ -143,7 +138,7 @@ class SchedulingLab(LabSteps):
     def simulated_table(self) -> Any:
         """Both schedules' summaries side by side."""
         both = (self.ran("static"), self.ran("continuous"))
-        return _frame([{"policy": s.policy, **vars(s.summary)} for s in both])
+        return frame([{"policy": s.policy, **vars(s.summary)} for s in both])
 
     def hf_static(self, requests: int = 24, batch_size: int = 8, max_new_tokens: int = 48) -> Result:
         """HF static batching of the first `requests`, `batch_size` per batch, on the embedded model, live here."""

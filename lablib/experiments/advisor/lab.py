@@ -13,7 +13,7 @@ from ...config import BenchConfig, lab_id
 from ...results.compare import table
 from ...results.record import Result
 from ...results.store import ResultStore, results_dir
-from ...session import LabSteps, mode
+from ...session import frame, LabSteps, mode
 from .. import journey
 from . import plan
 
@@ -21,12 +21,6 @@ ROAD_COLUMNS = ["step", "provenance", "output_tok_s", "ttft_p50_s", "tpot_p50_s"
 SIDE_ROAD_COLUMNS = ["rung", "baseline", "lab", "where", "model", "workload", "tok_s_ratio", "ttft_speedup",
                      "tpot_speedup", "tokens_per_forward", "journey_gain"]
 
-
-def _frame(rows: Any, columns: list[str] | None = None) -> Any:
-    import pandas as pd  # deferred: pandas only where a table is shown
-
-    frame = pd.DataFrame(rows)
-    return frame if columns is None else frame[columns]
 
 
 class JourneyLab(LabSteps):
@@ -54,11 +48,11 @@ class JourneyLab(LabSteps):
                                                          bench=self.bench, store=self.store, lab=lab_id("10"),
                                                          cpu_threads=cpu_threads)
         self.shown = journey.road(self.results, self.batch_sizes)
-        return _frame(table(self.shown), ROAD_COLUMNS)
+        return frame(table(self.shown), ROAD_COLUMNS)
 
     def side_roads(self) -> Any:
         """Each rung against the rung it changes, on the same requests and machine (`journey.side_roads`)."""
-        return _frame(journey.side_roads(self.ran("shown"), self.batch_sizes), SIDE_ROAD_COLUMNS)
+        return frame(journey.side_roads(self.ran("shown"), self.batch_sizes), SIDE_ROAD_COLUMNS)
 
     @property
     def report_path(self) -> Path:
@@ -70,7 +64,7 @@ class JourneyLab(LabSteps):
         rows = plan.advise(goal)
         if goal not in self.goals:
             self.goals.append(goal)
-        return _frame(rows)
+        return frame(rows)
 
     def advice_lines(self) -> str:
         """One sentence per goal advised (`plan.lines`)."""

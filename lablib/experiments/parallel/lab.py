@@ -12,7 +12,7 @@ from typing import Any
 
 from ...config import VLLMConfig, lab_id
 from ...results.store import ResultStore
-from ...session import LabSteps, Shown
+from ...session import frame, LabSteps, Shown
 from . import fit, grid, model, nodes, study
 
 COST_COLUMNS = ["link", "batch", "t", "latency_s", "throughput_tok_s", "speedup", "efficiency", "communication_share",
@@ -24,11 +24,6 @@ TP1_COLUMNS = ["model", "scheme", "batch", "status", "tpot_ms", "decode_tok_s", 
 SCALING_COLUMNS = ["model", "scheme", "run", "t", "pp", "all_reduce", "batch", "status", "tpot_ms", "decode_tok_s",
                    "ttft_ms", "peak_memory_GiB", "predicted_ms"]
 
-
-def _frame(rows: Any) -> Any:
-    import pandas as pd  # deferred: pandas only where a table is shown
-
-    return pd.DataFrame(rows)
 
 
 class ParallelLab(LabSteps):
@@ -53,7 +48,7 @@ class ParallelLab(LabSteps):
 
     def links(self) -> Any:
         """The links the model prices, and the H200's own memory (`model.link_rows`)."""
-        return _frame(model.link_rows())
+        return frame(model.link_rows())
 
     def cost_model(self, batches: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256),
                    models: tuple[str, ...] = ("llama-3.1-8b", "llama-3.1-70b")) -> list[dict[str, Any]]:
@@ -64,11 +59,11 @@ class ParallelLab(LabSteps):
     def cost_table(self, name: str = "llama-3.1-8b", batches: tuple[int, ...] = (1, 64)) -> Any:
         """The cost model's rows for one model at a few batches."""
         rows = [r for r in self.ran("rows") if r["model"] == name and r["batch"] in batches]
-        return _frame(rows)[COST_COLUMNS]
+        return frame(rows)[COST_COLUMNS]
 
     def dominance(self, models: tuple[str, ...] = ("llama-3.1-8b", "llama-3.1-70b")) -> Any:
         """Per model, link and t, the smallest batch from which communication dominates (`model.dominance_rows`)."""
-        return _frame([r for name in models for r in model.dominance_rows(name)])
+        return frame([r for name in models for r in model.dominance_rows(name)])
 
     def overhead(self) -> Any:
         """The recorded TP=1 step against the model's bound (`study.recorded_tp1_points`): prints the gap, returns
@@ -78,7 +73,7 @@ class ParallelLab(LabSteps):
         first = points.value[0]
         print(f"batch 1: {first['tpot_ms']:.2f} ms per token measured, {first['predicted_ms']:.2f} ms the model's "
               f"bound: {self.overhead_s * 1e3:.2f} ms a step the model does not see  [{points.label}]")
-        return _frame(model.overhead_effect(self.overhead_s))
+        return frame(model.overhead_effect(self.overhead_s))
 
     def fit(self) -> list[dict[str, Any]]:
         """The smallest t per shape, scheme and GPU at one 8,192-token sequence (`fit.fit_rows`)."""
@@ -87,7 +82,7 @@ class ParallelLab(LabSteps):
 
     def fit_table(self) -> Any:
         """`fit`'s rows as a table."""
-        return _frame(self.ran("fits"))
+        return frame(self.ran("fits"))
 
     def refusal(self, name: str = "llama-3.1-70b", **config: Any) -> None:
         """What `VLLMEngine`'s preflight answers on this machine for `name` with `VLLMConfig(**config)`
@@ -108,7 +103,7 @@ class ParallelLab(LabSteps):
 
     def refusals(self, name: str = "llama-3.1-70b") -> Any:
         """Bad inputs, refused before any engine starts (`study.refusals`)."""
-        return _frame(study.refusals(name))
+        return frame(study.refusals(name))
 
     def two_gpus(self, name: str = "llama-3.1-8b") -> list[dict[str, Any]]:
         """TP=2, PP=2 and two replicas priced by the cost model (`model.two_gpu_rows`)."""
@@ -116,7 +111,7 @@ class ParallelLab(LabSteps):
 
     def two_gpu_table(self, name: str = "llama-3.1-70b") -> Any:
         """`two_gpus`' rows as a table."""
-        return _frame(model.two_gpu_rows(name))[TWO_GPU_COLUMNS]
+        return frame(model.two_gpu_rows(name))[TWO_GPU_COLUMNS]
 
     def tp1_baseline(self) -> Any:
         """vLLM at TP=1 on the synthetic checkpoints, live or recorded (`study.tp1_baseline`)."""
@@ -135,13 +130,13 @@ class ParallelLab(LabSteps):
 
     def remaining_runs(self) -> Any:
         """The planned GPU runs and what is recorded of them yet (`grid.remaining_runs`)."""
-        return _frame(grid.remaining_runs())
+        return frame(grid.remaining_runs())
 
     def nodes(self) -> Any:
         """Where each multi-node path starts to pay (`nodes.multi_node_paths`), after its line."""
         fits = self.ran("fits")
         print(nodes.nodes_line(fits))
-        return _frame(nodes.multi_node_paths(fits))
+        return frame(nodes.multi_node_paths(fits))
 
     def summary(self) -> None:
         """The cost model's headline numbers, one line each (`model.headline`)."""

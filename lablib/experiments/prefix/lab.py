@@ -13,7 +13,7 @@ from typing import Any
 from ...config import HFConfig, lab_id
 from ...engines.hf import HFEngine
 from ...results.store import ResultStore
-from ...session import LabSteps
+from ...session import frame, LabSteps
 from . import checks, reuse, runs, scarce, serving, simulated
 
 SCARCE_COLUMNS = ["order", "num_blocks", "kv_blocks", "predicted_hit_rate", "vllm_hit_rate", "predicted_evictions",
@@ -24,11 +24,6 @@ COUNTER_COLUMNS = {1: ["workload", "predicted_hits", "vllm_hits", "predicted_que
                    32: ["workload", "predicted_hits", "vllm_hits", "predicted_queries", "vllm_queries",
                         "per_request_exact", "exact", "differ"]}
 
-
-def _frame(rows: Any) -> Any:
-    import pandas as pd  # deferred: pandas only where a table is shown
-
-    return pd.DataFrame(rows)
 
 
 class PrefixLab(LabSteps):
@@ -60,13 +55,13 @@ class PrefixLab(LabSteps):
 
     def repeats(self) -> Any:
         """The last-token rule on real token ids (`simulated.repeat_rows`), by prompt length."""
-        self.idea = _frame(simulated.repeat_rows(self.hf)).set_index("prompt_tokens")
+        self.idea = frame(simulated.repeat_rows(self.hf)).set_index("prompt_tokens")
         return self.idea
 
     def hash_chain(self) -> Any:
         """The chained hashes of two requests' first blocks (`simulated.chain_rows`)."""
         self.chain = simulated.chain_rows(self.hf)
-        return _frame(self.chain)
+        return frame(self.chain)
 
     def eviction_demo(self) -> Any:
         """Blocks shared, kept and evicted in a small pool (`simulated.eviction_demo`)."""
@@ -119,7 +114,7 @@ class PrefixLab(LabSteps):
         """The shared prefix's K/V computed once in transformers and reused, on this machine (`reuse.reuse_study`)."""
         self.reuse = reuse.reuse_study(self.hf, workload, requests=requests, rounds=rounds)
         print(reuse.reuse_lines(self.reuse))
-        return _frame(self.reuse["rows"])
+        return frame(self.reuse["rows"])
 
     def agreement(self) -> Any:
         """Greedy tokens with caching on against off (`checks.agreement_lines`): prints what they say, returns the

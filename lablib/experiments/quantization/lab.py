@@ -16,7 +16,7 @@ from ...config import lab_id
 from ...models import embedded_path
 from ...models.quantize import SCHEMES, quantize
 from ...results.store import ResultStore
-from ...session import LabSteps, Shown
+from ...session import frame, LabSteps, Shown
 from . import checkpoints, layers, quality, recording, sizes, speed_runs, verdicts, vllm_ppl
 from .measures import work_folder
 
@@ -29,11 +29,6 @@ LAYER_COLUMNS = ["quantized", "linears", "weight_bytes", "saved_pct", "ppl_chang
 SPEED_COLUMNS = ["scheme", "batch", "decode_tok_s", "roofline_tok_s", "of_roofline", "weight_gib", "kv_tokens",
                  "kv_cache_dtype", "linear_kernels"]
 
-
-def _frame(rows: Any) -> Any:
-    import pandas as pd  # deferred: pandas only where a table is shown
-
-    return pd.DataFrame(rows)
 
 
 class QuantizationLab(LabSteps):
@@ -66,11 +61,11 @@ class QuantizationLab(LabSteps):
 
     def scheme_table(self) -> Any:
         """What each scheme stores per weight (`models.quantize.SCHEMES`)."""
-        return _frame([s.row() for s in SCHEMES.values()])
+        return frame([s.row() for s in SCHEMES.values()])
 
     def group_sizes(self) -> Any:
         """Which 4-bit group sizes tile this model's Linear widths (`checkpoints.group_size_rows`)."""
-        return _frame(checkpoints.group_size_rows())
+        return frame(checkpoints.group_size_rows())
 
     def refusal(self, scheme: str, **kw: Any) -> None:
         """Asks the quantizer for `scheme` with `kw` into a folder of the work dir and prints its refusal, which comes
@@ -85,7 +80,7 @@ class QuantizationLab(LabSteps):
     def quantize(self) -> Any:
         """Every scheme quantized live, or reused (`checkpoints.quantize_all`): the table without its folders."""
         self.made = checkpoints.quantize_all(self.schemes, work_dir=self.work, num_samples=self.num_samples)
-        return _frame(self.made).drop(columns=["folder"])
+        return frame(self.made).drop(columns=["folder"])
 
     def recipe(self, scheme: str = "gptq-w4a16") -> None:
         """The recipe llm-compressor wrote beside `scheme`'s checkpoint (`checkpoints.recipe_text`)."""
@@ -94,14 +89,14 @@ class QuantizationLab(LabSteps):
     def storage(self) -> Any:
         """What each checkpoint stores, from its safetensors headers (`sizes.storage_rows`)."""
         self.stored = sizes.storage_rows(self.schemes, self.work)
-        return _frame(self.stored).drop(columns=["provenance"])
+        return frame(self.stored).drop(columns=["provenance"])
 
     def score(self) -> Any:
         """Every checkpoint's quality against bf16 on this CPU at the gate (`quality.quality_table`), no loading
         bars."""
         with checkpoints.quiet_progress():  # no loading bars: a dozen per checkpoint
             self.quality = quality.quality_table(self.schemes, max_increase_pct=self.gate_pct, **self._scoring())
-        return _frame(self.quality)[QUALITY_COLUMNS]
+        return frame(self.quality)[QUALITY_COLUMNS]
 
     def vllm_quality(self) -> None:
         """The same checkpoints' perplexity as vLLM runs them, beside this run's CPU rows (`vllm_ppl.gpu_quality`)."""
@@ -113,7 +108,7 @@ class QuantizationLab(LabSteps):
         """The quality table re-judged at `pct` (the lab's gate by default) without measuring again
         (`quality.gate_rows`)."""
         rows = quality.gate_rows(self.ran("quality"), self.gate_pct if pct is None else pct)
-        return _frame(rows)[["scheme", "passed", "increase_pct", "sentence"]]
+        return frame(rows)[["scheme", "passed", "increase_pct", "sentence"]]
 
     def under_one_percent(self) -> None:
         """"The accuracy loss is under 1%", answered from this run's perplexities (`verdicts.under_one_percent`)."""
@@ -124,19 +119,19 @@ class QuantizationLab(LabSteps):
         self.lm_heads = quality.lm_head_rows(self.lm_head_scheme, quality=self.ran("quality"),
                                              max_increase_pct=self.gate_pct, **self._scoring())
         print(quality.lm_head_sentence(self.lm_heads))
-        return _frame(self.lm_heads)[LM_HEAD_COLUMNS]
+        return frame(self.lm_heads)[LM_HEAD_COLUMNS]
 
     def layers(self) -> Any:
         """`layer_scheme` into the MLP only, then attention only, beside every Linear (`layers.layer_rows`)."""
         self.parts = layers.layer_rows(self.layer_scheme, quality=self.ran("quality"),
                                        max_increase_pct=self.gate_pct, **self._scoring())
         print(layers.layer_sentence(self.parts))
-        return _frame(self.parts)[LAYER_COLUMNS]
+        return frame(self.parts)[LAYER_COLUMNS]
 
     def weights_alone(self) -> Any:
         """The byte arithmetic on the published 8B and 70B shapes, and what fits one H200 (`sizes.weights_alone`)."""
         self.weights = sizes.weights_alone()
-        return _frame(self.weights)
+        return frame(self.weights)
 
     def speed(self) -> Any:
         """Decode speed and memory per scheme and batch through vLLM, live on a GPU, else the H200's recording
@@ -147,7 +142,7 @@ class QuantizationLab(LabSteps):
 
     def claims(self) -> Any:
         """Each common claim about quantized serving with this run's verdict and evidence (`verdicts.claims`)."""
-        return _frame(verdicts.claims(self.ran("quality"), self.ran("stored"), self.ran("lm_heads"),
+        return frame(verdicts.claims(self.ran("quality"), self.ran("stored"), self.ran("lm_heads"),
                                       self.ran("weights"), self.ran("speeds"), self.ran("parts"),
                                       recording=vllm_ppl.quality_recording()))
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from ...config import lab_id
 from ...results.store import ResultStore
-from ...session import LabSteps, Shown
+from ...session import frame, LabSteps, Shown
 from . import acceptance, loops, maths, sampling, study, synthetic, vllm_runs
 
 RULE_COLUMNS = ["prompt", "temperature", "rule", "accept_prob", "tv_from_p", "n", "bins", "statistic", "df",
@@ -26,11 +26,6 @@ VLLM_COLUMNS = ["name", "batch", "model_runner", "async_scheduling", "output_tok
 SYNTHETIC_COLUMNS = ["name", "batch", "label", "set_length", "mean_acceptance_length", "length_gap", "output_tok_s",
                      "speedup"]
 
-
-def _frame(rows: Any) -> Any:
-    import pandas as pd  # deferred: pandas only where a table is shown
-
-    return pd.DataFrame(rows)
 
 
 class SpeculativeLab(LabSteps):
@@ -60,7 +55,7 @@ class SpeculativeLab(LabSteps):
     def maths(self, alphas: Sequence[float] = (0.5, 0.7, 0.9), ks: Sequence[int] = (2, 4, 8),
               costs: Sequence[float] = (0.0, 0.05, 0.2, 1.0)) -> dict[str, Any]:
         """The formula's three tables (`maths.maths_tables`); the break-even alpha pivoted to k by c."""
-        tables = {name: _frame(rows) for name, rows in maths.maths_tables(alphas, ks, costs).items()}
+        tables = {name: frame(rows) for name, rows in maths.maths_tables(alphas, ks, costs).items()}
         tables["break_even"] = tables["break_even"].pivot(index="k", columns="c", values="break_even_alpha")
         return tables
 
@@ -70,7 +65,7 @@ class SpeculativeLab(LabSteps):
         self.study = study.cpu_study(n_prompts=n_prompts, max_new_tokens=max_new_tokens, ks=ks, rounds=rounds,
                                      pair=self.pair)
         print(study.loop_lines(self.study))
-        return _frame(study.acceptance_table(self.study))
+        return frame(study.acceptance_table(self.study))
 
     def assisted(self, n_prompts: int = 1, max_new_tokens: int = 32, k: int = 4) -> None:
         """transformers' assisted generation on the same pair against greedy (`loops.assisted_matches`)."""
@@ -82,7 +77,7 @@ class SpeculativeLab(LabSteps):
         """The pair as the journey's lab 08 rungs, each run by `bench.run` (`study.harness_runs`)."""
         self.harness = study.harness_runs(n_prompts=n_prompts, max_new_tokens=max_new_tokens, k=k, store=self.store)
         print(study.harness_lines(self.harness))
-        return _frame(self.harness["rows"])
+        return frame(self.harness["rows"])
 
     def drafter_acceptance(self, drafters: Sequence[str] = acceptance.MODEL_DRAFTERS, n_prompts: int = 16,
                            max_new_tokens: int = 32, ks: Sequence[int] = (2, 4), head: Any = None) -> Any:
@@ -91,7 +86,7 @@ class SpeculativeLab(LabSteps):
         self.drafters = acceptance.drafter_acceptance(drafters, n_prompts=n_prompts, max_new_tokens=max_new_tokens,
                                                       ks=ks, pair=self.pair, head=head)
         print(acceptance.drafter_lines(self.drafters))
-        return _frame(acceptance.drafter_table(self.drafters))
+        return frame(acceptance.drafter_table(self.drafters))
 
     def sampling(self, temperatures: Sequence[float] = (1.0, 0.7), prompts: Sequence[int] = (0, 3),
                  n: int = 200_000, n_prompts: int = 4, runs: int = 150, plain_runs: int = 600, k: int = 2,
@@ -101,12 +96,12 @@ class SpeculativeLab(LabSteps):
         self.sampling_rule = sampling.rule_test(self.pair, prompts=prompts, temperatures=temperatures, n=n)
         self.sampling_loop = sampling.loop_test(self.pair, temperatures=temperatures, n_prompts=n_prompts, runs=runs,
                                                 plain_runs=plain_runs, k=k, position=position)
-        return _frame(self.sampling_rule)[RULE_COLUMNS], _frame(self.sampling_loop)[LOOP_COLUMNS]
+        return frame(self.sampling_rule)[RULE_COLUMNS], frame(self.sampling_loop)[LOOP_COLUMNS]
 
     def costs(self) -> Any:
         """The cost side of `loop`'s study: c and verify_cost two ways against the speedup it measured."""
         print(study.cost_lines(self.ran("study")))
-        return _frame(study.cost_table(self.study))
+        return frame(study.cost_table(self.study))
 
     def batch_model(self, k: int = 4, draft: str = "llama-3.2-1b") -> Any:
         """The batch model at 8B scale (`maths.batch_model`, a `draft` architecture) at the alpha `loop` measured
@@ -115,7 +110,7 @@ class SpeculativeLab(LabSteps):
         self.model = m = maths.batch_model(alpha=alpha, k=k, draft=draft)
         print(f"alpha {m['alpha']:.3f}, k={m['k']}: E = {m['tokens_per_step']:.2f} tokens per step; slower than "
               f"plain decoding from batch {m['reversal']}")
-        return _frame(m["rows"])
+        return frame(m["rows"])
 
     def vllm(self, batches: Sequence[int] = (1, 4, 16, 64), ks: Sequence[int] = (2, 4),
              prompt_lookup: tuple[int, int] = (2, 5)) -> Any:
