@@ -299,7 +299,7 @@ def _pct(x: float | None) -> str:
 
 
 def _check_text(check: dict, what: str) -> str:
-    """The README section of one repeated cross-check (lablib.experiments.serving.cross_check): a row per round, the spread."""
+    """The README section of one repeated cross-check (lablib.experiments.serving.runs.cross_check): a row per round, the spread."""
     rounds = check.get("rounds", [])
     if not rounds:
         return ""

@@ -63,7 +63,7 @@ from lablib.engines.hf import HFEngine  # noqa: E402
 from lablib.engines.vllm import VLLMEngine  # noqa: E402
 from lablib.experiments.parallel.grid import SCALING_PARTS  # noqa: E402 (lab 09's grid, a step per part)
 from lablib.experiments.quantization.recording import QUANT_A, QUANT_B  # noqa: E402 (lab 06's speed engines, 2 steps)
-from lablib.experiments.serving import FRACTIONS  # noqa: E402 (what the lab runs live)
+from lablib.experiments.serving.runs import FRACTIONS  # noqa: E402 (what the lab runs live)
 from lablib.results import Result, ResultStore  # noqa: E402
 from lablib.results.compare import first_divergence  # noqa: E402
 from lablib.workloads import Request, Workload, load_workload  # noqa: E402
@@ -203,8 +203,8 @@ BIG_SERVER = dict(gpu_memory_utilization=0.9, max_model_len=4096)  # the synthet
 
 def step_serve(out: Path, store: ResultStore, facts: dict, fractions: tuple[float, ...] = FRACTIONS) -> None:
     """vLLM's OpenAI server with the synthetic 8B (127.0.0.1, API key): the journey x4 at fractions of its measured
-    capacity, /metrics scraped, then `vllm bench serve` on the same requests (lablib.experiments.serving.rate_sweep)."""
-    from lablib.experiments.serving import rate_sweep
+    capacity, /metrics scraped, then `vllm bench serve` on the same requests (lablib.experiments.serving.runs.rate_sweep)."""
+    from lablib.experiments.serving.runs import rate_sweep
     from lablib.models.synthetic import synthetic_spec
 
     online = rate_sweep(synthetic_spec(BIG), repeat=4, fractions=fractions, out_dir=out / "serve", lab=LAB,
@@ -221,7 +221,7 @@ def step_serve(out: Path, store: ResultStore, facts: dict, fractions: tuple[floa
 def step_serve_check(out: Path, store: ResultStore, facts: dict, model: str = BIG) -> None:
     """The lab's burst against `vllm bench serve`'s, three rounds on one server, the first client alternating."""
     from lablib.bench.client import client_check
-    from lablib.experiments.serving import cross_check
+    from lablib.experiments.serving.runs import cross_check
     from lablib.models.synthetic import synthetic_spec
 
     big = model == BIG

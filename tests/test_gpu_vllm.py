@@ -85,7 +85,7 @@ def test_lab_client_keeps_up_with_the_real_server(tmp_path):
     vLLM's own inter-token histogram moved 2.5-3.5 ms between rounds: the engine's step itself, launch-bound on a
     tiny model, not either client. So the referee says "too noisy" on the embedded model at any load, and
     throughput agreement is tested where the server is steady: the synthetic 8B (next test)."""
-    from lablib.experiments.serving import cross_check
+    from lablib.experiments.serving.runs import cross_check
 
     check = cross_check("embedded", repeat=16, times=2, max_concurrency=256, out_dir=tmp_path, timeline=True)
     keep("keeps-up-embedded", check)
@@ -102,7 +102,7 @@ def test_lab_and_vllm_bench_serve_agree_on_the_8b(tmp_path):
     30.7k tokens) with 128 in flight, the same referee rule. Rounds from the spread seen on the H200: with lab
     2.6% and vLLM 0.5% round to round, 3 rounds gave a 99% bound of 13.4% (Welch df 2.1), 4 would give ~7%,
     6 ~4.2% and 8 ~3.3%: 8 resolve a 5% gap with room for a noisier round."""
-    from lablib.experiments.serving import cross_check
+    from lablib.experiments.serving.runs import cross_check
     from lablib.models.synthetic import synthetic_spec
 
     check = cross_check(synthetic_spec("llama-3.1-8b"), repeat=4, times=8, max_concurrency=128, out_dir=tmp_path,

@@ -6,6 +6,8 @@
 - `prom`: the server's `/metrics`, parsed by prometheus_client and sampled over a test.
 - `vllm_bench`: `vllm bench serve` run on the lab's workloads, its result next to the lab's (`compare_serve`).
 - `referee`: the verdict on the two clients: steady-state rates over rounds against a Welch bound.
+- `goodput`: the requests per second meeting latency targets (an SLO), by `vllm bench serve --goodput`'s rule.
+- `capacity`: the highest arrival rate at which an SLO holds, a bounded search answered as an interval.
 - `sse_stub`: a stdlib-only stub server for the client's ceiling.
 
 Modules are imported by name (`from lablib.bench import loadgen`): importing this package

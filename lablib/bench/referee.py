@@ -11,7 +11,7 @@ in seconds on its own `time.perf_counter()` clock). With a client-side concurren
 (`max_concurrency`, the same for both) the server holds that many requests for the whole
 window, a closed loop in its steady state; the edges are left out by construction.
 
-Pure arithmetic on the rounds `experiments.serving.cross_check` collects (`vllm_bench.compare_serve`
+Pure arithmetic on the rounds `experiments.serving.runs.cross_check` collects (`vllm_bench.compare_serve`
 dicts): no vLLM, no network, stdlib only.
 """
 from __future__ import annotations
@@ -197,7 +197,7 @@ def agreement(rounds: Sequence[dict[str, Any]], floor: float = 0.03, figure: str
     tolerance grows with the noise it should be beating, and on 2 s bursts it failed one H200
     run in two (lab/vLLM 1.169, spreads 7.9% and 11.4%). `referee` replaces it as the verdict.
 
-    `rounds` are `compare_serve` dicts from one server (`experiments.serving.cross_check`). A burst's
+    `rounds` are `compare_serve` dicts from one server (`experiments.serving.runs.cross_check`). A burst's
     throughput is set by when its last requests end, so one burst against another carries the
     run-to-run noise of both: on the H200, vLLM's own client moved 2% between rounds on the
     synthetic 8B and 24% on the embedded model, whose bursts last 2 s. The two agree when the

@@ -36,6 +36,7 @@ from typing import Any
 
 from ..stats import percentile_of as percentile
 from .client import client_check, clumped_share
+from .goodput import SLO, bench_goodput
 from .referee import bench_token_times, lab_token_times, steady_rate
 from .loadgen import check_rate
 from ..results.record import Result
@@ -58,14 +59,16 @@ def _rate_arg(rate: float) -> str:
 
 def bench_serve_command(base_url: str, model: str, tokenizer: str, dataset: str | Path, num_prompts: int,
                         rate: float, result_dir: str | Path, result_filename: str, *, seed: int = 0,
-                        max_concurrency: int | None = None, python: str = sys.executable) -> list[str]:
+                        max_concurrency: int | None = None, slo: SLO | None = None,
+                        python: str = sys.executable) -> list[str]:
     """`vllm bench serve` on a custom dataset against a running server (pure: builds the command only).
 
     `max_concurrency` caps the requests its client keeps in flight (`--max-concurrency`), as
-    `run_online(max_concurrency=...)` caps the lab's."""
+    `run_online(max_concurrency=...)` caps the lab's; `slo` adds its targets as `--goodput`."""
     validate.integer("bench_serve_command", "num_prompts", num_prompts, "the number of requests in the dataset.")
     validate.optional_integer("bench_serve_command", "max_concurrency", max_concurrency, "None for no cap, or e.g. 256.")
     cap = ["--max-concurrency", str(max_concurrency)] if max_concurrency else []
+    cap += ["--goodput", *slo.bench_args()] if slo is not None else []
     return [python, "-m", "vllm.entrypoints.cli.main", "bench", "serve", "--backend", "vllm",
             "--base-url", base_url.rstrip("/"), "--endpoint", "/v1/completions", "--model", model,
             "--tokenizer", str(tokenizer), "--dataset-name", "custom", "--dataset-path", str(dataset),
@@ -100,18 +103,19 @@ def run_command(cmd: list[str], result_path: str | Path, log_path: str | Path, *
 
 
 def bench_serve(base_url: str, api_key: str | None, model: str, tokenizer: str, workload: Workload, rate: float,
-                out_dir: str | Path, *, seed: int = 0, max_concurrency: int | None = None,
+                out_dir: str | Path, *, seed: int = 0, max_concurrency: int | None = None, slo: SLO | None = None,
                 timeout_s: float = 900.0) -> dict[str, Any]:
     """`vllm bench serve` with the workload at `rate` against a running server; its result dict
-    (large per-request lists dropped, their steady-state rate `steady` and the command kept)."""
+    (large per-request lists dropped, their steady-state rate `steady` and the command kept). With `slo`, vLLM's
+    `request_goodput` and `goodput`: the lab's rule (`goodput.bench_goodput`) on vLLM's own records."""
     out_dir = Path(out_dir)
     dataset = write_custom_dataset(workload, out_dir / f"{workload.name}.custom.jsonl")
     name = f"bench-serve-{workload.name}-rate-{_rate_arg(rate)}.json"
     cmd = bench_serve_command(base_url, model, tokenizer, dataset, len(workload), rate, out_dir, name, seed=seed,
-                              max_concurrency=max_concurrency)
+                              max_concurrency=max_concurrency, slo=slo)
     env = {"OPENAI_API_KEY": api_key} if api_key else {}
     result = run_command(cmd, out_dir / name, out_dir / (name[:-5] + ".log"), env=env, timeout_s=timeout_s)
-    return {**summary_of(result), "command": cmd, "rate": rate,  # the key travels in env, never in cmd
+    return {**summary_of(result, slo), "command": cmd, "rate": rate,  # the key travels in env, never in cmd
             "workload": workload.label}
 
 
@@ -119,9 +123,12 @@ PER_REQUEST = ("input_lens", "output_lens", "ttfts", "itls", "latencies", "start
                "errors")
 
 
-def summary_of(bench: dict[str, Any]) -> dict[str, Any]:
-    """A bench result without its per-request lists (kept small enough to ship with the reference data)."""
+def summary_of(bench: dict[str, Any], slo: SLO | None = None) -> dict[str, Any]:
+    """A bench result without its per-request lists (kept small enough to ship with the reference data); with
+    `slo`, the lab's goodput of those lists (`goodput`) beside vLLM's `request_goodput`."""
     out = {k: v for k, v in bench.items() if k not in PER_REQUEST}
+    if slo is not None and bench.get("ttfts") is not None:
+        out["goodput"] = bench_goodput(bench, slo)
     errors = [e for e in bench.get("errors", []) if e]
     out["errors"] = errors[:5]
     starts = bench.get("start_times") or []

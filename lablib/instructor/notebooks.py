@@ -13,8 +13,8 @@ Three things every lab shares are written here, from one place, by `python -m la
   (JupyterLab, nbval, papermill). Colab opens a notebook straight from GitHub with the working directory
   `/content`: the cell looks for `labs/bootstrap.py` below the working directory (`/content/<repo>`, a
   clone made earlier) and, in Colab with no clone there yet and a repository known, clones it beside it first.
-- The terms every lab uses (`lablib.instructor.terms`): lab 00's markdown cell under `terms.HEADING` and the README's
-  section between its markers are that table, word for word.
+- The terms every lab uses (`lablib.instructor.terms`): the README's section between its markers is that table,
+  word for word (lab 00 displays it from the same module).
 - The notebook metadata. On opening a notebook JupyterLab writes the kernel's own `kernelspec` and
   `language_info` into it, and any difference marks the notebook modified before a cell has run (seen in
   JupyterLab 4.6 under headless Chromium: the labs' `display_name` "Python 3" against ipykernel's
@@ -36,7 +36,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .terms import HEADING, markdown
+from .terms import markdown
 
 ROOT = Path(__file__).resolve().parents[2]
 LABS_DIR = ROOT / "labs"
@@ -48,7 +48,6 @@ GITHUB = re.compile(r"^(?:https://github\.com/|git@github\.com:|ssh://git@github
 PUBLISH = "python -m lablib.instructor.notebooks --repo origin"  # the one line that adds the Colab links
 README_BEGIN, README_END = "<!-- colab-badges: written by python -m lablib.instructor.notebooks -->", "<!-- /colab-badges -->"
 TERMS_BEGIN, TERMS_END = "<!-- terms: written by python -m lablib.instructor.notebooks from lablib/instructor/terms.py -->", "<!-- /terms -->"
-TERMS_LAB = "00_setup.ipynb"  # the lab that defines the terms
 
 CLEAN_NOTEBOOK_KEYS = {"kernelspec", "language_info"}  # notebook metadata a committed lab may hold
 CLEAN_CELL_KEYS = {"tags"}  # cell metadata a committed lab may hold (papermill's "parameters" tag, nbval's)
@@ -155,19 +154,13 @@ def with_badge(markdown: str, notebook: str, repo: str | None) -> str:
 
 
 def synced(nb: Any, notebook: str, repo: str | None, metadata: dict[str, Any] | None = None) -> Any:
-    """A copy of `nb` with its badge, first code cell, kernel metadata (and in lab 00 the terms) as they should be;
+    """A copy of `nb` with its badge, first code cell, kernel metadata as they should be;
     nothing else changes."""
     nb = copy.deepcopy(nb)
     first_md = next(c for c in nb.cells if c.cell_type == "markdown")
     first_md.source = with_badge(first_md.source, notebook, repo)
     next(c for c in nb.cells if c.cell_type == "code").source = first_cell(repo)
     nb.metadata.update(metadata or kernel_metadata())
-    if notebook == TERMS_LAB:
-        cell = next((c for c in nb.cells if c.cell_type == "markdown" and c.source.startswith(HEADING)), None)
-        if cell is None:
-            raise ValueError(f"{notebook}: no markdown cell starts with {HEADING!r}; Fix: add one (its text is "
-                             "written here from lablib/instructor/terms.py).")
-        cell.source = markdown()
     return nb
 
 
@@ -212,7 +205,7 @@ def sync(labs_dir: Path = LABS_DIR, readme: Path | None = README, check: bool = 
         nb = nbformat.read(path, as_version=4)
         new = synced(nb, path.name, repo, metadata=meta)
         if new != nb:
-            changed.append(f"{path}: badge, first cell, kernel metadata or terms out of date")
+            changed.append(f"{path}: badge, first cell or kernel metadata out of date")
             if not check:
                 nbformat.write(new, path)
     if readme is not None and readme.exists():

@@ -1,6 +1,6 @@
-"""The terms every lab uses, defined once: lab 00 and the README show this table (written there by
-`python -m lablib.instructor.notebooks`, checked by tests/test_colab.py), and later labs use the words without
-defining them again."""
+"""The terms every lab uses, defined once: lab 00 displays this table (`show()`), the README carries it (written
+there by `python -m lablib.instructor.notebooks`, checked by tests/test_colab.py), and later labs use the words
+without defining them again."""
 from __future__ import annotations
 
 TERMS: dict[str, str] = {
@@ -33,7 +33,19 @@ TERMS: dict[str, str] = {
 HEADING = "## The terms every lab uses"
 
 
-def markdown() -> str:
-    """The terms as one markdown table, under its heading (lab 00's cell and the README's section)."""
+def table() -> str:
+    """The terms as one markdown table."""
     rows = "\n".join(f"| **{term}** | {text} |" for term, text in TERMS.items())
-    return f"{HEADING}\n\n| term | meaning |\n| --- | --- |\n{rows}"
+    return f"| term | meaning |\n| --- | --- |\n{rows}"
+
+
+def markdown() -> str:
+    """The table under its heading: the README's section."""
+    return f"{HEADING}\n\n{table()}"
+
+
+def show() -> object:
+    """The table as a notebook displays it (lab 00)."""
+    from IPython.display import Markdown  # deferred: IPython, only in a notebook
+
+    return Markdown(table())

@@ -86,7 +86,7 @@ def latency_vs_rate(results: list[Result], target_ttft_s: float | None = None) -
     (TTFT from a prefill at low load to a queue at the burst)."""
     results = sorted(results, key=_rate)
     if not results:
-        raise ValueError("latency_vs_rate: no Results. Fix: pass what lablib.experiments.serving.rate_sweep returned, or "
+        raise ValueError("latency_vs_rate: no Results. Fix: pass what lablib.experiments.serving.runs.rate_sweep returned, or "
                          "lablib.results.reference.load_reference(prefix='serve-rate-').")
     xs, ticks, ticktext = _rate_axis(results)
     fig = make_subplots(rows=1, cols=3, horizontal_spacing=0.09,
@@ -277,3 +277,33 @@ def token_gaps(results: list[Result]) -> go.Figure:
                                                          "ticktext": ["0.01", "0.1", "1", "10", "100", "1000"]})
     return finish(fig, "Gaps between token events as the client read them", provenance(results),
                   synthetic=any(map(is_synthetic, results)))
+
+
+def capacity_figure(found: dict[str, Any], where: str) -> go.Figure:
+    """The capacity search's probes: attainment (share of requests meeting the SLO) against the offered rate, each
+    with its 95% interval, the SLO's percentile as a line, the answer's interval shaded. `where`: its label."""
+    probes = sorted(found["probes"], key=lambda p: p["rate"])
+    if not probes:
+        raise ValueError(f"capacity_figure: no probes to draw ({found.get('verdict', 'nothing measured')}). Fix: pass "
+                         "what ServingLab.capacity returned after a search that ran.")
+    percent = float(found["slo"].rsplit(" for ", 1)[1].split("%")[0])
+    fig = go.Figure()
+    for held, name, col in ((True, "holds", "#2ca02c"), (False, "fails", BURST_COLOUR)):
+        ps = [p for p in probes if p["holds"] is held]
+        fig.add_trace(go.Scatter(
+            x=[p["rate"] for p in ps], y=[100 * p["attainment"] for p in ps], mode="markers", name=name,
+            marker={"color": col, "size": 9, "symbol": ["circle-open" if p["uncertain"] else "circle" for p in ps]},
+            error_y={"type": "data", "symmetric": False, "array": [100 * (p["interval"][1] - p["attainment"]) for p in ps],
+                     "arrayminus": [100 * (p["attainment"] - p["interval"][0]) for p in ps]},
+            hovertemplate="%{x:.3g} req/s: %{y:.1f}% met the SLO<extra></extra>"))
+    fig.add_hline(y=percent, line_dash="dash", line_color="gray", annotation_text=f"SLO: {percent:g}% of requests",
+                  annotation_position="bottom left")
+    lo, hi = found["interval_rps"]
+    if lo is not None and hi is not None:
+        fig.add_vrect(x0=lo, x1=hi, fillcolor="#2ca02c", opacity=0.12, line_width=0)
+    fig.update_xaxes(title_text="offered load (requests/s)", type="log" if spans_decades(p["rate"] for p in probes)
+                     else "linear")
+    fig.update_yaxes(title_text="requests meeting the SLO (%)", range=[0, 105])
+    return finish(fig, "The highest load that meets the latency target", where,
+                  notes=[found["slo"], found["verdict"].split(": ", 1)[-1] if lo is not None and hi is not None
+                         else found["verdict"]])

@@ -1,4 +1,4 @@
-"""The online-serving experiment end to end without a GPU: lablib.experiments.serving.rate_sweep starts the fake
+"""The online-serving experiment end to end without a GPU: lablib.experiments.serving.runs.rate_sweep starts the fake
 `vllm.entrypoints.openai.api_server` (tests/fake_vllm; 8 sequence slots, so requests queue under load),
 drives it with the Poisson load generator, scrapes its /metrics, and runs the fake `vllm bench serve`
 on the same requests; plus the pieces on their own (custom dataset, commands, comparison, figures)."""
@@ -11,20 +11,12 @@ import pytest
 from lablib import load_workload
 from lablib.bench.referee import agreement
 from lablib.bench.vllm_bench import bench_serve, bench_serve_command, compare_serve, summary_of, write_custom_dataset
-from lablib.experiments.serving import check_fractions, rate_sweep, server_config
+from lablib.experiments.serving.runs import check_fractions, rate_sweep, server_config
 from lablib.models import ModelSpec, embedded_path
 from lablib.plots import serving as plots_serving
 from lablib.results import RequestRecord, Result, ResultStore
+from tests.fake_vllm_support import FAKE
 
-FAKE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fake_vllm")
-
-
-@pytest.fixture
-def fake_vllm_cli(monkeypatch):
-    """`python -m vllm...` in a child process finds the fake package."""
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([FAKE, *filter(None, [os.environ.get("PYTHONPATH")])]))
-    monkeypatch.setenv("FAKE_VLLM_TOKEN_DELAY", "0.0005")
-    monkeypatch.delenv("FAKE_VLLM_BENCH_FAIL", raising=False)
 
 
 @pytest.fixture(scope="module")
@@ -208,7 +200,7 @@ def test_live_server_metrics_grows_with_each_sample():
 
 
 def test_concurrency_sweep_reuses_one_server(fake_vllm_cli, tmp_path):
-    from lablib.experiments.serving import concurrency_sweep
+    from lablib.experiments.serving.runs import concurrency_sweep
 
     out = concurrency_sweep("embedded", repeat=1, levels=[1, 16], out_dir=tmp_path)
     one, many = out["results"]
@@ -224,7 +216,7 @@ def test_concurrency_sweep_reuses_one_server(fake_vllm_cli, tmp_path):
 
 
 def test_cross_check_alternates_the_clients_on_one_server(fake_vllm_cli, tmp_path):
-    from lablib.experiments.serving import cross_check
+    from lablib.experiments.serving.runs import cross_check
 
     out = cross_check("embedded", repeat=1, times=2, out_dir=tmp_path)
     assert [r.step for r in out["results"]] == ["check0-rate-inf", "check1-rate-inf"]
@@ -243,7 +235,7 @@ def test_cross_check_alternates_the_clients_on_one_server(fake_vllm_cli, tmp_pat
 
 def test_a_request_longer_than_the_context_is_refused_before_the_server_starts(monkeypatch, tmp_path):
     """vLLM would answer each such request with an HTTP 400 after a minute of start-up; the lab says so first."""
-    from lablib.experiments import serving
+    from lablib.experiments.serving import runs as serving
 
     def no_server(*a, **k):
         raise AssertionError("the server was started")

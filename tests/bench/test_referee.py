@@ -1,4 +1,4 @@
-"""The referee (lablib.bench.referee, run by lablib.experiments.serving.cross_check) on constructed data
+"""The referee (lablib.bench.referee, run by lablib.experiments.serving.runs.cross_check) on constructed data
 and once end to end against the fake server and the fake `vllm bench serve`.
 
 The statistic: output tokens per second between the times 10% and 90% of a round's tokens had arrived, from the
@@ -132,7 +132,7 @@ def test_bench_serve_command_caps_concurrency(tmp_path):
 def test_cross_check_end_to_end_on_the_fake(monkeypatch, tmp_path):
     """Both clients on one fake server (8 slots, 1 ms a token), 3 rounds at 8 in flight: every round's
     statistic is there for both, the same work delivered, and the verdict states its numbers."""
-    from lablib.experiments.serving import cross_check
+    from lablib.experiments.serving.runs import cross_check
 
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([FAKE, *filter(None, [os.environ.get("PYTHONPATH")])]))
     monkeypatch.setenv("FAKE_VLLM_TOKEN_DELAY", "0.001")
@@ -162,7 +162,7 @@ def test_the_referee_runs_against_an_endpoint_it_did_not_start(monkeypatch, tmp_
     a Ray cluster): the same alternating rounds and verdict, the server left running, and a bad address refused."""
     from lablib.config import ServerConfig
     from lablib.engines.server import VLLMServer
-    from lablib.experiments.serving import cross_check_endpoint
+    from lablib.experiments.serving.runs import cross_check_endpoint
     from lablib.models import embedded_path
 
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([FAKE, *filter(None, [os.environ.get("PYTHONPATH")])]))

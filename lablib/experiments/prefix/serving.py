@@ -49,7 +49,7 @@ from ...results.reference import recorded_facts
 from ...results.store import results_dir
 from ...session import live_or_recorded
 from ...workloads import load_workload
-from ..serving import check_context, server_config
+from ..serving.runs import check_context, server_config
 from .runs import predict, run_name
 from .workloads import BIG, LAB, SHARED_SETS, token_ids, variant
 

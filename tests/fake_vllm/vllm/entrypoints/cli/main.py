@@ -52,6 +52,7 @@ def bench_serve(argv):
         ap.add_argument(flag)
     for flag in ("--skip-chat-template", "--disable-shuffle", "--ignore-eos", "--save-result", "--save-detailed"):
         ap.add_argument(flag, action="store_true")
+    ap.add_argument("--goodput", nargs="+")
     a = ap.parse_args(argv)
     if os.environ.get("FAKE_VLLM_BENCH_FAIL"):
         print(os.environ["FAKE_VLLM_BENCH_FAIL"])
@@ -85,6 +86,11 @@ def bench_serve(argv):
               "latencies": [o["latency"] for o in done],
               "start_times": [o["start"] for o in done], "generated_texts": [""] * len(done),
               "errors": [""] * len(done)}
+    if a.goodput:  # vLLM 0.26's rule (benchmarks/serve.py calculate_metrics): every SLO met, TPOT 0 for one token
+        slo = {k: float(v) / 1e3 for k, v in (pair.split(":") for pair in a.goodput)}
+        figures = [{"ttft": o["ttft"], "e2el": o["latency"],
+                    "tpot": (o["latency"] - o["ttft"]) / (o["output"] - 1) if o["output"] > 1 else 0.0} for o in done]
+        result["request_goodput"] = sum(all(f[k] <= v for k, v in slo.items()) for f in figures) / duration
     os.makedirs(a.result_dir, exist_ok=True)
     with open(os.path.join(a.result_dir, a.result_filename), "w") as f:
         json.dump(result, f)

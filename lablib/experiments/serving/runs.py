@@ -1,4 +1,4 @@
-"""The online-serving experiment of lab 03: one server, a rate sweep, and vLLM's own client as referee.
+"""The online-serving experiment of lab 05: one server, a rate sweep, and vLLM's own client as referee.
 
 Offline throughput says how fast the engine can go; a server is judged by what users feel
 at the rate they arrive. The experiment, in the order a serving engineer runs it:
@@ -32,24 +32,24 @@ reuses one server: no restart between points.
 from __future__ import annotations
 
 import math
-from .. import validate
+from ... import validate
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from ..bench.client import client_check
-from ..bench.loadgen import run_online
-from ..bench.referee import agreement, referee
-from ..bench.vllm_bench import bench_serve, compare_serve
-from ..models import ModelSpec, embedded_path, resolve_model
-from ..results.record import Result
-from ..results.reference import load_reference, reference_facts
-from ..results.store import ResultStore, results_dir
-from ..config import lab_id, ServerConfig
-from ..engines.server import VLLMServer
-from ..session import live_or_recorded
-from ..workloads import load_workload
+from ...bench.client import client_check
+from ...bench.loadgen import run_online
+from ...bench.referee import agreement, referee
+from ...bench.vllm_bench import bench_serve, compare_serve
+from ...models import ModelSpec, embedded_path, resolve_model
+from ...results.record import Result
+from ...results.reference import load_reference, reference_facts
+from ...results.store import ResultStore, results_dir
+from ...config import lab_id, ServerConfig
+from ...engines.server import VLLMServer
+from ...session import live_or_recorded
+from ...workloads import load_workload
 
 FRACTIONS = (0.25, 0.5, 0.75, 1.0, 1.25)
 
@@ -95,7 +95,7 @@ def check_context(workload: Any, spec: ModelSpec, cfg: ServerConfig) -> int:
     return context
 
 
-def _prepare(model: str | ModelSpec, workload: str, repeat: int, out_dir: str | Path | None, knobs: dict[str, Any],
+def prepare(model: str | ModelSpec, workload: str, repeat: int, out_dir: str | Path | None, knobs: dict[str, Any],
              folder: str = "serve") -> tuple[Any, ServerConfig, Path, dict[str, Any]]:
     """The repeated workload, the server's config, the output folder (all checked, none started), and what every
     load test on that server records about it (run_online's `server` and `model_info`). The folder defaults to
@@ -111,7 +111,7 @@ def _prepare(model: str | ModelSpec, workload: str, repeat: int, out_dir: str | 
 
 
 @contextmanager
-def _started(cfg: ServerConfig, out_dir: Path, out: dict[str, Any]) -> Iterator[VLLMServer]:
+def started(cfg: ServerConfig, out_dir: Path, out: dict[str, Any]) -> Iterator[VLLMServer]:
     """The server, running; its start-up time goes into out["server"]; ended on exit, whatever happened."""
     with VLLMServer(cfg, log_path=out_dir / "server.log") as server:
         out["server"]["startup_s"] = server.startup_s
@@ -130,11 +130,11 @@ def rate_sweep(model: str | ModelSpec = "embedded", workload: str = "journey", r
     (e.g. `max_num_seqs=32`). `cross_check=False` skips `vllm bench serve`.
     """
     fractions = check_fractions(fractions)
-    wl, cfg, out_dir, recorded = _prepare(model, workload, repeat, out_dir, knobs)
+    wl, cfg, out_dir, recorded = prepare(model, workload, repeat, out_dir, knobs)
     common = dict(seed=seed, lab=lab, store=store, on_metrics=on_metrics, on_result=on_result,
                   metrics_interval_s=metrics_interval_s, **recorded)
     out: dict[str, Any] = {"results": [], "server": cfg.to_dict()}
-    with _started(cfg, out_dir, out) as server:
+    with started(cfg, out_dir, out) as server:
         burst = run_online(server.base_url, server.api_key, server.model, wl, [math.inf],
                            warmup_requests=len(wl.requests), **common)
         out["results"] += burst
@@ -167,9 +167,9 @@ def concurrency_sweep(model: str | ModelSpec = "embedded", workload: str = "jour
     `start` is when it was sent, so `first_token - start` is the server's own share.
     """
     levels = check_levels(levels)
-    wl, cfg, out_dir, recorded = _prepare(model, workload, repeat, out_dir, knobs)
+    wl, cfg, out_dir, recorded = prepare(model, workload, repeat, out_dir, knobs)
     out: dict[str, Any] = {"results": [], "server": cfg.to_dict()}
-    with _started(cfg, out_dir, out) as server:
+    with started(cfg, out_dir, out) as server:
         for i, n in enumerate(levels):
             out["results"] += run_online(server.base_url, server.api_key, server.model, wl, [math.inf], seed=seed,
                                          max_concurrency=n, warmup_requests=len(wl.requests) if i == 0 else 0, lab=lab,
@@ -208,9 +208,9 @@ def cross_check(model: str | ModelSpec = "embedded", workload: str = "journey", 
     validate.optional_integer("cross_check", "max_concurrency", max_concurrency, "None for all at once, or e.g. 256.")
     rules = {k: v for k, v in (("confidence", confidence), ("max_cv", max_cv), ("max_bound", max_bound),
                                 ("min_window_s", min_window_s)) if v is not None}
-    wl, cfg, out_dir, recorded = _prepare(model, workload, repeat, out_dir, knobs, folder="serve-check")
+    wl, cfg, out_dir, recorded = prepare(model, workload, repeat, out_dir, knobs, folder="serve-check")
     out: dict[str, Any] = {"rounds": [], "results": [], "server": cfg.to_dict()}
-    with _started(cfg, out_dir, out) as server:
+    with started(cfg, out_dir, out) as server:
         _referee_rounds(out, server.base_url, server.api_key, server.model, cfg.tokenizer or cfg.model, wl, times,
                         out_dir, max_concurrency=max_concurrency, seed=seed, timeline=timeline, lab=lab, store=store,
                         recorded=recorded)

@@ -1,20 +1,23 @@
 """Lab 05 as one object: each step of the notebook is one method, and what it made stays on the object.
 
-A cell calls one step (`lab.rate_sweep(...)`, `lab.referee()`, `lab.client_ceiling()`): the step runs `serving` (the
+A cell calls one step (`lab.rate_sweep(...)`, `lab.referee()`, `lab.client_ceiling()`): the step runs `runs` (the
 server's load tests, live or recorded) or `bench.client` (this machine's client ceiling), keeps the value (`lab.online`,
 `lab.verdict`, `lab.ceiling`) and returns what the cell shows; the figures (`lablib.plots.serving`) read those values,
-and the Checks cell takes the whole object (`checks(lab)`). A cell run before the step it reads says which step to run.
+and the Checks cell takes the whole object (`checks.checks(lab)`). A cell run before the step it reads says which step
+to run.
 """
 from __future__ import annotations
 
 from typing import Any
 
-from ..bench.client import client_ceiling
-from ..config import lab_id
-from ..results.record import Result
-from ..results.store import ResultStore
-from ..session import Checks, LabSteps, live_label
-from . import serving
+from ...bench.client import client_ceiling
+from ...config import lab_id
+from ...results.record import Result
+from ...results.store import ResultStore
+from ...bench.goodput import SLO
+from ...session import LabSteps, frame, live_label, mode
+from . import capacity as cap
+from . import runs
 
 LOAD_COLUMNS = ["step", "requests", "output_tok_s", "ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "e2e_p99_s"]
 
@@ -22,7 +25,8 @@ LOAD_COLUMNS = ["step", "requests", "output_tok_s", "ttft_p50_s", "ttft_p99_s", 
 class ServingLab(LabSteps):
     """Lab 05's measurements, one attribute per step, filled in as the notebook runs them (None until then)."""
 
-    STEPS = {"online": "rate_sweep", "served": "rate_sweep", "verdict": "referee", "ceiling": "client_ceiling"}
+    STEPS = {"online": "rate_sweep", "served": "rate_sweep", "verdict": "referee", "ceiling": "client_ceiling",
+             "found": "capacity"}
 
     def __init__(self, store: ResultStore | None = None) -> None:
         self.store = store if store is not None else ResultStore.for_lab(lab_id("05"))  # every live load test
@@ -31,14 +35,16 @@ class ServingLab(LabSteps):
         self.served: Any = None  # `rate_sweep`: its load tests (a Shown of Results)
         self.verdict: Any = None  # `referee`: did the lab's client keep up with the server
         self.ceiling: dict[str, Any] | None = None  # `client_ceiling`: this machine's client, measured here
+        self.found: dict[str, Any] | None = None  # `capacity`: the SLO capacity search (server or simulator)
+        self.found_where = ""  # `capacity`: where it ran (this GPU live, or the simulator)
 
     def rate_sweep(self, model: str = "embedded", repeat: int = 4, **kw: Any) -> list[Result]:
-        """The server under Poisson load (`serving.rate_sweep_or_recorded`), feeding `self.gauges` while it runs:
+        """The server under Poisson load (`runs.rate_sweep_or_recorded`), feeding `self.gauges` while it runs:
         prints the capacity line, returns the load tests (what the figures read)."""
         if self.gauges is not None:
             kw = {"on_metrics": self.gauges.update, "on_result": self.gauges.flush, **kw}
-        self.online = serving.rate_sweep_or_recorded(model, repeat=repeat, store=self.store, **kw)
-        self.served = serving.results_of(self.online)
+        self.online = runs.rate_sweep_or_recorded(model, repeat=repeat, store=self.store, **kw)
+        self.served = runs.results_of(self.online)
         print(self.online.line("capacity C = {capacity_rps:.1f} requests/s; server start {server[startup_s]:.1f} s; "
                                "model {model_name}"))
         return self.served.value
@@ -52,19 +58,19 @@ class ServingLab(LabSteps):
         return self.ran("served").table(LOAD_COLUMNS)
 
     def referee(self) -> Any:
-        """Did the lab's client keep up (`serving.client_verdict`, printed), and the burst's lab / `vllm bench
+        """Did the lab's client keep up (`runs.client_verdict`, printed), and the burst's lab / `vllm bench
         serve` figures, one row each (returned)."""
-        self.verdict = serving.client_verdict(self.ran("online"))
+        self.verdict = runs.client_verdict(self.ran("online"))
         print(self.verdict.line("{verdict}"))
-        return serving.compare_rows(self.online).table()
+        return runs.compare_rows(self.online).table()
 
     def agreements(self) -> Any:
-        """Every lab-vs-vLLM comparison recorded on the H200 (`serving.recorded_agreements`)."""
-        return serving.recorded_agreements().table()
+        """Every lab-vs-vLLM comparison recorded on the H200 (`runs.recorded_agreements`)."""
+        return runs.recorded_agreements().table()
 
     def burst(self) -> list[Result]:
         """The load test that sent everything at once, for the token-gap figure."""
-        return [serving.burst(self.results())]
+        return [runs.burst(self.results())]
 
     def client_ceiling(self) -> None:
         """This machine's client ceiling (`bench.client.client_ceiling`), live everywhere, beside the burst above."""
@@ -74,22 +80,16 @@ class ServingLab(LabSteps):
               f"{c['ceiling_events_s']:,.0f} events/s on one core [{live_label()}]")
         print(self.ran("online").line("the burst above streamed {burst_output_tok_s:,.0f} output tokens/s"))
 
-
-def checks(lab: ServingLab) -> None:
-    """Lab 05's Checks cell: the client's ceiling measured here; where the server ran live, more load more queueing,
-    every request back, the client kept up, and the lab's client agreeing with `vllm bench serve`."""
-    lab.require_all()
-    online, verdict, ceiling = lab.online, lab.verdict, lab.ceiling
-    c = Checks(lab_id("05"))
-    c.that("the client's ceiling was measured on this machine",
-           ceiling["cpu_us_per_event"] > 0 and ceiling["ceiling_events_s"] > 0, ceiling["library"])
-    c.live(online, "more load, more queueing: median TTFT at the highest rate over 2x the lowest", serving.ttft_grows)
-    c.live(online, "every request of every load test came back",
-           lambda v: all(len(r.requests) == 256 and not r.notes for r in v["results"]))
-    c.live(verdict, "the lab's client measured the server, not itself", lambda v: v["kept_up"] is not False,
-           lambda v: v["verdict"])
-    # one burst each: within what single bursts scatter on the embedded model; repeated rounds agree (tests/results)
-    c.live(online, "lab / vllm bench serve output tok/s within 0.8-1.25",
-           lambda v: 0.8 < v["compare"]["figures"]["output_tok_s"]["ratio"] < 1.25,
-           lambda v: v["compare"]["figures"]["output_tok_s"])
-    c.done()
+    def capacity(self, ttft_ms: float | None = 1000.0, tpot_ms: float | None = None, percentile: float = 90.0,
+                 low: float | None = None, high: float | None = None, model: str = "embedded", **kw: Any) -> Any:
+        """The highest Poisson rate meeting the SLO (`capacity`): on vLLM's server where it runs live here, else on lab
+        04's simulator, labelled. Prints the verdict, returns one row per probe."""
+        slo = SLO(ttft_ms=ttft_ms, tpot_ms=tpot_ms, percentile=percentile)  # refused here, before any server
+        if mode()["live"]:
+            self.found = cap.on_server(slo, low, high, model, store=self.store, **kw)
+            self.found_where = live_label()
+        else:
+            self.found = cap.on_simulator(slo, 1.0 if low is None else low, 64.0 if high is None else high, **kw)
+            self.found_where = cap.SIMULATOR
+        print(f"{self.found['verdict']} [{self.found_where}]")
+        return frame(cap.probe_rows(self.found))
