@@ -239,3 +239,11 @@ def start(with_fake_vllm, fake_gpu, monkeypatch):
 # own, not the clone's results/: a developer's own runs never change a test, and a test never adds to them.
 if "LABLIB_RESULTS" not in os.environ:
     os.environ["LABLIB_RESULTS"] = tempfile.mkdtemp(prefix="lablib-test-results-")
+
+
+@pytest.fixture
+def fake_vllm_cli(monkeypatch):
+    """`python -m vllm...` in a child process finds the fake package."""
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([FAKE, *filter(None, [os.environ.get("PYTHONPATH")])]))
+    monkeypatch.setenv("FAKE_VLLM_TOKEN_DELAY", "0.0005")
+    monkeypatch.delenv("FAKE_VLLM_BENCH_FAIL", raising=False)

@@ -82,13 +82,15 @@ def test_the_bare_cost_model_misses_most_of_a_large_batchs_step_which_is_why_it_
     assert rows[-1]["bound_ms"] == pytest.approx(bound, rel=1e-3) and rows[-1]["provenance"] == run.label
 
 
-def test_a_tpot_slo_caps_the_batch_at_the_largest_that_meets_it_and_replicas_carry_the_rest():
-    goal = Goal(concurrency=256, tpot_slo_ms=6.0, lowest_precision="bf16")
+def test_a_tpot_slo_caps_the_batch_at_the_largest_that_meets_it_under_load_and_replicas_carry_the_rest():
+    goal = Goal(concurrency=256, tpot_slo_ms=8.0, lowest_precision="bf16")
     p = plan.plan(goal)
     cap, t = p["max_num_seqs"], p["t"]
-    one = max(b for b in range(1, 257) if latency.predicted_tpot_ms(goal, "bf16", 1, b) <= 6.0)  # TP=1's own cap
+    one = max(b for b in range(1, 257) if latency.loaded_tpot_ms(goal, "bf16", 1, b) <= 8.0)  # TP=1's own cap
     assert 1 <= cap < 256 and p["replicas"] * t <= math.ceil(256 / one)  # no more GPUs than replicas of TP=1
-    assert latency.predicted_tpot_ms(goal, "bf16", t, cap) <= 6.0 < latency.predicted_tpot_ms(goal, "bf16", t, cap + 1)
+    assert latency.loaded_tpot_ms(goal, "bf16", t, cap) <= 8.0 < latency.loaded_tpot_ms(goal, "bf16", t, cap + 1)
+    # decoding alone, the same batch would look far cheaper: the prefill new prompts bring is what the cap pays for
+    assert latency.predicted_tpot_ms(goal, "bf16", t, cap) < 0.85 * 8.0
     assert p["replicas"] == math.ceil(256 / cap) and p["replicas"] * t <= goal.max_gpus
     assert f"x {p['replicas']} replicas" in plan.config_text(goal, p)
 
@@ -98,7 +100,7 @@ def test_a_latency_target_one_gpu_cannot_meet_raises_the_tp_size():
     p = plan.plan(goal)
     assert plan.fit(goal, "fp8") == 1 and latency.predicted_tpot_ms(goal, "fp8", 1, 1) > 8  # one GPU holds it, too slowly
     assert p["t"] > 1 and p["replicas"] * p["t"] <= 8
-    assert latency.predicted_tpot_ms(goal, "fp8", p["t"], p["max_num_seqs"]) <= 8
+    assert latency.loaded_tpot_ms(goal, "fp8", p["t"], p["max_num_seqs"]) <= 8
     assert "TP>1 speed is predicted, not measured" in p["rows"][0]["evidence"]
 
 
@@ -186,3 +188,64 @@ def test_the_scheme_row_says_why_in_the_terms_the_choice_was_made():
         "bf16: the only scheme lowest_precision='bf16' allows")
     small = why()
     assert "the fastest by the synthetic 8B's speed" in small and "not the" not in small
+
+
+def test_prefill_sharing_the_steps_closed_form_against_the_simulator():
+    """`loaded_tpot_ms` (every step carrying batch / output_tokens new prompts, the batch always full) bounds the
+    simulator's mean TPOT from above, and decoding alone bounds it from below: at the goal's own rate and far past
+    capacity (where requests start in waves, so fewer steps share a prefill). Cached shared blocks cost nothing."""
+    from lablib.experiments.advisor import load
+
+    goal = Goal(concurrency=64, prompt_tokens=1024, output_tokens=128, tpot_slo_ms=None)
+    advice = plan.plan(goal)
+    closed = latency.loaded_tpot_ms(goal, advice["scheme"], advice["t"], advice["max_num_seqs"], advice["kv"])
+    alone = latency.predicted_tpot_ms(goal, advice["scheme"], advice["t"], advice["max_num_seqs"], advice["kv"])
+    for rate in (load.little_rate(goal, advice), 1e4):
+        mean = load.simulate(goal, advice, rate=rate, requests=640).summary["tpot_s"]["mean"] * 1e3
+        assert alone < mean <= closed, (rate, alone, mean, closed)
+    shared = Goal(concurrency=64, prompt_tokens=1024, shared_prefix_tokens=1000, output_tokens=128)
+    steady = latency.predicted_tpot_ms(shared, advice["scheme"], advice["t"], 64, advice["kv"])
+    assert steady < latency.loaded_tpot_ms(shared, advice["scheme"], advice["t"], 64, advice["kv"]) < closed
+    eff, label = latency.prefill_efficiency()
+    assert 0.3 < eff < 1.0 and "recorded on NVIDIA H200" in label  # a share of peak the 8B's prefill really reached
+
+
+def test_under_load_gives_percentiles_at_the_goals_rate_and_refuses_a_bad_one():
+    from lablib.experiments.advisor import load
+
+    goal = Goal(concurrency=97, prompt_tokens=1024, shared_prefix_tokens=512, output_tokens=256, tpot_slo_ms=8.0)
+    out = load.under_load(goal)
+    assert out["rate_rps"] == pytest.approx(load.little_rate(goal, plan.plan(goal)))
+    tpot, itl = out["tpot_ms"], out["itl_ms"]
+    assert out["steady_tpot_ms"] <= tpot["p50"] <= tpot["p90"] <= tpot["p99"] and itl["p99"] > tpot["p99"]
+    assert out["goodput"]["sent"] == len(out["result"].requests) and 0 <= out["goodput"]["attainment"] <= 1
+    with pytest.raises(ValueError, match=r"under_load\.rate=0: allowed .*; Fix: "):
+        load.under_load(goal, rate=0)
+
+
+def test_the_advisor_check_runs_the_advice_under_the_goals_arrivals_on_the_fake_server(fake_vllm_cli, tmp_path):
+    """The GPU path without a GPU: the advice as the server's flags, the goal's prompts as token ids with one shared
+    prefix, Poisson at the goal's rate, predicted beside measured at p50/p90/p99."""
+    from lablib.experiments.advisor import check
+    from lablib.results.store import ResultStore
+
+    goal = Goal(concurrency=8, prompt_tokens=96, shared_prefix_tokens=64, output_tokens=16, tpot_slo_ms=50.0)
+    wl, prompts = check.goal_workload(goal, 40)
+    assert len(wl.requests) == 40 and all(len(p) == 96 and p[:64] == prompts[0][:64] for p in prompts)
+    assert len({tuple(p[64:]) for p in prompts}) == 40  # the rest differs
+    knobs = check.server_knobs(goal, plan.plan(goal))
+    assert knobs["max_num_seqs"] == 8 and knobs["max_model_len"] == 112 and knobs["enable_prefix_caching"]
+    assert knobs["extra_args"][:2] == ("--tensor-parallel-size", "1") and "--quantization" in knobs["extra_args"]
+    store = ResultStore(tmp_path / "10.jsonl")
+    out = check.check(goal, requests=40, store=store, out_dir=tmp_path, served="embedded")
+    assert [(r["figure"], r["percentile"]) for r in out["rows"]][:3] == [("TTFT", "p50"), ("TTFT", "p90"),
+                                                                         ("TTFT", "p99")]
+    assert all(r["measured_ms"] > 0 and r["predicted_ms"] > 0 for r in out["rows"])
+    assert out["rate_rps"] == pytest.approx(load_rate(goal)) and out["goodput"]["sent"] == 40 - 2 * 8
+    assert [r.step for r in store.load()] == [f"advisor-check-llama-3.1-8b-c8-rate-{out['rate_rps']:g}"]
+    assert "TPOT p90 predicted" in out["verdict"] and "--quantization" in out["server"]["extra_args"]
+
+
+def load_rate(goal):
+    from lablib.experiments.advisor import load
+    return load.little_rate(goal, plan.plan(goal))

@@ -7,6 +7,10 @@ large batch adds per sequence is not in the bytes). `predicted_tpot_ms` is the b
 TP size and lengths plus what the recorded 8B step of the same weight scheme spent beyond its own bound at that
 batch, log-interpolated between lab 06's batches 1, 8, 64 and 256 and held flat beyond them: exact on those runs,
 an assumption for any other model, GPU or TP size, and labelled so wherever the advisor uses it.
+
+Under load the decode steps also carry new requests' prompts: `loaded_tpot_ms` adds the prefill a step shares when
+every finished request is replaced, each prompt token priced at the efficiency the 8B's recorded prefill reached
+(`prefill_ms_per_token`); `load.under_load` gives the percentiles.
 """
 from __future__ import annotations
 
@@ -14,6 +18,7 @@ import math
 from functools import lru_cache
 from typing import Any
 
+from ... import validate
 from ...mechanisms import parallel as tp
 from ...results.reference import load_reference, reference_steps
 from ..parallel.model import model_shape
@@ -22,6 +27,7 @@ GPUS = {"H200": tp.H200, "H100": tp.H100_SXM, "A100": tp.A100_80GB, "L40S": tp.L
 SCHEMES = ("bf16", "fp8", "w4a16")  # cheapest last
 RECORDED = {"bf16": "quant-bf16", "fp8": "quant-fp8", "w4a16": "quant-gptq-w4a16"}  # lab 06's steps, -b{batch}
 QUANT_BATCHES = (1, 8, 64, 256)
+BLOCK = 16  # vLLM's KV block: a shared prefix shorter than one block is never reused
 MODEL = "cost model (lablib.mechanisms.parallel) + the 8B's recorded step beyond it at that batch (lab 06's runs)"
 
 
@@ -78,3 +84,48 @@ def predicted_tpot_ms(goal: Any, scheme: str, t: int, batch: int, kv: str = "aut
     """Per-token latency at `batch` (mean context: the prompt and half the output), TP=t: bound + beyond_bound."""
     context = goal.prompt_tokens + goal.output_tokens // 2
     return _bound_ms(goal.model, scheme, t, batch, context, goal.gpu, kv) + beyond_bound_ms(scheme, batch)
+
+
+PREFILL_RUNS = tuple(f"prefix-off-shared-prefix-{n}-llama-3.1-8b" for n in (1024, 512))  # largest first
+PREFILL = ("prefill: one prompt token's compute at the efficiency the 8B's recorded prefill reached on the H200 "
+           "(lab 07, prefix caching off)")
+
+
+@lru_cache(maxsize=None)
+def prefill_efficiency() -> tuple[float, str]:
+    """(share of peak FLOP/s, the run's label): the 8B's prompt tokens' compute over the time to its last first token
+    (TTFT p90 of a burst: every prompt prefilled by then), from the largest recorded prefill."""
+    for step in PREFILL_RUNS:
+        s = summary_of(step)
+        if s:
+            shape = model_shape("llama-3.1-8b")
+            compute_s = 2 * tp.params_per_gpu(shape, 1) * s["prompt_tokens"] / tp.H200.peak_flops
+            return compute_s / s["ttft_s"]["p90"], s["label"]
+    raise validate.refuse("prefill_efficiency", "reference", None, f"one of the recorded runs {PREFILL_RUNS}",
+                          "restore data/reference/ (lab 07's recordings).")
+
+
+def prefill_ms_per_token(goal: Goal, scheme: str, t: int) -> float:
+    """One prompt token's time (ms) on one engine of the goal: 2 x parameters per GPU / (peak x efficiency)."""
+    gpu = GPUS[goal.gpu]
+    return 2 * tp.params_per_gpu(model_shape(goal.model, scheme), t) / (gpu.peak_flops * prefill_efficiency()[0]) * 1e3
+
+
+FP8_GPUS = ("H200", "H100", "L40S")  # compute capability 8.9 or 9.0: FP8 tensor cores for weights, KV and GEMMs
+
+
+def prefill_ms_per_token(goal: Any, scheme: str, t: int) -> float:
+    """One prompt token's time (ms) on one engine of the goal: 2 x parameters per GPU / (peak x efficiency), the peak
+    doubled for FP8 weights on a GPU with FP8 tensor cores (W4A16 computes in bf16)."""
+    gpu = GPUS[goal.gpu]
+    peak = gpu.peak_flops * (2 if scheme == "fp8" and goal.gpu in FP8_GPUS else 1)
+    return 2 * tp.params_per_gpu(model_shape(goal.model, scheme), t) / (peak * prefill_efficiency()[0]) * 1e3
+
+
+def loaded_tpot_ms(goal: Any, scheme: str, t: int, batch: int, kv: str = "auto") -> float:
+    """Mean per-token latency with `batch` in flight and every finished request replaced by a new one: the decode
+    step (`predicted_tpot_ms`) plus the prefill it shares. Each of a request's `output_tokens` steps then carries, on
+    average, batch / output_tokens new prompts' uncached tokens (whole shared blocks are cached)."""
+    uncached = goal.prompt_tokens - goal.shared_prefix_tokens // BLOCK * BLOCK
+    return (predicted_tpot_ms(goal, scheme, t, batch, kv)
+            + batch / goal.output_tokens * uncached * prefill_ms_per_token(goal, scheme, t))

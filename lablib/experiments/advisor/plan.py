@@ -27,14 +27,13 @@ from ... import validate
 from ...mechanisms import parallel as tp
 from ...models.architecture import architectures
 from ...results.reference import reference_facts
-from .latency import GPUS, MODEL, QUANT_BATCHES, RECORDED, SCHEMES, beyond_bound_ms, predicted_tpot_ms, summary_of
+from .latency import (BLOCK, FP8_GPUS, GPUS, MODEL, QUANT_BATCHES, RECORDED, SCHEMES, beyond_bound_ms, loaded_tpot_ms,
+                      predicted_tpot_ms, summary_of)
 from ..parallel.model import model_shape
 
-FP8_GPUS = ("H200", "H100", "L40S")  # compute capability 8.9 or 9.0: FP8 tensor cores for weights and KV
 QUALITY_ROW = {"bf16": "bf16", "fp8": "fp8-dynamic", "w4a16": "gptq-w4a16"}  # facts["quantization_quality"] rows
 SPEC_BATCHES = (1, 4, 16, 64)
 PREFIXES = (128, 200, 512, 1024)  # lab 07's on/off pairs on the 8B, prefix-{on,off}-shared-prefix-N-llama-3.1-8b
-BLOCK = 16  # vLLM's KV block: a shared prefix shorter than one block is never reused
 MAX_GPUS = 8  # one host
 
 
@@ -112,7 +111,7 @@ def _fits(goal: Goal) -> dict[str, tuple[int, str] | None]:
 def _load(goal: Goal, scheme: str, t: int, kv: str) -> tuple[int, int, int]:
     """(TP size, max_num_seqs, replicas): the whole load in one engine when the SLO allows, else the option of
     fewest GPUs (replicas of the largest batch meeting it, at this or a larger TP) within max_gpus."""
-    at = lambda u, b: predicted_tpot_ms(goal, scheme, u, b, kv)  # noqa: E731
+    at = lambda u, b: loaded_tpot_ms(goal, scheme, u, b, kv)  # noqa: E731
     if goal.tpot_slo_ms is None or at(t, goal.concurrency) <= goal.tpot_slo_ms:
         return t, goal.concurrency, 1
     options = []  # (GPUs, replicas, TP, batch) for each TP size with a batch meeting the SLO
@@ -173,12 +172,13 @@ def plan(goal: Goal) -> dict[str, Any]:
                   else ""),
                  speed[scheme]["label"] if speed[scheme] else "not measured: no recorded run of this scheme"),
             _kv_row(kv, batch)]
-    tpot = predicted_tpot_ms(goal, scheme, t, cap, kv)
+    tpot, steady = loaded_tpot_ms(goal, scheme, t, cap, kv), predicted_tpot_ms(goal, scheme, t, cap, kv)
     rows.append(_row("max_num_seqs", cap, f"all {goal.concurrency} in flight in one engine" + (
         "" if goal.tpot_slo_ms is None else f", within the {goal.tpot_slo_ms:g} ms SLO") if cap == goal.concurrency
         else f"the largest batch per engine within the {goal.tpot_slo_ms:g} ms SLO",
-        f"predicted TPOT {tpot:.2f} ms at {cap}: the model's bound plus {beyond_bound_ms(scheme, cap):.2f} ms the "
-        f"8B's {scheme} step spent beyond it at that batch on the H200", MODEL))
+        f"predicted TPOT {tpot:.2f} ms at {cap} in flight, new prompts' prefill sharing the steps ({steady:.2f} ms "
+        f"decoding alone: the model's bound plus {beyond_bound_ms(scheme, cap):.2f} ms the 8B's {scheme} step spent "
+        f"beyond it at that batch on the H200)", MODEL))
     if replicas > 1:
         rows.append(_row("replicas", replicas, f"{replicas} engines of TP={t} with up to {cap} requests each carry "
                          f"the {goal.concurrency} in flight: {replicas * t} of {goal.max_gpus} GPUs",

@@ -1,0 +1,115 @@
+"""Lab 10's latency under load: decode steps shared with the prefill of new arrivals, as percentiles.
+
+`latency.predicted_tpot_ms` prices a decode step with every request decoding together. A server under load also
+admits new requests, and vLLM's scheduler puts their prompt tokens (chunks of at most `max_num_batched_tokens`
+minus the decodes) into the same steps: a step carrying a chunk takes longer, and every request decoding through it
+waits. `under_load` runs the goal's own arrival process through lab 04's continuous-batching simulator
+(`mechanisms.batching`) with each step priced as
+
+    step(prefill P, decodes n) = predicted_tpot_ms(goal, batch n) + P x prefill_ms_per_token
+
+`prefill_ms_per_token` is one prompt token's compute (2 x parameters per GPU / peak FLOP/s) over the efficiency the
+8B's largest recorded prefill reached on the H200 (lab 07's runs with prefix caching off: every prompt prefilled,
+the time to the last first token over the prompt tokens). Prompt tokens in whole blocks every request shares are
+cached after the first request and cost nothing. Arrivals are Poisson at the goal's rate: by default the rate at
+which its concurrency is in flight (Little's law: concurrency / the predicted end-to-end time). TTFT, TPOT and every
+gap (ITL) come from the simulated requests after the first `concurrency` (the ramp): a model, checked against a
+real server by `check`.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+from functools import lru_cache
+from typing import Any
+
+from ... import validate
+from ...bench.goodput import SLO, goodput
+from ...bench.loadgen import arrival_times
+from ...mechanisms.batching import continuous_batching
+from ...results.record import RequestRecord, Result
+from .latency import BLOCK, loaded_tpot_ms, predicted_tpot_ms, prefill_ms_per_token
+from .plan import Goal, plan
+
+# vLLM 0.26's OpenAI server on a GPU of 70 GiB or more (not an A100): engine/arg_utils.py's defaults
+SERVER_MAX_NUM_BATCHED_TOKENS = 8192
+
+
+class StepCost:
+    """The simulator's step price for one engine of the goal (ms): decode at that batch plus the prefill chunk."""
+
+    def __init__(self, goal: Goal, scheme: str, t: int, kv: str) -> None:
+        self.goal, self.scheme, self.t, self.kv = goal, scheme, t, kv
+        self.per_token = prefill_ms_per_token(goal, scheme, t)
+        self._decode = lru_cache(maxsize=None)(lambda n: predicted_tpot_ms(goal, scheme, t, max(n, 1), kv))
+
+    def step_time(self, prefill_tokens: int, decode_seqs: int) -> float:
+        return self._decode(decode_seqs) + prefill_tokens * self.per_token
+
+
+def little_rate(goal: Goal, advice: dict[str, Any]) -> float:
+    """The arrival rate (requests/s, all engines) that keeps `concurrency` in flight on average: concurrency / the
+    predicted E2E (its prefill, then its tokens at the loaded TPOT)."""
+    n = advice["max_num_seqs"]
+    tpot = loaded_tpot_ms(goal, advice["scheme"], advice["t"], n, advice["kv"])
+    e2e_ms = goal.prompt_tokens * prefill_ms_per_token(goal, advice["scheme"], advice["t"]) + goal.output_tokens * tpot
+    return goal.concurrency / (e2e_ms / 1e3)
+
+
+def simulate(goal: Goal, advice: dict[str, Any], rate: float, requests: int, seed: int = 0,
+             max_num_batched_tokens: int = SERVER_MAX_NUM_BATCHED_TOKENS) -> Result:
+    """One engine's share of the load (rate / replicas) through the simulator; a Result with every token's time (s),
+    the ramp up and the drain (the first and last `concurrency` requests) left out."""
+    cost = StepCost(goal, advice["scheme"], advice["t"], advice["kv"])
+    cached = goal.shared_prefix_tokens // BLOCK * BLOCK
+    pairs = [(goal.prompt_tokens - (cached if i else 0), goal.output_tokens) for i in range(requests)]
+    arrivals = [t * 1e3 for t in arrival_times(requests, rate / advice["replicas"], seed)]
+    sim = continuous_batching(pairs, max_num_seqs=advice["max_num_seqs"], arrivals=arrivals, cost=cost,
+                              max_num_batched_tokens=max_num_batched_tokens)
+    ends = [s.end for s in sim.steps]
+    index = {e: i for i, e in enumerate(ends)}
+    records = []
+    for r in sim.records:
+        times = [e / 1e3 for e in ends[index[r.first_token]:index[r.finish] + 1]]
+        records.append(RequestRecord(f"sim-{r.request_id}", goal.prompt_tokens, r.output_len, arrival=r.arrival / 1e3,
+                                     start=r.start / 1e3, first_token=r.first_token / 1e3, last_token=r.finish / 1e3,
+                                     token_times=times if len(times) == r.output_len else None))  # None: a step
+        # skipped it (the token budget ran out), so its gaps are not one step each
+    wall = max(r.last_token for r in records) - min(r.arrival for r in records)
+    return steady_middle(Result(lab="10_the_whole_journey", step="advisor-under-load", engine="simulator", config={
+        "rate": rate, "replicas": advice["replicas"], "max_num_seqs": advice["max_num_seqs"],
+        "max_num_batched_tokens": max_num_batched_tokens, "seed": seed}, model={"name": goal.model, "synthetic": True},
+        workload={"name": "goal", "requests": len(records)}, requests=records, wall_s=wall,
+        notes=["a model: lab 04's simulator priced by lab 09's cost model and lab 06's and 07's recorded runs"]),
+        goal.concurrency)
+
+
+def steady_middle(result: Result, concurrency: int) -> Result:
+    """The run without its ramp up and its drain: requests by arrival, the first and last `concurrency` left out (a
+    quarter each where that would leave less than a third), over the time the rest took."""
+    reqs = sorted(result.requests, key=lambda r: r.arrival)
+    ramp = concurrency if len(reqs) > 3 * concurrency else len(reqs) // 4
+    kept = reqs[ramp:len(reqs) - ramp]
+    ends = [r.last_token for r in kept if r.last_token is not None]
+    wall = (max(ends) - min(r.arrival for r in kept)) if ends else result.wall_s
+    return replace(result, requests=kept, wall_s=wall, summary={}, workload={**result.workload, "requests": len(kept)})
+
+
+def under_load(goal: Goal, advice: dict[str, Any] | None = None, *, rate: float | None = None,
+               requests: int | None = None, seed: int = 0) -> dict[str, Any]:
+    """Predicted TTFT, TPOT and ITL (ms, p50/p90/p99) of the advised engine under the goal's arrivals, beside the steady
+    all-decoding TPOT `plan` reports, and the goodput against the goal's TPOT target (p90)."""
+    advice = advice or plan(goal)
+    rate = little_rate(goal, advice) if rate is None else validate.number(
+        "under_load", "rate", rate, "requests per second > 0, or None for the goal's own (Little's law).", 0.0,
+        low_open=True)
+    requests = requests or max(8 * goal.concurrency, 400)
+    result = simulate(goal, advice, rate, requests, seed)
+    ms = lambda d: {k: None if v is None else v * 1e3 for k, v in d.items()}  # noqa: E731
+    s = result.summary
+    out = {"rate_rps": rate, "requests": requests, "ttft_ms": ms(s["ttft_s"]), "tpot_ms": ms(s["tpot_s"]),
+           "itl_ms": ms(s["itl_s"]), "steady_tpot_ms": predicted_tpot_ms(goal, advice["scheme"], advice["t"],
+                                                                        advice["max_num_seqs"], advice["kv"]),
+           "result": result}
+    if goal.tpot_slo_ms is not None:
+        out["goodput"] = goodput(result, SLO(tpot_ms=goal.tpot_slo_ms, percentile=90))
+    return out
