@@ -1,7 +1,7 @@
 """Lab 10: the tuning advisor (a deployment's goal to vLLM's settings, each resting on a measurement), and the
 lab's steps over the whole road (`journey`) and the advisor as one object.
 
-Modules import one way: latency < plan < load < check < lab < checks.
+Modules import one way: latency < plan < load < check < lab < checks; record after check.
 
 - `latency`: per-token latency, lab 09's cost model calibrated per batch on lab 06's recorded 8B runs, plus the
   prefill new prompts bring (priced on lab 07's);
@@ -9,5 +9,6 @@ Modules import one way: latency < plan < load < check < lab < checks.
 - `load`: the advised engine under the goal's arrivals (lab 04's simulator): TTFT, TPOT and ITL percentiles;
 - `check`: the advice run on this GPU under the goal's arrivals, predicted against measured;
 - `lab`: the notebook's steps as one object's methods (`JourneyLab`: the whole road, the goals advised);
-- `checks`: the notebook's Checks cell, on that object.
+- `checks`: the notebook's Checks cell, on that object;
+- `record`: the GPU recording step(s), which only scripts/record_reference.py calls.
 """

@@ -1,9 +1,10 @@
 """Lab 05, serving: vLLM's OpenAI server under Poisson load, refereed by `vllm bench serve`, and its SLO capacity.
 
-Modules import one way, each only from those before it: runs < capacity < lab < checks.
+Modules import one way, each only from those before it: runs < capacity < lab < checks; record after capacity.
 
 - `runs`: the rate sweep, the concurrency sweep and the referee's rounds on one server (live, or recorded);
 - `capacity`: the highest arrival rate meeting a latency target, on the server or on lab 04's simulator;
 - `lab`: the notebook's steps as one object's methods (`ServingLab`), each keeping what it measured;
-- `checks`: the notebook's Checks cell, on that object.
+- `checks`: the notebook's Checks cell, on that object;
+- `record`: the GPU recording step(s), which only scripts/record_reference.py calls.
 """

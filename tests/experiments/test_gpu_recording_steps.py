@@ -1,0 +1,46 @@
+"""The GPU recording steps of goodput, the SLO capacity and the advisor check (scripts/record_reference.py steps
+`capacity`, `goodput-referee`, `advisor-check`), rehearsed on the fake server: what they keep, marked recorded."""
+from __future__ import annotations
+
+import json
+
+from lablib.experiments.advisor import record as advisor_record
+from lablib.experiments.advisor.plan import Goal
+from lablib.experiments.serving import record as serving_record
+from lablib.results.store import ResultStore
+
+
+def test_the_capacity_step_keeps_its_probes_as_recordings(fake_vllm_cli, tmp_path):
+    store, facts = ResultStore(tmp_path / "ref.jsonl"), {}
+    serving_record.record_capacity(tmp_path, store, facts)
+    got = facts["capacity"]
+    lo, hi = got["interval_rps"]
+    assert lo < hi and len(got["rows"]) >= 3 and got["burst"]["holds"] is False
+    kept = store.load()
+    assert {r.provenance for r in kept} == {"recorded"} and kept[0].step == "capacity-rate-inf"
+    assert json.loads((tmp_path / "capacity.json").read_text())["verdict"] == got["verdict"]
+
+
+def test_the_goodput_referee_step_compares_the_rule_and_the_attainments(fake_vllm_cli, tmp_path):
+    store, facts = ResultStore(tmp_path / "ref.jsonl"), {}
+    serving_record.record_goodput(tmp_path, store, facts, times=2, repeat=1)
+    got = facts["goodput_referee"]
+    assert got["same_rule"] is True, got["rounds"]  # vLLM's (the fake's) request_goodput = the lab's rule on its records
+    assert [r["lab_first"] for r in got["rounds"]] == [True, False] and "equals" in got["verdict"]
+    assert [r.step for r in store.load()] == ["goodput0-rate-inf", "goodput1-rate-inf"]
+    same = serving_record.two_proportions(45, 50, 45, 50)
+    assert same["agree"] and same["z"] == 0 and not serving_record.two_proportions(50, 50, 10, 50)["agree"]
+
+
+def test_the_advisor_check_step_runs_every_goal_and_keeps_a_failure_apart(fake_vllm_cli, tmp_path):
+    store, facts = ResultStore(tmp_path / "ref.jsonl"), {}
+    goals = {"small": Goal(concurrency=4, prompt_tokens=64, output_tokens=8, tpot_slo_ms=50.0),
+             "impossible": Goal(concurrency=16, tpot_slo_ms=0.5)}  # refused by the advisor before any server
+    advisor_record.record(tmp_path, store, facts, goals=goals, served="embedded")
+    got = facts["advisor_check"]["goals"]
+    assert got["impossible"]["error"].startswith("ValueError: Goal.tpot_slo_ms=0.5")
+    assert len(got["small"]["rows"]) == 9 and "result" not in got["small"]["predicted"]
+    assert [r.provenance for r in store.load()] == ["recorded"]
+    assert set(advisor_record.GOALS) == {"chat-shared-prefix", "long-context", "assistant-batch-1"}
+    from lablib.experiments.advisor.plan import plan
+    assert all(plan(g)["t"] == 1 for g in advisor_record.GOALS.values())  # one H200 runs each advised engine
