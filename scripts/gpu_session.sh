@@ -17,7 +17,7 @@ run=/tmp/run-$phase; mkdir -p "$run"
 t0=$(date +%s)
 case $phase in
   tests)  LABLIB_GPU_OUT=$run timeout -s INT -k 90 "$budget" python -m pytest -m gpu -v -rs --durations=0 tests/test_gpu_vllm.py "$@" 2>&1 | tee "$run/pytest.log" ;;
-  labs)   timeout -s INT -k 90 "$budget" python -m pytest -v -rs "$@" 2>&1 | tee "$run/nbval.log"
+  labs)   timeout -s INT -k 90 "$budget" python -m pytest -v -rs --durations=0 "$@" 2>&1 | tee "$run/nbval.log"
           mkdir -p "$run/results" && cp results/*.jsonl "$run/results/" 2>/dev/null  # the labs' live Results,
           cp results/facts-*.json "$run/results/" 2>/dev/null ;;  # and the studies a live lab records (keep_facts)
   record) timeout -s INT -k 90 "$budget" python scripts/record_reference.py --out "$run" --steps "$1" 2>&1 | tee "$run/stdout.log" ;;

@@ -44,8 +44,23 @@ def test_the_checks_cell_asserts_on_the_road_lab_run_made(lab):
     lab.requests, lab.batch_sizes, lab.results, lab.skipped = 8, [1, 8], live, []
     lab.shown = live
     lab.advise(plan.Goal())
+    lab.under_load(plan.Goal(concurrency=32, tpot_slo_ms=20))
+    lab.check_advice()  # on this CPU: the H200's recording (or a label saying which step records it)
     with pytest.raises(AssertionError, match="every request answered"):
         checks.checks(lab)
     lab.results = lab.shown = [dataclasses.replace(live[1], summary={**live[1].summary, "requests": 8}), live[0]]
     with pytest.raises(AssertionError, match="the road holds a rung of every lab"):  # the first three pass
         checks.checks(lab)
+
+
+def test_under_load_and_the_advice_checked_without_a_gpu(lab, capsys):
+    goal = plan.Goal(concurrency=64, prompt_tokens=1024, shared_prefix_tokens=512, output_tokens=256, tpot_slo_ms=8)
+    table = lab.under_load(goal)
+    assert list(table["figure"]) == ["TTFT", "TPOT", "ITL"] and {"p50", "p90", "p99"} <= set(table.columns)
+    assert "[predicted: lab 04's simulator" in capsys.readouterr().out and lab.loads[goal]["rate_rps"] > 0
+    lab.check_advice()  # this CPU machine: the recording
+    if lab.checked.value is None:  # not shipped yet: the label names the step that records it
+        assert "scripts/record_reference.py --steps advisor-check" in capsys.readouterr().out
+    else:
+        assert set(lab.checked.value) == {"chat-shared-prefix", "long-context", "assistant-batch-1"}
+    assert "under_load" not in lab.missing() and "check_advice" not in lab.missing()

@@ -12,10 +12,12 @@ from typing import Any
 from ...config import BenchConfig, lab_id
 from ...results.compare import table
 from ...results.record import Result
+from ...results.reference import recorded_facts
 from ...results.store import ResultStore, results_dir
-from ...session import frame, LabSteps, mode
+from ...session import frame, LabSteps, live_or_recorded, mode
 from .. import journey
-from . import plan
+from . import check, load, plan
+from .record import GOALS
 
 ROAD_COLUMNS = ["step", "provenance", "output_tok_s", "ttft_p50_s", "tpot_p50_s"]
 SIDE_ROAD_COLUMNS = ["rung", "baseline", "lab", "where", "model", "workload", "tok_s_ratio", "ttft_speedup",
@@ -27,7 +29,7 @@ class JourneyLab(LabSteps):
     """Lab 10's measurements: the road (None until `run`) and every goal advised (in the order asked)."""
 
     CALL = "(...)"
-    STEPS = {"results": "run", "shown": "run"}
+    STEPS = {"results": "run", "shown": "run", "checked": "check_advice"}
 
     def __init__(self, max_new_tokens: int = 32, store: ResultStore | None = None) -> None:
         self.bench = BenchConfig(max_new_tokens=max_new_tokens, progress=False)
@@ -39,6 +41,8 @@ class JourneyLab(LabSteps):
         self.skipped: list[dict[str, str]] | None = None  # `run`: the rungs this machine skipped, and why
         self.shown: list[Result] | None = None  # `run`: the whole road, run here or recorded (`journey.road`)
         self.goals: list[plan.Goal] = []  # `advise`: every goal advised
+        self.loads: dict[plan.Goal, dict[str, Any]] = {}  # `under_load`: each goal's predicted percentiles
+        self.checked: Any = None  # `check_advice`: the advice run under its load (a Shown: live, or recorded)
 
     def run(self, requests: int = 8, batch_sizes: list[int] = (1, 8), cpu_threads: int | None = 1) -> Any:
         """Every rung of every lab on the same `requests` journey requests (`journey.run_journey`), then the road
@@ -66,10 +70,34 @@ class JourneyLab(LabSteps):
             self.goals.append(goal)
         return frame(rows)
 
+    def under_load(self, goal: plan.Goal) -> Any:
+        """The advice for `goal` under its own Poisson arrivals, predicted (`load.under_load`, a model): TTFT, TPOT
+        and ITL at p50/p90/p99 (ms); prints the rate, TPOT decoding alone and the goodput against the target."""
+        u = self.loads[goal] = load.under_load(goal)
+        target = f"; {u['goodput']['verdict']}" if "goodput" in u else ""
+        print(f"Poisson at {u['rate_rps']:.1f} req/s ({goal.concurrency} in flight on average): TPOT p90 "
+              f"{u['tpot_ms']['p90']:.2f} ms against {u['steady_tpot_ms']:.2f} decoding alone{target} "
+              "[predicted: lab 04's simulator, priced by lab 09's cost model and the H200's recorded runs]")
+        return frame([{"figure": f.upper(), **u[f"{f}_ms"]} for f in check.FIGURES])
+
+    def check_advice(self, name: str = "chat-shared-prefix") -> Any:
+        """One of `record.GOALS` advised, then served on this GPU under its arrivals (`check.check`: a synthetic
+        checkpoint's server, minutes), predicted against measured; without a GPU, the H200's recording."""
+        goal = GOALS[name]
+        self.checked = live_or_recorded(lambda: {name: check.check(goal, store=self.store)},
+                                        lambda: recorded_facts("advisor_check", "advisor-check")["goals"])
+        got = self.checked.value
+        if got is None:
+            print(self.checked.label)
+            return None
+        print("\n".join(f"{n}: {g.get('verdict', g.get('error'))}" for n, g in got.items()) + f" [{self.checked.label}]")
+        return frame([{"goal": n, **r} for n, g in got.items() for r in g.get("rows", [])])
+
     def advice_lines(self) -> str:
         """One sentence per goal advised (`plan.lines`)."""
         return "\n".join(plan.lines(self.goals))
 
     def missing(self) -> list[str]:
-        """The steps the Checks cell needs that have not run yet: `run`, and `advise` until a goal was advised."""
-        return sorted(super().missing() + ([] if self.goals else ["advise"]))
+        """The steps the Checks cell needs that have not run yet: `run`, `check_advice`, and `advise` and
+        `under_load` until a goal went through each."""
+        return sorted(super().missing() + ([] if self.goals else ["advise"]) + ([] if self.loads else ["under_load"]))
