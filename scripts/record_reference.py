@@ -294,7 +294,8 @@ STEPS = {"smoke": step_smoke, "startup": step_startup, "big": step_big, "big-lab
          "quantization-b": _lab("quantization", schemes=QUANT_B, key="quantization-2"),
          "quantization-quality": _lab("quantization", "record_quality"), "journey-fp8": step_journey_fp8,
          "capacity": _lab("serving", "record_capacity"), "goodput-referee": _lab("serving", "record_goodput"),
-         "advisor-check": _lab("advisor")}
+         "advisor-check": _lab("advisor"),
+         "pareto": _lab("serving", "record_pareto")}
 
 
 def main() -> None:

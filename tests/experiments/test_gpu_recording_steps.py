@@ -44,3 +44,22 @@ def test_the_advisor_check_step_runs_every_goal_and_keeps_a_failure_apart(fake_v
     assert set(advisor_record.GOALS) == {"chat-shared-prefix", "long-context", "assistant-batch-1"}
     from lablib.experiments.advisor.plan import plan
     assert all(plan(g)["t"] == 1 for g in advisor_record.GOALS.values())  # one H200 runs each advised engine
+
+
+def test_the_pareto_front_keeps_what_nothing_beats_and_the_sweep_runs_one_server_per_setting(fake_vllm_cli, tmp_path):
+    from lablib.experiments.serving import pareto
+
+    pts = [{"tok_s_per_gpu": g, "tok_s_per_user": u} for g, u in ((100, 50), (200, 40), (150, 30), (200, 40),
+                                                                  (300, 10), (90, None))]
+    assert [(p["tok_s_per_gpu"], p["tok_s_per_user"]) for p in pareto.front(pts)] == [(100, 50), (200, 40), (200, 40),
+                                                                                     (300, 10)]
+    store, facts = ResultStore(tmp_path / "ref.jsonl"), {}
+    serving_record.record_pareto(tmp_path, store, facts, model="embedded", max_num_seqs=(4, 8),
+                                 max_num_batched_tokens=(2048,), schemes=("bf16",), levels=(1, 8), repeat=1)
+    got = facts["pareto"]
+    assert len(got["settings"]) == 2 and len(got["points"]) == 4 and got["front"]
+    assert all(p["tok_s_per_gpu"] > 0 and p["tok_s_per_user"] > 0 for p in got["points"])
+    assert {r.provenance for r in store.load()} == {"recorded"} and len(store.load()) == 4
+    import pytest
+    with pytest.raises(ValueError, match=r"pareto\.sweep\.schemes='int3': allowed"):
+        pareto.sweep("embedded", schemes=("int3",))

@@ -1,7 +1,8 @@
 """Lab 05's GPU recording steps for goodput and the SLO capacity (scripts/record_reference.py calls them; the
 notebook never does).
 
-`record_capacity` is step `capacity`: the lab's own search (`capacity.on_server`, the embedded model, 8 sequences at
+`record_pareto` is step `pareto`: the tuning front (`pareto.sweep`) on the synthetic 8B. `record_capacity` is step
+`capacity`: the lab's own search (`capacity.on_server`, the embedded model, 8 sequences at
 once, TTFT <= 1 s for 90%), every probe kept. `record_goodput` is step `goodput-referee`: on one server, `times`
 rounds of the lab's burst and `vllm bench serve --goodput`'s on the same requests and SLO, the first client
 alternating; per round vLLM's `request_goodput` beside the lab's rule on vLLM's own records (the same arithmetic:
@@ -22,6 +23,7 @@ from ...hardware.device import device_facts
 from ...results.record import Result
 from ...results.store import ResultStore
 from .capacity import on_server, probe_rows
+from .pareto import sweep
 from .runs import prepare, started
 
 CAPACITY_SLO = SLO(ttft_ms=1000, percentile=90)  # the lab's cell
@@ -102,3 +104,20 @@ def record_goodput(out_dir: Path, store: ResultStore, facts: dict[str, Any], *, 
                     f"{'agree' if agree else 'DIFFER'} (two-proportion z, 99%)"),
         "gpu": device_facts().get("gpu"), "date": time.strftime("%Y-%m-%d")}
     _write(out_dir.parent, "goodput-referee", facts["goodput_referee"])
+
+
+BIG = "synthetic:llama-3.1-8b"
+
+
+def record_pareto(out_dir: Path, store: ResultStore, facts: dict[str, Any], *, model: str = BIG,
+                  max_num_seqs: tuple[int, ...] = (32, 256), max_num_batched_tokens: tuple[int, ...] = (2048, 8192),
+                  schemes: tuple[str, ...] = ("bf16", "fp8"), levels: tuple[int, ...] = (1, 16, 64, 256),
+                  repeat: int = 4) -> None:
+    """Step `pareto`: the tuning front on the synthetic 8B (8 servers of ~100 s start-up each by default),
+    facts["pareto"] holds every point and the front."""
+    got = sweep(model, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens, schemes=schemes,
+                levels=levels, repeat=repeat, out_dir=Path(out_dir) / "pareto", store=_Recorded(store), gpu_memory_utilization=0.9,
+                max_model_len=4096)
+    got.pop("results")
+    facts["pareto"] = {**got, "model": model, "gpu": device_facts().get("gpu"), "date": time.strftime("%Y-%m-%d")}
+    _write(out_dir, "pareto", facts["pareto"])
