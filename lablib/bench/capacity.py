@@ -12,8 +12,9 @@ Each probe is one load test of N requests (`measure(rate, seed) -> Result`) judg
 attainment is a share of N, so it carries binomial noise: a probe holds when the Wilson interval (95%) of its
 attainment lies above the percentile and fails when it lies below. One that straddles it is measured again with
 the next seed, up to `repeats` times, pooling the requests; still straddling, it counts as failing and is marked
-`uncertain`, so the interval errs low. Latency is assumed never to improve with load; a probe that held above
-one that failed is reported as `non_monotone`, not hidden.
+`uncertain`, so the interval errs low. Latency is assumed never to improve with load (bisection cannot see a
+rate that holds above one that failed). The interval treats requests as independent; under load, misses come in
+runs while a queue lasts, so the true uncertainty is wider than Wilson's.
 """
 from __future__ import annotations
 
@@ -106,7 +107,6 @@ def capacity_search(measure: Callable[[float, int], Result], slo: SLO, low: floa
             break
         mid = math.sqrt(lo * hi)
         lo, hi = (mid, hi) if probe(mid) else (lo, mid)
-    bad = [p["rate"] for p in probes if p["holds"] and any(q["rate"] < p["rate"] and not q["holds"] for q in probes)]
     if lo is None:
         verdict = (f"the SLO ({slo.label}) fails even at low={low:g} req/s: lower the bound, or the targets cannot "
                    "be met on this server at any rate (see the probe's percentiles)")
@@ -117,7 +117,7 @@ def capacity_search(measure: Callable[[float, int], Result], slo: SLO, low: floa
                    f"[{lo:.3g}, {hi:.3g}] req/s, after {len(probes)} probes of {requests} requests")
     return {"slo": slo.label, "interval_rps": (lo, hi), "capacity_rps": lo, "probes": probes,
             "probe_count": len(probes), "requests_per_probe": requests, "repeats": repeats, "rel_tol": rel_tol,
-            "seconds": time.perf_counter() - t0, "non_monotone": bad,
+            "seconds": time.perf_counter() - t0,
             "noise": f"each probe's attainment with its Wilson 95% interval; a probe straddling {slo.percentile:g}% "
                      f"is re-measured up to {repeats} times, then counted as failing",
-            "verdict": verdict + (f"; non-monotone: held at {bad} above a failure" if bad else "")}
+            "verdict": verdict}

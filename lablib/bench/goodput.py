@@ -7,7 +7,8 @@ al., OSDI 2024): a request is good when every figure with a target is within it 
 TPOT 0; a failed request is never good), and goodput = good requests / the run's duration.
 
 An SLO also says how many requests must be good: `percentile=90` holds when at least 90% of the requests sent
-met every target. For one target that is the same as its p90 being within it.
+met every target (failed requests count against it; the SLO is a share of requests, not an interpolated
+percentile, so with one target the two can differ near the edge).
 
 TTFT and E2E are counted from the request's scheduled arrival (the lab's clock: a request the client or the server
 kept waiting is late for its user) or, as `vllm bench serve` counts them, from when it was sent (`clock="send"`).
@@ -78,7 +79,7 @@ def figures_ms(r: RequestRecord, clock: str = "arrival") -> dict[str, float | No
     gaps = r.itls
     return {"ttft": (r.first_token - zero) * 1e3,
             "tpot": (r.tpot or 0.0) * 1e3,  # vLLM's rule: one output token, TPOT 0
-            "itl": max(gaps) * 1e3 if gaps else 0.0,
+            "itl": max(gaps) * 1e3 if gaps else (0.0 if r.output_tokens < 2 else None),  # None: gaps unknown
             "e2el": None if end is None else (end - zero) * 1e3}
 
 
@@ -129,7 +130,7 @@ def bench_figures_ms(bench: dict[str, Any]) -> list[dict[str, float | None]]:
             out.append(dict.fromkeys(FIGURES))
             continue
         out.append({"ttft": ttft * 1e3, "tpot": (lat - ttft) / (n - 1) * 1e3 if n > 1 else 0.0,
-                    "itl": max(gaps) * 1e3 if gaps else 0.0, "e2el": lat * 1e3})
+                    "itl": max(gaps) * 1e3 if gaps else (0.0 if n < 2 else None), "e2el": lat * 1e3})
     return out
 
 

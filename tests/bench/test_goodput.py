@@ -36,6 +36,8 @@ def test_a_request_is_good_when_every_target_is_met_and_failures_count_against_t
     sent = goodput(_result(reqs, 4.0, sent=5), slo, clock="send")  # vllm bench serve's clock: the queue is forgiven
     assert sent["good"] == 3 and sent["holds"]  # 3 of 5 = 60% >= 50%
     assert figures_ms(reqs[2])["tpot"] == 0.0 and figures_ms(RequestRecord("x", 1, 0))["ttft"] is None
+    assert figures_ms(reqs[0])["itl"] is None and figures_ms(reqs[2])["itl"] == 0.0  # gaps unknown: no ITL, not 0
+    assert not judge([figures_ms(reqs[0])], 1, 1.0, SLO(itl_ms=1000))["good"]  # an unknown gap never meets a target
 
 
 def test_the_slo_holds_exactly_at_its_percentile_and_an_itl_target_reads_the_worst_gap():
@@ -95,7 +97,7 @@ def test_the_search_brackets_the_knee_within_its_tolerance():
     server = _Server(knee=10.0)
     out = capacity.capacity_search(server, SLO(ttft_ms=1000), 1.0, 100.0, requests=100, rel_tol=0.05, rounds=20)
     lo, hi = out["interval_rps"]
-    assert lo <= 10.0 < hi and hi / lo <= 1.05 and out["capacity_rps"] == lo and not out["non_monotone"]
+    assert lo <= 10.0 < hi and hi / lo <= 1.05 and out["capacity_rps"] == lo
     assert [c[0] for c in server.calls[:2]] == [1.0, 100.0] and "capacity in" in out["verdict"]
     assert all(p["holds"] == (p["rate"] <= 10.0) for p in out["probes"])
 

@@ -217,7 +217,10 @@ def test_under_load_gives_percentiles_at_the_goals_rate_and_refuses_a_bad_one():
     out = load.under_load(goal)
     assert out["rate_rps"] == pytest.approx(load.little_rate(goal, plan.plan(goal)))
     tpot, itl = out["tpot_ms"], out["itl_ms"]
-    assert out["steady_tpot_ms"] <= tpot["p50"] <= tpot["p90"] <= tpot["p99"] and itl["p99"] > tpot["p99"]
+    assert out["alone_tpot_ms"] <= tpot["p50"] <= tpot["p90"] <= tpot["p99"] and itl["p99"] > tpot["p99"]
+    whole = Goal(concurrency=8, prompt_tokens=512, shared_prefix_tokens=512, output_tokens=64, tpot_slo_ms=20)
+    assert latency.cached_tokens(whole) == 496  # the block holding the last prompt token is always recomputed
+    assert load.under_load(whole)["tpot_ms"]["p50"] > 0  # a prompt wholly shared still prefills its last block
     assert out["goodput"]["sent"] == len(out["result"].requests) and 0 <= out["goodput"]["attainment"] <= 1
     with pytest.raises(ValueError, match=r"under_load\.rate=0: allowed .*; Fix: "):
         load.under_load(goal, rate=0)

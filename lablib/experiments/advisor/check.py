@@ -86,9 +86,11 @@ def check(goal: Goal, *, requests: int | None = None, seed: int = 0, store: Resu
     table = rows(predicted, measured)
     tpot90 = next(r for r in table if r["figure"] == "TPOT" and r["percentile"] == "p90")
     judged = goodput(middle, slo) if slo else None
-    verdict = (f"TPOT p90 predicted {tpot90['predicted_ms']:.2f} ms, measured {tpot90['measured_ms']:.2f} ms "
-               f"({tpot90['error']:+.1%})" + (f"; {judged['verdict']}" if judged else ""))
+    verdict = ((f"TPOT p90 predicted {tpot90['predicted_ms']:.2f} ms, measured {tpot90['measured_ms']:.2f} ms "
+                f"({tpot90['error']:+.1%})" if tpot90["error"] is not None else "TPOT p90: no figure (one token?)")
+               + (f"; {judged['verdict']}" if judged else ""))
     return {"goal": goal, "advice": {k: advice[k] for k in ("scheme", "t", "kv", "max_num_seqs", "replicas")},
-            "rate_rps": rate, "requests": requests, "predicted": predicted, "measured": measured, "rows": table,
+            "rate_rps": rate, "requests": requests, "answered": len(result.requests),
+            "failures": [n for n in result.notes if "failed" in n], "predicted": predicted, "measured": measured, "rows": table,
             "goodput": judged, "predicted_goodput": predicted.get("goodput"), "verdict": verdict, "result": result,
             **out}

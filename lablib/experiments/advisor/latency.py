@@ -93,8 +93,9 @@ PREFILL = ("prefill: one prompt token's compute at the efficiency the 8B's recor
 
 @lru_cache(maxsize=None)
 def prefill_efficiency() -> tuple[float, str]:
-    """(share of peak FLOP/s, the run's label): the 8B's prompt tokens' compute over the time to its last first token
-    (TTFT p90 of a burst: every prompt prefilled by then), from the largest recorded prefill."""
+    """(share of peak FLOP/s, the run's label): the 8B's prompt tokens' compute over TTFT p90 of a burst of 32 (all
+    but the last few prompts prefilled by then: an estimate that errs slightly low), from the largest recorded
+    prefill."""
     for step in PREFILL_RUNS:
         s = summary_of(step)
         if s:
@@ -103,12 +104,6 @@ def prefill_efficiency() -> tuple[float, str]:
             return compute_s / s["ttft_s"]["p90"], s["label"]
     raise validate.refuse("prefill_efficiency", "reference", None, f"one of the recorded runs {PREFILL_RUNS}",
                           "restore data/reference/ (lab 07's recordings).")
-
-
-def prefill_ms_per_token(goal: Goal, scheme: str, t: int) -> float:
-    """One prompt token's time (ms) on one engine of the goal: 2 x parameters per GPU / (peak x efficiency)."""
-    gpu = GPUS[goal.gpu]
-    return 2 * tp.params_per_gpu(model_shape(goal.model, scheme), t) / (gpu.peak_flops * prefill_efficiency()[0]) * 1e3
 
 
 FP8_GPUS = ("H200", "H100", "L40S")  # compute capability 8.9 or 9.0: FP8 tensor cores for weights, KV and GEMMs
@@ -126,6 +121,12 @@ def loaded_tpot_ms(goal: Any, scheme: str, t: int, batch: int, kv: str = "auto")
     """Mean per-token latency with `batch` in flight and every finished request replaced by a new one: the decode
     step (`predicted_tpot_ms`) plus the prefill it shares. Each of a request's `output_tokens` steps then carries, on
     average, batch / output_tokens new prompts' uncached tokens (whole shared blocks are cached)."""
-    uncached = goal.prompt_tokens - goal.shared_prefix_tokens // BLOCK * BLOCK
+    uncached = goal.prompt_tokens - cached_tokens(goal)
     return (predicted_tpot_ms(goal, scheme, t, batch, kv)
             + batch / goal.output_tokens * uncached * prefill_ms_per_token(goal, scheme, t))
+
+
+def cached_tokens(goal: Any) -> int:
+    """Prompt tokens a request after the first finds in the prefix cache: whole shared blocks, never the block holding
+    the prompt's last token (vLLM recomputes it to produce the first output token)."""
+    return min(goal.shared_prefix_tokens // BLOCK * BLOCK, (goal.prompt_tokens - 1) // BLOCK * BLOCK)

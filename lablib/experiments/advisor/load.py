@@ -11,10 +11,11 @@ waits. `under_load` runs the goal's own arrival process through lab 04's continu
 `prefill_ms_per_token` is one prompt token's compute (2 x parameters per GPU / peak FLOP/s) over the efficiency the
 8B's largest recorded prefill reached on the H200 (lab 07's runs with prefix caching off: every prompt prefilled,
 the time to the last first token over the prompt tokens). Prompt tokens in whole blocks every request shares are
-cached after the first request and cost nothing. Arrivals are Poisson at the goal's rate: by default the rate at
-which its concurrency is in flight (Little's law: concurrency / the predicted end-to-end time). TTFT, TPOT and every
-gap (ITL) come from the simulated requests after the first `concurrency` (the ramp): a model, checked against a
-real server by `check`.
+cached after the first request and cost nothing. Arrivals are Poisson at the goal's rate: by default 80% of the rate
+at which the engines' max_num_seqs would all be busy (`little_rate`). TTFT, TPOT and every
+gap (ITL) come from the simulated requests in the steady middle of the run (`steady_middle`); a request that a step
+skipped (the token budget ran out) has no gaps recorded, so ITL's tail can read low. A model, checked against a real
+server by `check`.
 """
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ from ...bench.goodput import SLO, goodput
 from ...bench.loadgen import arrival_times
 from ...mechanisms.batching import continuous_batching
 from ...results.record import RequestRecord, Result
-from .latency import BLOCK, loaded_tpot_ms, predicted_tpot_ms, prefill_ms_per_token
+from .latency import cached_tokens, loaded_tpot_ms, predicted_tpot_ms, prefill_ms_per_token
 from .plan import Goal, plan
 
 # vLLM 0.26's OpenAI server on a GPU of 70 GiB or more (not an A100): engine/arg_utils.py's defaults
@@ -46,13 +47,17 @@ class StepCost:
         return self._decode(decode_seqs) + prefill_tokens * self.per_token
 
 
-def little_rate(goal: Goal, advice: dict[str, Any]) -> float:
-    """The arrival rate (requests/s, all engines) that keeps `concurrency` in flight on average: concurrency / the
-    predicted E2E (its prefill, then its tokens at the loaded TPOT)."""
+UTILISATION = 0.8  # the goal's arrivals load each engine to this share of what would keep its max_num_seqs all busy
+
+
+def little_rate(goal: Goal, advice: dict[str, Any], utilisation: float = UTILISATION) -> float:
+    """The goal's arrival rate (requests/s, all engines): `utilisation` x the rate at which every engine's
+    max_num_seqs would be busy (Little's law: in flight / the predicted E2E, its prefill then its tokens at the loaded
+    TPOT). Below 1, a queue forms in bursts and drains; at 1 it would grow for as long as the run lasts."""
     n = advice["max_num_seqs"]
     tpot = loaded_tpot_ms(goal, advice["scheme"], advice["t"], n, advice["kv"])
     e2e_ms = goal.prompt_tokens * prefill_ms_per_token(goal, advice["scheme"], advice["t"]) + goal.output_tokens * tpot
-    return goal.concurrency / (e2e_ms / 1e3)
+    return utilisation * n * advice["replicas"] / (e2e_ms / 1e3)
 
 
 def simulate(goal: Goal, advice: dict[str, Any], rate: float, requests: int, seed: int = 0,
@@ -60,7 +65,7 @@ def simulate(goal: Goal, advice: dict[str, Any], rate: float, requests: int, see
     """One engine's share of the load (rate / replicas) through the simulator; a Result with every token's time (s),
     the ramp up and the drain (the first and last `concurrency` requests) left out."""
     cost = StepCost(goal, advice["scheme"], advice["t"], advice["kv"])
-    cached = goal.shared_prefix_tokens // BLOCK * BLOCK
+    cached = cached_tokens(goal)
     pairs = [(goal.prompt_tokens - (cached if i else 0), goal.output_tokens) for i in range(requests)]
     arrivals = [t * 1e3 for t in arrival_times(requests, rate / advice["replicas"], seed)]
     sim = continuous_batching(pairs, max_num_seqs=advice["max_num_seqs"], arrivals=arrivals, cost=cost,
@@ -107,6 +112,7 @@ def under_load(goal: Goal, advice: dict[str, Any] | None = None, *, rate: float 
     ms = lambda d: {k: None if v is None else v * 1e3 for k, v in d.items()}  # noqa: E731
     s = result.summary
     out = {"rate_rps": rate, "requests": requests, "ttft_ms": ms(s["ttft_s"]), "tpot_ms": ms(s["tpot_s"]),
+           "alone_tpot_ms": predicted_tpot_ms(goal, advice["scheme"], advice["t"], 1, advice["kv"]),
            "itl_ms": ms(s["itl_s"]), "steady_tpot_ms": predicted_tpot_ms(goal, advice["scheme"], advice["t"],
                                                                         advice["max_num_seqs"], advice["kv"]),
            "result": result}

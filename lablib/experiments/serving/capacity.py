@@ -77,8 +77,7 @@ def on_server(slo: SLO, low: float | None = None, high: float | None = None, mod
         out["burst_capacity_rps"] = c = burst.summary["requests_s"]
         out["burst"] = judged = goodput(burst, slo)
         if judged["holds"]:
-            return {"slo": slo.label, "interval_rps": (None, None), "capacity_rps": None, "probes": [],
-                    "non_monotone": [], **out, "verdict": f"even everything at once meets the SLO ({slo.label}): "
+            return {"slo": slo.label, "interval_rps": (None, None), "capacity_rps": None, "probes": [], **out, "verdict": f"even everything at once meets the SLO ({slo.label}): "
                     f"{len(wl.requests)} requests cannot load this server past it; send more, or tighten the target"}
         grow = 3 if high is None else 0
         low = low if low is not None else round(c / 16, 3)
@@ -86,7 +85,8 @@ def on_server(slo: SLO, low: float | None = None, high: float | None = None, mod
 
         def measure(rate: float, probe_seed: int) -> Result:
             return run_online(server.base_url, server.api_key, server.model, wl, [rate], seed=seed + probe_seed,
-                              warmup_requests=0, timeline=False, **common)[0]
+                              warmup_requests=0, timeline=False,
+                              **{**common, "step_prefix": f"capacity-seed{probe_seed}"})[0]
 
         found = capacity_search(measure, slo, low, high, requests=len(wl.requests), rounds=rounds, repeats=repeats,
                                 rel_tol=rel_tol, grow=grow, on_probe=on_probe)

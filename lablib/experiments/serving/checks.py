@@ -28,6 +28,4 @@ def checks(lab: ServingLab) -> None:
     lo, hi = lab.found["interval_rps"]
     c.that(f"the capacity search bracketed the SLO: it held at the interval's low end, failed at its high end "
            f"[{lab.found_where}]", lo is not None and hi is not None and lo < hi, lab.found["verdict"])
-    c.that("no probe held above a rate that failed (more load never made latency better)",
-           not lab.found["non_monotone"], lab.found["non_monotone"])
     c.done()

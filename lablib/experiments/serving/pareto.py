@@ -28,7 +28,7 @@ def point(r: Result, setting: dict[str, Any], gpus: int = 1) -> dict[str, Any]:
     tpot = r.summary["tpot_s"]["p50"]
     return {**setting, "concurrency": r.config.get("max_concurrency"), "tok_s_per_gpu": r.summary["output_tok_s"] / gpus,
             "tok_s_per_user": 1.0 / tpot if tpot else None, "tpot_p50_ms": tpot * 1e3 if tpot else None,
-            "ttft_p90_ms": (r.summary["ttft_s"]["p90"] or 0.0) * 1e3, "step": r.step}
+            "ttft_p90_ms": None if r.summary["ttft_s"]["p90"] is None else r.summary["ttft_s"]["p90"] * 1e3, "step": r.step}
 
 
 def front(points: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -59,7 +59,8 @@ def sweep(model: str | ModelSpec = "embedded", *, max_num_seqs: Sequence[int] = 
     for i, setting in enumerate(settings):
         extra = (*SCHEMES[setting["scheme"]], "--max-num-batched-tokens", str(setting["max_num_batched_tokens"]))
         got = concurrency_sweep(model, workload, repeat, levels, store=store, lab=lab, max_num_seqs=setting[
-            "max_num_seqs"], extra_args=(*base_extra, *extra),
+            "max_num_seqs"], extra_args=(*base_extra, *extra), step_prefix=f"pareto-{setting['scheme']}-"
+            f"s{setting['max_num_seqs']}-b{setting['max_num_batched_tokens']}",
             out_dir=None if out_dir is None else Path(out_dir) / f"setting{i}", **knobs)
         results += got["results"]
         points += [point(r, setting) for r in got["results"]]

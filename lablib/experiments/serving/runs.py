@@ -158,7 +158,8 @@ def check_levels(levels: Sequence[int]) -> list[int]:
 def concurrency_sweep(model: str | ModelSpec = "embedded", workload: str = "journey", repeat: int = 2,
                       levels: Sequence[int] = (1, 4, 16, 64), *, seed: int = 0, out_dir: str | Path | None = None,
                       store: ResultStore | None = None, lab: str = lab_id("05"),
-                      on_result: Callable[[Result], None] | None = None, **knobs: Any) -> dict[str, Any]:
+                      on_result: Callable[[Result], None] | None = None, step_prefix: str = "serve",
+                      **knobs: Any) -> dict[str, Any]:
     """One server, the workload sent with at most N requests in flight for each N in `levels`.
 
     Returns {"results" (one per level, step "serve-rate-inf-conc-N"), "server"}; inputs are
@@ -173,7 +174,7 @@ def concurrency_sweep(model: str | ModelSpec = "embedded", workload: str = "jour
         for i, n in enumerate(levels):
             out["results"] += run_online(server.base_url, server.api_key, server.model, wl, [math.inf], seed=seed,
                                          max_concurrency=n, warmup_requests=len(wl.requests) if i == 0 else 0, lab=lab,
-                                         store=store, on_result=on_result, **recorded)
+                                         store=store, on_result=on_result, step_prefix=step_prefix, **recorded)
     return out
 
 
