@@ -8,7 +8,8 @@ notebook makes (`force=False`), so what is tested is what the lab shows. Pure fi
 import pytest
 
 from lablib.bench.referee import agreement
-from lablib.experiments import kv, scheduling, serving
+from lablib.experiments import kv, scheduling
+from lablib.experiments.serving import runs as serving
 from lablib.results.reference import reference_facts
 from lablib.session import display_if_live, mode
 
