@@ -2,7 +2,8 @@
 import pytest
 
 from lablib import session
-from lablib.experiments import kv, scheduling, serving, sweeps
+from lablib.experiments import kv, scheduling, sweeps
+from lablib.experiments.serving import runs as serving
 from lablib.hardware import fit_table, machine_summary
 from lablib.mechanisms import continuous_batching
 from lablib.plots import gpu_memory_utilization_figure, schedule_tradeoff
