@@ -20,7 +20,9 @@ import plotly.graph_objects as go
 import pytest
 
 from lablib import mechanisms
+from lablib.bench.goodput import SLO
 from lablib.experiments.scheduling import scheduler_rows
+from lablib.experiments.serving import capacity
 from lablib.plots import batching, kv, scheduling, serving, style
 from lablib.results.reference import load_reference, recorded_rows
 from lablib.workloads import load_workload
@@ -79,6 +81,8 @@ def _figures() -> dict[str, go.Figure]:
         "server_metrics_figure": serving.server_metrics_figure(served),
         "token_gaps": serving.token_gaps([next(r for r in served if r.config["rate"] == math.inf)]),
         "LiveServerMetrics": live_gauges.figure,
+        "capacity_figure": serving.capacity_figure(capacity.on_simulator(SLO(ttft_ms=1000, percentile=90)),
+                                                   capacity.SIMULATOR),
     }
     for metric in batching.LATENCY_METRICS:
         figs[f"latency_cdf/{metric}"] = batching.latency_cdf(offline, metric)
