@@ -25,7 +25,7 @@ from ...results.store import ResultStore
 from ...workloads import load_workload
 from .runs import prepare, started
 
-SIMULATOR = "simulator: lab 04's continuous batching, step costs made up (ms), not a GPU's"
+SIMULATOR = "simulated by lab 04's continuous batching with made-up step costs (ms), not on a GPU"
 
 
 def simulated_run(pairs: list[tuple[int, int]], rate: float, seed: int, *, cost: CostModel | None = None,
