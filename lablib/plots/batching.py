@@ -187,6 +187,8 @@ def phase_breakdown(results: list[Result]) -> go.Figure:
         fig.add_bar(x=labels, y=ys, name=name, marker_color=colour(name), textposition="inside",
                     text=[f"{y / t:.0%}" if t else "" for y, t in zip(ys, totals)],
                     hovertemplate=f"%{{x}}<br>{phase}: %{{y:.3f}} s (%{{text}} of the run's summed time)<extra></extra>")
-    fig.update_layout(barmode="stack", yaxis_title="time summed over requests (s)", xaxis_title="run (step)")
+    # a share too small to print legibly inside its bar is left to the hover, not shrunk to a smudge
+    fig.update_layout(barmode="stack", yaxis_title="time summed over requests (s)", xaxis_title="run (step)",
+                      uniformtext={"minsize": 11, "mode": "hide"})
     return finish(fig, "Where the time went: prefill vs decode, summed over requests", provenance(results),
                   synthetic=any(map(is_synthetic, results)))

@@ -10,12 +10,14 @@ because bars of different models are a road, not a like-for-like race.
 from __future__ import annotations
 
 import math
+import re
 
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from ..results.record import Result
-from .style import require_results, colour, finish, is_synthetic, provenance, series_name, step_labels, trace_name
+from .style import (PAGE_PX, colour, finish, is_synthetic, provenance, require_results, series_name, step_labels,
+                    trace_name)
 
 
 def where(r: Result) -> str:
@@ -69,34 +71,50 @@ def whole_road(results: list[Result]) -> go.Figure:
 
     Horizontal bars: a rung's name, model and request count are its tick label (three lines, read across, never
     turned on their side or cut), and the figure grows a row per rung. One bar per rung in the rung's own colour
-    (`style.colour`, the same in every figure); recorded bars are hatched. The legend, under the plot and as
-    wide as the page, groups the bars by where they were measured, each group titled with it ("live on this
-    machine (CPU: ...)", "recorded on NVIDIA H200, <date>"), and every bar's hover repeats it.
+    (`style.colour`, the same in every figure); recorded bars are hatched. The legend, under the plot, names each
+    place the bars were measured once ("live on this machine (CPU: ...)", "recorded on NVIDIA H200, <date>"), solid
+    or hatched like its bars, and clicking it shows or hides them; every bar's hover repeats its place.
     """
     results = require_results(results, "whole_road")
     ticks, mixed = _ticks(results), len({r.provenance for r in results}) > 1
     fig = go.Figure()
+    places: dict[str, bool] = {}  # where -> recorded, in the order drawn
     for i, r in enumerate(results):
         x, place = r.summary["output_tok_s"], where(r)
+        places.setdefault(place, r.provenance == "recorded")
         fig.add_bar(y=[ticks[i]], x=[x], orientation="h", name=trace_name(r, mixed=mixed), legendgroup=place,
-                    legendgrouptitle_text=place, text=[tok_s_text(x)], textposition="outside", cliponaxis=False,
+                    showlegend=False, text=[tok_s_text(x)], textposition="outside", cliponaxis=False,
                     hovertemplate=f"{r.step}: %{{x:,.1f}} output tok/s<br>{model_name(r)}, "
                                   f"{r.workload.get('name', '?')} workload, {r.summary['requests']} requests"
                                   f"<br>{place}<extra></extra>",
                     marker={"color": colour(r.step), "pattern": {"shape": "/" if r.provenance == "recorded" else ""}})
+    for place, recorded in places.items():  # the legend: each place once, not each rung (its tick label names it)
+        fig.add_bar(y=[None], x=[None], orientation="h", name=place, legendgroup=place, hoverinfo="skip",
+                    marker={"color": PLACE_COLOUR, "pattern": {"shape": "/" if recorded else ""}})
     positive = [r.summary["output_tok_s"] for r in results if r.summary["output_tok_s"] > 0]
     lo, hi = (math.log10(min(positive)), math.log10(max(positive))) if positive else (0.0, 1.0)
     fig.update_yaxes(categoryorder="array", categoryarray=ticks, autorange="reversed",  # the first rung on top
                      title_text="rung of the journey, in order (top to bottom)")
     fig.update_xaxes(type="log", range=[math.floor(lo) - 0.1, hi + 0.45],  # room for the last bar's number
                      title_text="output throughput (tok/s, log scale)")
-    fig.update_layout(barmode="overlay", legend={"groupclick": "toggleitem"})
+    fig.update_layout(barmode="overlay", legend={"groupclick": "togglegroup"})
     finish(fig, "The whole road: output tokens per second at each rung (higher is better)",
-           provenance(results), synthetic=any(is_synthetic(r) for r in results), legend_below=True)
-    # the legend spans the page, not only the plot right of the tick labels: fewer rows of groups
+           provenance(results), synthetic=any(is_synthetic(r) for r in results), legend_below=True,
+           legend_width=bars_width(ticks))
     fig.update_layout(legend={"xref": "container"},
                       height=fig.layout.margin.t + fig.layout.margin.b + ROW_PX * len(results) + 40)
     return fig
+
+
+PLACE_COLOUR = "#9e9e9e"  # a place's legend swatch: neutral, since every rung has its own colour
+
+
+def bars_width(ticks: list[str]) -> int:
+    """About how wide the bars' area is: the page less the right margin and the widest tick label (12 px rung name,
+    10 px lines under it). A horizontal legend wraps at this width, not the page's."""
+    widest = max(max(7 * len(lines[0]), 6 * max(map(len, lines[1:]), default=0))
+                 for lines in (re.sub(r"<(?!br>)[^>]+>", "", t).split("<br>") for t in ticks))
+    return PAGE_PX - 80 - widest - 10
 
 
 def journey(results: list[Result]) -> go.Figure:

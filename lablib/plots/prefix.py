@@ -111,7 +111,7 @@ def hit_rate_vs_prefix(rows: Sequence[Mapping[str, Any]]) -> go.Figure:
     fig.add_trace(go.Scatter(x=x, y=[r["cached_per_later_request"] for r in rows], mode="markers+text", name=name,
                              marker={"color": colour(name), "size": 10},
                              text=[f"{r['cached_per_later_request']} of {r['shared_tokens']}" for r in rows],
-                             textposition="bottom right", cliponaxis=False,
+                             textposition=_label_sides(x), cliponaxis=False,
                              hovertemplate="%{x} shared: %{y} cached<extra></extra>"), 1, 2)
     fig.update_xaxes(title_text="shared prefix (tokens)")
     fig.update_yaxes(title_text="hit rate (% of prompt)", rangemode="tozero", row=1, col=1)
@@ -120,6 +120,13 @@ def hit_rate_vs_prefix(rows: Sequence[Mapping[str, Any]]) -> go.Figure:
     return finish(fig, "Hit rate against the shared-prefix length (whole 16-token blocks only)", SIMULATED,
                   notes=[sets, ("the first request of a set computes everything; each later one hits the shared "
                                 "prompt's full blocks")], legend_below=True, height=460)
+
+
+def _label_sides(x: Sequence[float]) -> list[str]:
+    """Where each point's label goes: below right, or above left when the point before is close (within 15% of the
+    axis), so two neighbours' labels do not overlap."""
+    near = 0.15 * (max(x) - min(x))
+    return ["top left" if i and x[i] - x[i - 1] < near else "bottom right" for i in range(len(x))]
 
 
 def cached_per_request(results: Mapping[str, PrefixCacheResult]) -> go.Figure:
@@ -241,7 +248,7 @@ def serve_figure(data: Shown | Sequence[Mapping[str, Any]], where: str = "") -> 
         mine = sorted((r for r in rows if r["caching"] == caching), key=lambda r: r["rate"])
         for stat, dash in (("p50", "solid"), ("p99", "dot")):
             fig.add_trace(go.Scatter(x=[r["rate"] for r in mine], y=[r[f"ttft_{stat}_s"] * scale for r in mine],
-                                     mode="lines+markers", name=f"TTFT {stat} · {name}", legendgroup=name,
+                                     mode="lines+markers", name=f"TTFT {stat} · {name}",  # one legend row
                                      line={"color": colour(name), "dash": dash},
                                      hovertemplate="%{x:g} req/s: %{y:.1f} " + unit + "<extra>" + stat + "</extra>"),
                           1, 2)

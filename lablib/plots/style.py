@@ -200,11 +200,13 @@ PROVENANCE_WORDS = re.compile(r"recorded on|live on|simulated", re.IGNORECASE)
 
 
 def finish(fig: go.Figure, title: str, where: str, *, synthetic: bool = False, notes: Sequence[str] = (),
-           height: int | None = None, legend_below: bool = False) -> go.Figure:
+           height: int | None = None, legend_below: bool = False, legend_width: int | None = None) -> go.Figure:
     """Title with the provenance as its second line (unless `title` already says it), notes under the plot,
-    margins that grow to fit tick labels and titles. Returns fig."""
+    margins that grow to fit tick labels and titles. `legend_width`: where a legend below wraps (px), for a plot
+    narrower than most. Returns fig."""
     lines = [] if PROVENANCE_WORDS.search(title) or not where else [where]
-    text = title + "".join(f"<br><sup>{line}</sup>" for line in lines) + synthetic_line(
+    head = wrap_title(title)
+    text = head + "".join(f"<br><sup>{line}</sup>" for line in lines) + synthetic_line(
         synthetic and SYNTHETIC_LABEL not in title)
     n_lines = text.count("<br>")
     wrapped = [line for note in notes for line in wrap(note)]  # a long note wraps, never runs off the figure's edge
@@ -213,7 +215,8 @@ def finish(fig: go.Figure, title: str, where: str, *, synthetic: bool = False, n
                            yshift=-64 - 18 * i, showarrow=False, align="left", font={"size": 11, "color": "gray"})
     subplot_titles = any(a.yref == "paper" and a.y is not None and a.y >= 1 and a.yanchor == "bottom"
                          for a in fig.layout.annotations)  # make_subplots' titles sit in the top margin too
-    bottom = (80 + 18 * len(wrapped) if wrapped else 60) + (24 * legend_rows(fig) + 16 if legend_below else 0)
+    legend = 24 * legend_rows(fig, legend_width or LEGEND_WIDTH) + 16 if legend_below else 0
+    bottom = (80 + 18 * len(wrapped) if wrapped else 60) + legend
     # the title hangs from the top; the margin holds all its lines, and the subplot titles below them
     fig.update_layout(title={"text": text, "x": 0.01, "xanchor": "left", "y": 1, "yref": "container",
                              "yanchor": "top", "pad": {"t": 26}},
@@ -221,13 +224,15 @@ def finish(fig: go.Figure, title: str, where: str, *, synthetic: bool = False, n
     if legend_below:  # a wide legend under the plot, so the plots keep the full width
         fig.update_layout(legend={"orientation": "h", "x": 0, "xanchor": "left", "y": 0.01, "yanchor": "bottom",
                                   "yref": "container"})
-    if height is not None:
-        fig.update_layout(height=height)
+    if height is not None:  # a title wrapped to more lines takes its room from the margin, not from the plots
+        fig.update_layout(height=height + 24 * (head.count("<br>") - title.count("<br>")))
     fig.update_xaxes(automargin=True)
     fig.update_yaxes(automargin=True)
+    log_axis_ticks(fig)
     return fig
 
 
+TITLE_CHARS = 65  # a title's line at 17 px that ends left of plotly's mode bar (top right) on a 1,024 px page
 NOTE_CHARS = 120  # a note's line at 11 px fits a 1,024 px page's plot width in about this many characters
 LEGEND_WIDTH = 800  # px a horizontal legend has at 1,024 px before it wraps to another row
 
@@ -237,9 +242,30 @@ def wrap(note: str, width: int = NOTE_CHARS) -> list[str]:
     return textwrap.wrap(note, width) or [note]
 
 
-def legend_rows(fig: go.Figure) -> int:
+def wrap_title(title: str, width: int = TITLE_CHARS) -> str:
+    """The title's first line broken at spaces into lines of at most `width` characters, so it runs under neither
+    the mode bar nor the figure's edge; a line with markup, or a phrase saying where data come from, stays whole."""
+    first, sep, rest = title.partition("<br>")
+    return "<br>".join(balanced_lines(first, width)) + sep + rest
+
+
+def balanced_lines(text: str, width: int) -> list[str]:
+    """`text` in the fewest lines of at most `width` characters, of about equal length (no lone word on the last),
+    broken at spaces but never inside "recorded on" or "live on"; text with markup stays whole."""
+    if len(text) <= width or "<" in text:
+        return [text]
+    keep = PROVENANCE_WORDS.sub(lambda m: m.group(0).replace(" ", "\0"), text)
+    lines = textwrap.wrap(keep, width)
+    even = math.ceil(len(keep) / len(lines))
+    while len(balanced := textwrap.wrap(keep, even)) > len(lines):
+        even += 1
+    return [line.replace("\0", " ") for line in balanced]
+
+
+def legend_rows(fig: go.Figure, width: int = LEGEND_WIDTH) -> int:
     """About how many rows a horizontal legend of this figure takes at 1,024 px (its entries' text, 7 px a
-    character, plus the symbol): what the bottom margin must hold so the legend does not climb into the notes.
+    character, plus the symbol; wrapped at `width` px): what the bottom margin must hold so the legend does not
+    climb into the notes.
 
     A legend of titled groups (`legendgrouptitle`) lays each group out as a column, its title over its entries,
     and puts the columns side by side while they fit: its rows are, per line of columns, the tallest column's."""
@@ -247,11 +273,11 @@ def legend_rows(fig: go.Figure) -> int:
     if not shown:
         return 0
     if any(t.legendgrouptitle and t.legendgrouptitle.text for t in shown):
-        return _grouped_legend_rows(shown)
+        return _grouped_legend_rows(shown, width)
     rows, used = 1, 0
     for name in dict.fromkeys(t.name for t in shown):
         w = _entry_width(name)
-        if used and used + w > LEGEND_WIDTH:
+        if used and used + w > width:
             rows, used = rows + 1, 0
         used += w
     return rows
@@ -261,7 +287,7 @@ def _entry_width(text: str) -> int:
     return 50 + 7 * len(re.sub(r"<[^>]+>", "", text))
 
 
-def _grouped_legend_rows(traces: list) -> int:
+def _grouped_legend_rows(traces: list, width: int) -> int:
     groups: dict[str, list[str]] = defaultdict(list)  # in the order drawn, as plotly lists them
     titles: dict[str, str] = {}
     for t in traces:
@@ -273,10 +299,130 @@ def _grouped_legend_rows(traces: list) -> int:
     for key, names in groups.items():
         w = max(_entry_width(n) for n in [*names, titles[key]])
         tall = len(names) + bool(titles[key])
-        if used and used + w > LEGEND_WIDTH:
+        if used and used + w > width:
             rows, line_rows, used = rows + line_rows, 0, 0
         used, line_rows = used + w, max(line_rows, tall)
     return rows + line_rows
+
+
+LABEL_GAP = 12  # px between two tick labels of a log axis, at the least
+
+
+def log_ticks(lo: float, hi: float, length: float, vertical: bool = False) -> tuple[list[float], list[str]]:
+    """Tick values and labels for a log axis `length` px long showing lo to hi (both > 0): 1, 2 and 5 of each
+    decade where their labels fit side by side, else the decades alone (every other, ... as room asks); within a
+    decade, evenly spaced values where 1-2-5 shows fewer than three. Values beyond the range are kept: plotly draws
+    only those shown."""
+    first, last = math.floor(math.log10(lo)), math.ceil(math.log10(hi))
+    decade = length / max(math.log10(hi / lo), 0.1)  # px per decade
+    short = hi / lo < 10
+
+    def ticks(digits: tuple[int, ...], every: int = 1) -> list[float]:
+        return [float(f"{d}e{e}") for e in range(first, last + 1) if (e - first) % every == 0 for d in digits]
+
+    def fits(vals: list[float]) -> bool:  # the closest two labels do not touch
+        widest = 12 if vertical else max(7 * len(_tick_text(v)) for v in vals)
+        return min(math.log10(b / a) for a, b in zip(vals, vals[1:])) * decade >= widest + LABEL_GAP
+
+    def shown(vals: list[float]) -> int:
+        return sum(lo / 1.0001 <= v <= hi * 1.0001 for v in vals)
+
+    if short and not (shown(ticks((1, 2, 5))) >= 3 and fits(ticks((1, 2, 5)))):
+        return _short_log_ticks(lo, hi, decade, vertical)  # evenly spaced, as plotly draws a short log axis
+    if fits(ticks((1, 2, 5))):
+        vals = ticks((1, 2, 5))
+    else:
+        every = 1
+        while not fits(ticks((1,), every)) and every < last - first:
+            every += 1
+        vals = ticks((1,), every)
+    return vals, [_tick_text(v) for v in vals]
+
+
+def _short_log_ticks(lo: float, hi: float, decade: float, vertical: bool) -> tuple[list[float], list[str]]:
+    """Multiples of the finest step of 1, 2, 2.5 or 5 times a power of ten whose labels fit (the closest two,
+    at the top, do not touch): 60, 80, ..., 240 on an axis from 64 to 256."""
+    for k in range(math.floor(math.log10(hi - lo)) - 1, math.ceil(math.log10(hi)) + 1):
+        for m in (1, 2, 2.5, 5):
+            step = m * 10.0 ** k
+            vals = [round(i * step, 12) for i in range(max(1, math.floor(lo / step)), math.ceil(hi / step) + 1)]
+            shown = [v for v in vals if lo / 1.0001 <= v <= hi * 1.0001]
+            widest = 12 if vertical else max(7 * len(_tick_text(v)) for v in vals)
+            if len(shown) >= 2 and math.log10(shown[-1] / shown[-2]) * decade >= widest + LABEL_GAP:
+                return vals, [_tick_text(v) for v in vals]
+    return [lo, hi], [_tick_text(lo), _tick_text(hi)]
+
+
+def _tick_text(v: float) -> str:
+    """1k, 2M, 0.5, 0.002, 100µ: SI prefixes beyond a thousand and under a thousandth, as plotly writes them."""
+    for scale, prefix in ((1e9, "G"), (1e6, "M"), (1e3, "k"), (1e-3, ""), (1e-6, "µ"), (1e-9, "n")):
+        if v >= scale * 0.9999:
+            return f"{v / scale:g}{prefix}" if prefix else f"{v:g}"
+    return f"{v:g}"
+
+
+def log_axis_ticks(fig: go.Figure) -> None:
+    """Label every log axis of fig that has no ticks of its own at 1-2-5, decades or even steps (`log_ticks`, for
+    the axis's length on a 1,024 px page), in the axis's font: not plotly's small 2s and 5s (or every digit) crowding
+    between the decades. Faint minor grid lines mark the digits between. Axes that match another share its ticks;
+    an axis whose values span less than a factor of two keeps plotly's ticks."""
+    values: dict[str, list[float]] = defaultdict(list)
+    for t in fig.data:
+        for letter in "xy":
+            ref = getattr(t, f"{letter}axis", None) or letter
+            vals = getattr(t, letter, None)
+            values[_axis_name(ref)] += [v for v in (vals if vals is not None else ())
+                                        if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    for shape in fig.layout.shapes:
+        for letter in "xy":
+            ref = (shape[f"{letter}ref"] or letter).split(" ")[0]
+            if ref != "paper":
+                values[_axis_name(ref)] += [v for v in (shape[f"{letter}0"], shape[f"{letter}1"])
+                                            if isinstance(v, (int, float))]
+    groups: dict[str, list[str]] = defaultdict(list)  # matched axes: one set of ticks
+    for name in fig.layout:
+        axis = fig.layout[name] if re.fullmatch(r"[xy]axis\d*", name) else None
+        if axis is not None and axis.type == "log" and axis.tickvals is None and axis.dtick is None:
+            groups[_axis_name(axis.matches) if axis.matches else name].append(name)
+    for key, names in groups.items():
+        pos = [v for n in {key, *names} for v in values.get(n, ()) if v > 0 and math.isfinite(v)]
+        ranges = [fig.layout[n].range for n in names if fig.layout[n].range is not None]
+        if ranges:  # a log axis's range is in decades
+            pos = [10 ** r for r in ranges[0] if isinstance(r, (int, float))] or pos
+        if not pos or max(pos) / min(pos) < 2:  # a short axis: plotly's own ticks, evenly spaced
+            continue
+        length = _axis_px(fig, names)
+        vals, text = log_ticks(min(pos), max(pos), length, vertical=key[0] == "y")
+        decade = length / math.log10(max(pos) / min(pos))  # px
+        digits = range(1, 10) if decade >= 60 else (1, 2, 5) if decade >= 30 else (1,)  # faint, never a smear
+        if max(pos) / min(pos) < 10:
+            digits = ()  # evenly spaced ticks: their grid is enough
+        decades = range(round(math.log10(min(vals))), round(math.log10(max(vals))) + 1)
+        minor = [float(f"{d}e{e}") for e in decades for d in digits if float(f"{d}e{e}") not in vals]
+        for n in names:
+            fig.layout[n].update(tickmode="array", tickvals=vals, ticktext=text,
+                                 minor={"tickmode": "array", "tickvals": minor, "ticks": "", "showgrid": True})
+
+
+PAGE_PX = 880  # a figure's width in a notebook on a 1,024 px page
+SIDE_LEGEND_PX = 180  # about what a legend at the plot's right takes from it
+
+
+def _axis_px(fig: go.Figure, names: list[str]) -> float:
+    """About how long the axes `names` are on a 1,024 px page: the figure less its margins (and a legend at the
+    right), times the axis's share of the plot (its domain)."""
+    m, side = fig.layout.margin, fig.layout.showlegend is not False and fig.layout.legend.orientation != "h"
+    if names[0][0] == "x":
+        whole = (fig.layout.width or PAGE_PX) - (m.l or 80) - (m.r or 80) - (SIDE_LEGEND_PX if side else 0)
+    else:
+        whole = (fig.layout.height or 450) - (m.t or 100) - (m.b or 80)
+    domain = max((d[1] - d[0]) if (d := fig.layout[n].domain) else 1.0 for n in names)
+    return max(whole, 60) * domain
+
+
+def _axis_name(ref: str) -> str:
+    """'x2' -> 'xaxis2', 'y' -> 'yaxis'."""
+    return ref[0] + "axis" + ref[1:]
 
 
 def spans_decades(values: Iterable[float | None], factor: float = 20.0) -> bool:

@@ -18,8 +18,10 @@ import plotly.graph_objects as go
 
 PROVENANCE = re.compile(r"recorded|\blive\b|measured|simulated|synthetic weights", re.IGNORECASE)
 UNIT = re.compile(r"\(.+\)|\[.+\]")
-STATES = re.compile(r"recorded on|live on|simulated")  # a text that says where a figure's data come from
-STATES_OR_NOT_YET = re.compile(r"recorded on|live on|simulated|not recorded yet")  # ... or that nothing is yet
+# a text that says where a figure's data come from ("simulator: ..." labels what lab 04's simulator drew, as lab 05's
+# capacity search on a machine without vLLM)
+STATES = re.compile(r"recorded on|live on|simulated|simulator:")
+STATES_OR_NOT_YET = re.compile(r"recorded on|live on|simulated|simulator:|not recorded yet")  # ... or nothing is yet
 
 
 def builders(module: ModuleType) -> set[str]:

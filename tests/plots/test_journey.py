@@ -6,9 +6,10 @@ import pytest
 
 from lablib.experiments import journey as jx
 from lablib.plots import style
-from lablib.plots.journey import ROW_PX, where, whole_road
+from lablib.plots.journey import ROW_PX, bars_width, where, whole_road
 from lablib.results import RequestRecord, Result
 from lablib.results.reference import load_reference, reference_steps
+from tests.plots import rules
 
 CPU = {"gpu": None, "cpu": "Test CPU 9000", "cpu_cores_logical": 2}
 LIVE = "live on this machine (CPU: Test CPU 9000, 2 cores)"
@@ -26,6 +27,11 @@ def live() -> list[Result]:
     """Three live rungs, deliberately out of the ladder's order."""
     return [live_run("hf-static-b4", "hf-static", 4, 0.2), live_run("hf-naive", "hf-naive", 1, 0.25),
             live_run("hf-static-b2", "hf-static", 2, 0.3)]
+
+
+def bars(fig) -> list:
+    """The rungs' bars, one per rung (the legend's entries, one per place, are drawn with no data)."""
+    return [t for t in fig.data if t.y[0] is not None]
 
 
 def steps_of(fig) -> list[str]:
@@ -46,7 +52,7 @@ def test_road_follows_the_ladder_and_adds_each_rungs_recording(live):
     assert {"vllm-8b-journey", "hf-static-b64-8b-journey"} <= set(expected)
     fig = whole_road(road)
     assert steps_of(fig) == expected
-    assert [y for t in fig.data for y in t.y] == list(fig.layout.yaxis.categoryarray)  # one bar per rung, in order
+    assert [y for t in bars(fig) for y in t.y] == list(fig.layout.yaxis.categoryarray)  # one bar per rung, in order
 
 
 def test_road_grows_with_a_new_rung(live, monkeypatch):
@@ -71,24 +77,33 @@ def test_log_axis_with_unit_and_bar_heights_from_the_data(live):
     fig = whole_road(road)
     assert fig.layout.xaxis.type == "log"  # horizontal bars: the rungs down the y axis, throughput along x
     assert "tok/s" in fig.layout.xaxis.title.text and "log" in fig.layout.xaxis.title.text
-    bars = {y.split("<br>")[0]: x for t in fig.data for x, y in zip(t.x, t.y)}
-    assert bars == pytest.approx({r.step: r.summary["output_tok_s"] for r in road})
+    drawn = {y.split("<br>")[0]: x for t in bars(fig) for x, y in zip(t.x, t.y)}
+    assert drawn == pytest.approx({r.step: r.summary["output_tok_s"] for r in road})
     lo, hi = fig.layout.xaxis.range  # log10 units: every bar and its label fits
-    assert lo <= math.log10(min(bars.values())) and hi > math.log10(max(bars.values()))
+    assert lo <= math.log10(min(drawn.values())) and hi > math.log10(max(drawn.values()))
+    labels = dict(zip(fig.layout.xaxis.tickvals, fig.layout.xaxis.ticktext))  # decades or 1-2-5, full-size labels
+    assert {10.0: "10", 100.0: "100", 1000.0: "1k"}.items() <= labels.items()
+    assert all(text[0] in "125" for text in labels.values())
 
 
 def test_every_bar_says_where_it_was_measured_in_its_rungs_colour(live):
     road = jx.road(live, [1, 2, 4])
     fig = whole_road(road)
-    assert len(fig.data) == len(road)
-    for trace, r in zip(fig.data, road):
+    assert len(bars(fig)) == len(road)
+    places = {}
+    for trace, r in zip(bars(fig), road):
         want = LIVE if r.provenance == "live" else f"recorded on NVIDIA H200, {r.recorded_at[:10]}"
+        places.setdefault(want, r.provenance == "recorded")
         assert trace.y[0].split("<br>")[0] == r.step
-        assert trace.legendgroup == trace.legendgrouptitle.text == want  # the legend groups bars by place
+        assert trace.legendgroup == want and trace.showlegend is False  # the legend lists places, not rungs
         assert want in trace.hovertemplate
         assert trace.name == r.step + (style.RECORDED_MARK if r.provenance == "recorded" else "")
         assert trace.marker.color == style.colour(r.step)  # the rung's colour in every figure
         assert trace.marker.pattern.shape == ("/" if r.provenance == "recorded" else "")
+    legend = rules.legend(fig)  # each place once, in the order drawn, hatched like its bars, toggling them
+    assert [(t.name, t.legendgroup, t.marker.pattern.shape) for t in legend] == [
+        (place, place, "/" if recorded else "") for place, recorded in places.items()]
+    assert fig.layout.legend.groupclick == "togglegroup"
     title = fig.layout.title.text
     assert "recorded on NVIDIA H200" in title and "live on this CPU" in title  # provenance, once, in the title
     assert "synthetic weights" in title  # the H200 rungs ran the synthetic 8B
@@ -107,14 +122,17 @@ def test_no_results_is_a_clear_error():
 
 
 def test_layout_leaves_room_for_every_label(live):
-    """Rungs read across on the y axis (never turned or cut), a row each; the grouped legend spans the page under
-    the x axis's title, in a bottom margin that holds its rows of groups (`style.legend_rows`)."""
+    """Rungs read across on the y axis (never turned or cut), a row each; the legend, a place an entry, lies under
+    the x axis's title, in a bottom margin that holds its rows (`style.legend_rows`) as they wrap at the width the
+    bars have beside the tick labels (plotly wraps a legend at the plot's width, not the page's)."""
     road = jx.road(live, [1, 2, 4])
     fig = whole_road(road)
     assert all(t.orientation == "h" for t in fig.data) and fig.layout.yaxis.automargin
     assert fig.layout.legend.orientation == "h" and fig.layout.legend.xref == fig.layout.legend.yref == "container"
-    groups = list(dict.fromkeys(t.legendgroup for t in fig.data))
-    tallest = max(sum(t.legendgroup == g for t in fig.data) for g in groups) + 1  # a group's title over its entries
-    assert style.legend_rows(fig) >= tallest
-    assert fig.layout.margin.b >= 60 + 24 * style.legend_rows(fig)
+    places = list(dict.fromkeys(t.legendgroup for t in bars(fig)))
+    assert len(rules.legend(fig)) == len(places) < len(road)  # compact: not one entry per rung
+    width = bars_width(list(fig.layout.yaxis.categoryarray))
+    assert 300 < width < style.LEGEND_WIDTH  # the widest rung's label takes a third of the page
+    assert style.legend_rows(fig, width) >= style.legend_rows(fig) >= 1
+    assert fig.layout.margin.b >= 60 + 24 * style.legend_rows(fig, width)
     assert fig.layout.height >= fig.layout.margin.t + fig.layout.margin.b + ROW_PX * len(road)

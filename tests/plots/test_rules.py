@@ -5,7 +5,8 @@ Each builder is drawn the way the labs draw it, from the runs recorded on the H2
 a trace name has one colour in every figure, whatever order the traces come in; every axis that shows
 numbers has a title with its unit in parentheses or brackets; no legend entry carries provenance, and
 each figure states its provenance exactly once (title or annotation); no legend name repeats; values
-spanning three decades or more sit on a log axis; text drawn outside bars is not clipped. The instruments
+spanning three decades or more sit on a log axis, labelled at 1-2-5 or decades; text drawn outside bars is not
+clipped; a title's lines end left of plotly's mode bar. The instruments
 (the legend, a trace's colour, the axes, the texts stating provenance) are tests/plots/rules.py, which every
 lab's figure tests share.
 """
@@ -252,3 +253,42 @@ def test_variants_of_an_engine_are_series_of_their_own_not_a_line_straight_up():
         assert not rules.shared_colours(cdf, style.base_name), (metric, rules.shared_colours(cdf, style.base_name))
     assert style.colour("hf-static-b16-sdpa") != style.colour("hf-static-b16")
     assert style.colour("hf-static-b64-8b-journey") == style.colour("hf-static-b64")  # a recording keeps its rung's
+
+
+def test_log_axes_label_1_2_5_or_decades_in_full_never_plotly_digits(figures):
+    """A log axis spanning a decade or more is labelled at 1, 2 and 5 of a decade or at decades (in the axis's font,
+    `style.log_axis_ticks`), not with plotly's small digits crowding between them; a shorter one at even steps."""
+    checked = 0
+    for key, fig in figures.items():
+        for name, axis, values in rules.axes(fig):
+            pos = rules.positive(values)
+            if axis.type != "log" or not pos or max(pos) / min(pos) < 10 or key.startswith("throughput_vs_batch"):
+                continue  # throughput_vs_batch labels its own batch sizes
+            assert axis.tickmode == "array" and axis.tickvals, f"{key}.{name}: plotly's own log ticks"
+            assert all(f"{v:e}"[0] in "125" for v in axis.tickvals), f"{key}.{name}: {axis.ticktext}"
+            shown = [v for v in axis.tickvals if min(pos) <= v <= max(pos)]
+            assert len(shown) >= 2, f"{key}.{name}: {len(shown)} labels"
+            checked += 1
+    assert checked >= 10
+
+
+def test_log_ticks_fit_the_axis_length():
+    def shown(lo, hi, length, vertical=False):
+        vals, text = style.log_ticks(lo, hi, length, vertical)
+        return [t for v, t in zip(vals, text) if lo <= v <= hi]
+
+    assert shown(0.15, 5, 640) == ["0.2", "0.5", "1", "2", "5"]  # 1-2-5 where they fit
+    assert shown(8, 14524, 200) == ["10", "100", "1k", "10k"]  # decades where 1-2-5 would crowd
+    assert shown(1e-5, 10, 90, vertical=True) == ["10µ", "0.001", "0.1", "10"]  # every other decade on a short axis
+    assert shown(64, 256, 640) == [str(v) for v in range(80, 241, 20)]  # within a decade: even steps
+    assert shown(3, 25, 275, vertical=True) == ["5", "10", "20"]
+
+
+def test_titles_wrap_clear_of_the_mode_bar_and_keep_their_provenance_phrases(figures):
+    for key, fig in figures.items():
+        head = fig.layout.title.text.split("<sup>")[0]
+        long = [line for line in head.split("<br>") if len(line) > style.TITLE_CHARS and "<" not in line]
+        assert not long, f"{key}: a title line runs under the mode bar: {long}"
+    assert style.wrap_title("vLLM continuous batching on the journey  [recorded on NVIDIA H200, 2026-11-29]", 40) == (
+        "vLLM continuous batching on the journey<br>[recorded on NVIDIA H200, 2026-11-29]")  # even lines
+    assert style.balanced_lines("a " * 30 + "recorded on NVIDIA H200", 40)[-1].count("recorded on") == 1
