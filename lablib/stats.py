@@ -49,6 +49,11 @@ def distribution(values: Iterable[float | None]) -> dict[str, float | None]:
     return out
 
 
+def in_ms(dist: dict[str, float | None]) -> dict[str, float | None]:
+    """A `distribution` of seconds in milliseconds (None stays None)."""
+    return {k: None if v is None else v * 1e3 for k, v in dist.items()}
+
+
 def spread(values: Sequence[float]) -> float | None:
     """(max - min) / mean of a few repeated measurements: how far one repetition can be from another."""
     xs = list(values)

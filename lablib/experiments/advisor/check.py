@@ -19,6 +19,7 @@ from ...bench.goodput import SLO, goodput
 from ...bench.loadgen import run_online
 from ...config import lab_id
 from ...results.store import ResultStore, results_dir
+from ...stats import in_ms
 from ...workloads import Request, Workload
 from ..serving.runs import server_config, started
 from .load import little_rate, steady_middle, under_load
@@ -79,9 +80,8 @@ def check(goal: Goal, *, requests: int | None = None, seed: int = 0, store: Resu
         result = run_online(server.base_url, server.api_key, server.model, wl, [rate], seed=seed, prompts=prompts,
                             warmup_requests=2, timeline=False, lab=lab, store=store, server=out["server"],
                             step_prefix=f"advisor-check-{goal.model}-c{goal.concurrency}")[0]
-    ms = lambda d: {k: None if v is None else v * 1e3 for k, v in d.items()}  # noqa: E731
     middle = steady_middle(result, goal.concurrency)  # the same requests the prediction counts
-    measured = {f"{f}_ms": ms(middle.summary[f"{f}_s"]) for f in FIGURES}
+    measured = {f"{f}_ms": in_ms(middle.summary[f"{f}_s"]) for f in FIGURES}
     slo = SLO(tpot_ms=goal.tpot_slo_ms, percentile=90) if goal.tpot_slo_ms is not None else None
     table = rows(predicted, measured)
     tpot90 = next(r for r in table if r["figure"] == "TPOT" and r["percentile"] == "p90")

@@ -28,6 +28,7 @@ from ...bench.goodput import SLO, goodput
 from ...bench.loadgen import arrival_times
 from ...mechanisms.batching import continuous_batching
 from ...results.record import RequestRecord, Result
+from ...stats import in_ms
 from .latency import cached_tokens, loaded_tpot_ms, predicted_tpot_ms, prefill_ms_per_token
 from .plan import Goal, plan
 
@@ -109,11 +110,10 @@ def under_load(goal: Goal, advice: dict[str, Any] | None = None, *, rate: float 
         low_open=True)
     requests = requests or max(8 * goal.concurrency, 400)
     result = simulate(goal, advice, rate, requests, seed)
-    ms = lambda d: {k: None if v is None else v * 1e3 for k, v in d.items()}  # noqa: E731
     s = result.summary
-    out = {"rate_rps": rate, "requests": requests, "ttft_ms": ms(s["ttft_s"]), "tpot_ms": ms(s["tpot_s"]),
+    out = {"rate_rps": rate, "requests": requests, "ttft_ms": in_ms(s["ttft_s"]), "tpot_ms": in_ms(s["tpot_s"]),
            "alone_tpot_ms": predicted_tpot_ms(goal, advice["scheme"], advice["t"], 1, advice["kv"]),
-           "itl_ms": ms(s["itl_s"]), "steady_tpot_ms": predicted_tpot_ms(goal, advice["scheme"], advice["t"],
+           "itl_ms": in_ms(s["itl_s"]), "steady_tpot_ms": predicted_tpot_ms(goal, advice["scheme"], advice["t"],
                                                                         advice["max_num_seqs"], advice["kv"]),
            "result": result}
     if goal.tpot_slo_ms is not None:
