@@ -74,7 +74,15 @@ except importlib.metadata.PackageNotFoundError:  # a clone on sys.path that pip 
     if _missing:  # a fresh runtime (Colab): install the clone once, for its dependencies; a machine that has them
         # all (the GPU machine, its clone on PYTHONPATH, no registry) imports the clone as it is
         print(f"installing {_root} for {', '.join(_missing)} (pip install -e, once per runtime) ...")
-        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "-e", str(_root)], check=True)
+        _pip = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "-e", str(_root)], capture_output=True,
+                              text=True)
+        if _pip.returncode:  # no package index (an offline GPU machine), or pip refused: say what is missing
+            raise RuntimeError(
+                f"lablib needs {', '.join(_missing)}, and `pip install -e {_root}` failed: "
+                f"{(_pip.stderr or _pip.stdout).strip().splitlines()[-1:] or ['(no message)']}. Fix: install "
+                f"them into this Python ({sys.executable} -m pip install {' '.join(m.split()[0] for m in _missing)}), "
+                "or, on a machine without a package index, carry their wheels (scripts/gpu-extra.txt lists the GPU "
+                "machine's) and put them on PYTHONPATH; then restart the kernel.")
 
 import plotly.io  # noqa: E402
 

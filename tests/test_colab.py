@@ -9,6 +9,7 @@ installed (pip runs only where the clone's package is not installed at all, a fr
 Cloning from GitHub needs the network and Colab: not tested here.
 """
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -60,7 +61,9 @@ def test_bootstrap_imports_an_uninstalled_clone_whose_dependencies_are_all_there
             "    return real(name)\n"
             "m.distribution = fake\n"
             "import subprocess; run = subprocess.run  # pip intercepted, any other process runs\n"
-            "subprocess.run = lambda *a, **k: print('PIP', a[0][2:6]) if 'pip' in a[0] else run(*a, **k)\n"
+            "import os; rc = int(os.environ.get('PIP_RC', '0'))  # what the fake pip answers\n"
+            "subprocess.run = lambda *a, **k: (print('PIP', a[0][2:6]), subprocess.CompletedProcess(a[0], rc, '', "
+            "'ERROR: No matching distribution found for plotly'))[1] if 'pip' in a[0] else run(*a, **k)\n"
             "runpy.run_path(sys.argv[1]); import lablib; print(lablib.__file__)")
     as_is = subprocess.run([sys.executable, "-c", code, "REPO/labs/bootstrap.py"], cwd=colab, capture_output=True,
                            text=True, timeout=120, check=False)
@@ -76,6 +79,10 @@ def test_bootstrap_imports_an_uninstalled_clone_whose_dependencies_are_all_there
     stale = subprocess.run([sys.executable, "-c", old, "REPO/labs/bootstrap.py"], cwd=colab, capture_output=True,
                            text=True, timeout=120, check=False)  # a runtime with transformers 4: too old
     assert "for transformers 4.57.0 (needs >=5.17)" in stale.stdout and "PIP" in stale.stdout, stale.stdout
+    offline = subprocess.run([sys.executable, "-c", code, "REPO/labs/bootstrap.py", "plotly"], cwd=colab,
+                             capture_output=True, text=True, timeout=120, check=False, env={**os.environ, "PIP_RC": "1"})
+    assert offline.returncode != 0 and "RuntimeError: lablib needs plotly" in offline.stderr, offline.stderr[-2000:]
+    assert "No matching distribution found for plotly" in offline.stderr and "-m pip install plotly" in offline.stderr
 
 
 def test_bootstrap_without_a_clone_around_uses_the_installed_lablib(tmp_path):

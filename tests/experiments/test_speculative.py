@@ -619,3 +619,26 @@ def test_the_engine_line_reads_the_switch_and_the_speedups_from_the_runs():
     slower = vllm_runs.engine_lines(Shown({"rows": [{**r, "speedup": min(r["speedup"], 0.9)} for r in rows]}, False, "r"))
     assert "No setting beats plain decoding at any batch here" in slower and "ngram k=4 0.90x (batch 1)" in slower
     assert vllm_runs.engine_lines(Shown(None, False, "not recorded yet")) == "[not recorded yet]"
+
+
+def _drafter_row(method: str, batch: int, speedup: float, c: float | None) -> dict:
+    return {"method": method, "batch": batch, "speedup": speedup, "implied_c": c, "name": f"{method}-{batch}"}
+
+
+def test_the_model_drafters_claim_reads_c_and_speedup_of_the_model_drafters_only():
+    """Lab 08's live claim on the embedded pair: a draft step costs about a target step, so no model drafter pays.
+    n-gram rows (no forward, no c) do not enter it; a drafter that pays, or a cheap one, makes it fail."""
+    base = [_drafter_row("baseline", 1, 1.0, None), _drafter_row("ngram", 1, 1.1, None),  # n-gram may beat it
+            _drafter_row("draft_model", 1, 0.51, 0.87), _drafter_row("eagle", 64, 0.70, 0.67)]
+    assert vllm_runs.model_drafters_never_pay({"rows": base})
+    assert vllm_runs.model_drafter_costs({"rows": base}) == {"lowest_c": 0.67, "best_speedup": 0.7}
+    assert not vllm_runs.model_drafters_never_pay({"rows": base + [_drafter_row("eagle", 1, 1.2, 0.3)]})
+    assert not vllm_runs.model_drafters_never_pay({"rows": base + [_drafter_row("eagle", 4, 0.9, 0.45)]})
+    assert not vllm_runs.model_drafters_never_pay({"rows": base[:2]})  # nothing to read: not passed
+
+
+def test_the_recorded_h200_grid_holds_the_model_drafters_claim():
+    """The recording lab 08 shows without a GPU carries the claim its Checks make live."""
+    from lablib.results.reference import recorded_facts
+
+    assert vllm_runs.model_drafters_never_pay(recorded_facts("speculative", "vllm-spec"))
