@@ -327,6 +327,32 @@ latency over the API server's, or the engine's in runs that predate reading the 
 """
 
 
+def advisor_section(facts: dict) -> str:
+    """Lab 10's advisor checked under its own load: each goal served on the GPU, measured, set against what the
+    advisor's model (the lablib packing this) predicts for the same engine and arrivals (`check.compared`)."""
+    got = facts.get("advisor_check")
+    if not got:
+        return ""
+    from lablib.experiments.advisor.check import compared
+    from lablib.experiments.advisor.record import GOALS
+
+    lines = []
+    for name, g in got["goals"].items():
+        if "measured" not in g or name not in GOALS:
+            lines.append(f"| {name} | {g.get('error', 'not measured')} | | | | | |")
+            continue
+        c, a = compared(GOALS[name], g), g["advice"]
+        p90 = next(r for r in c["rows"] if r["figure"] == "TPOT" and r["percentile"] == "p90")
+        lines.append(f"| {name} | {a['scheme']}, max_num_seqs {a['max_num_seqs']}, TP={a['t']} | {g['rate_rps']:.2f} "
+                     f"| {p90['measured_ms']:.2f} | {p90['predicted_ms']:.2f} | {p90['error']:+.1%} "
+                     f"| {(g.get('goodput') or {}).get('attainment', float('nan')):.1%} |")
+    return ("## The advisor under its own load (lab 10, `advisor-check`: synthetic 8B, vLLM's OpenAI server, Poisson "
+            f"arrivals)\n\nRecorded on {got.get('gpu')}, {got.get('date')}. Predicted: the advisor's model as packed "
+            "here, for the engine and arrivals served; the aim is TPOT p90 within 10%.\n\n"
+            "| goal | served | rate req/s | TPOT p90 measured ms | predicted ms | error | met the TPOT target |\n"
+            "| --- | --- | --- | --- | --- | --- | --- |\n" + "\n".join(lines))
+
+
 def write_readme(by_step: dict, facts: dict) -> None:
     h = facts["headline"]
     rows = "\n".join(
@@ -361,6 +387,7 @@ def write_readme(by_step: dict, facts: dict) -> None:
     lab_cmp = "\n".join(
         f"| {k} | {v['lab']:,.3f} | {v['vllm_bench']:,.3f} | {v['ratio']:.3f} |"
         for k, v in (lab.get("serve_compare") or {}).get("figures", {}).items() if v.get("ratio") is not None)
+    advisor_text = advisor_section(facts)
     check_text = "".join(_check_text(facts[key], what) for key, what in (
         ("serve_check", "the synthetic 8B"), ("serve_check_embedded", "the embedded model")) if facts.get(key))
     client = (serve.get("compare") or {}).get("client") or {}
@@ -470,6 +497,8 @@ same way as vLLM's. {client_text}
 {sweep_text}
 
 {check_text}
+
+{advisor_text}
 
 ## The labs themselves on the H200 (nbval, live vLLM; the embedded model unless a step names a synthetic shape)
 

@@ -96,7 +96,7 @@ def test_a_tpot_slo_caps_the_batch_at_the_largest_that_meets_it_under_load_and_r
 
 
 def test_a_latency_target_one_gpu_cannot_meet_raises_the_tp_size():
-    goal = Goal(model="llama-3.1-70b", concurrency=64, tpot_slo_ms=8)
+    goal = Goal(model="llama-3.1-70b", concurrency=48, tpot_slo_ms=8)
     p = plan.plan(goal)
     assert plan.fit(goal, "fp8") == 1 and latency.predicted_tpot_ms(goal, "fp8", 1, 1) > 8  # one GPU holds it, too slowly
     assert p["t"] > 1 and p["replicas"] * p["t"] <= 8
@@ -252,3 +252,57 @@ def test_the_advisor_check_runs_the_advice_under_the_goals_arrivals_on_the_fake_
 def load_rate(goal):
     from lablib.experiments.advisor import load
     return load.little_rate(goal, plan.plan(goal))
+
+
+def test_fp8_prefill_is_read_from_lab_06s_bursts_not_assumed_at_fp8_peak():
+    """FP8 weights prefill faster than bf16 by what lab 06's recorded bursts measured (bf16 TTFT over FP8's), not by
+    the 2x of the FP8 tensor cores' peak; a GPU without FP8 tensor cores gets no gain."""
+    speedup, label = latency.fp8_prefill_speedup()
+    bf16, fp8 = (load_reference(f"quant-{s}-b256")[0].summary["ttft_s"]["p50"] for s in ("bf16", "fp8"))
+    assert speedup == pytest.approx(bf16 / fp8) and 1 < speedup < 2 and "recorded on" in label
+    goal = Goal(concurrency=8)
+    ratio = latency.prefill_ms_per_token(goal, "bf16", 1) / latency.prefill_ms_per_token(goal, "fp8", 1)
+    shapes = latency.model_shape("llama-3.1-8b", "fp8"), latency.model_shape("llama-3.1-8b")
+    assert ratio == pytest.approx(speedup * tp.params_per_gpu(shapes[1], 1) / tp.params_per_gpu(shapes[0], 1))
+    a100 = Goal(concurrency=8, gpu="A100")
+    assert latency.prefill_ms_per_token(a100, "fp8", 1) > latency.prefill_ms_per_token(goal, "fp8", 1)
+
+
+def _table(**errors: float | None) -> list[dict]:
+    """check.rows-shaped rows with the given errors (figure_pct=error), the rest exact."""
+    from lablib.experiments.advisor import check
+
+    rows = [{"figure": f.upper(), "percentile": p, "predicted_ms": 1.0, "measured_ms": 1.0, "error": 0.0}
+            for f in check.FIGURES for p in check.PCTS]
+    for key, e in errors.items():
+        f, p = key.split("_")
+        next(r for r in rows if r["figure"] == f.upper() and r["percentile"] == p)["error"] = e
+    return rows
+
+
+def test_the_aim_and_the_reasons_are_read_from_the_rows():
+    from lablib.experiments.advisor import check
+
+    assert check.target_line(_table(tpot_p90=-0.031)) == "TPOT p90 off by -3.1%: within the 10% aim"
+    assert check.target_line(_table(tpot_p90=-0.117)) == "TPOT p90 off by -11.7%: misses the 10% aim by 1.7%"
+    assert check.target_line(_table(tpot_p90=None)) == "TPOT p90: no figure"
+    assert check.gap_reasons(_table()) == []
+    mixed = check.gap_reasons(_table(itl_p50=0.005, itl_p90=-0.19, ttft_p50=-0.62))
+    assert len(mixed) == 2 and "prefill new prompts" in mixed[0] and "ITL p90 -19%" in mixed[0]
+    assert "TTFT is -62% off" in mixed[1]
+    slow_decode = check.gap_reasons(_table(itl_p50=-0.2, itl_p90=-0.25))  # the mixed steps miss no more than the rest
+    assert len(slow_decode) == 1 and "only decode" in slow_decode[0]
+
+
+def test_the_recorded_check_is_set_against_todays_prediction_for_the_same_engine_and_arrivals():
+    """What lab 10 shows without a GPU: each goal the H200 served, re-predicted for its advice, rate and requests."""
+    from lablib.experiments.advisor import check
+    from lablib.experiments.advisor.record import GOALS
+    from lablib.results.reference import recorded_facts
+
+    got = recorded_facts("advisor_check", "advisor-check")["goals"]  # shipped in data/reference
+    for name, g in got.items():
+        c = check.compared(GOALS[name], g)
+        assert [r["measured_ms"] for r in c["rows"]] == [g["measured"][f"{r['figure'].lower()}_ms"][r["percentile"]]
+                                                          for r in c["rows"]]
+        assert all(r["predicted_ms"] > 0 for r in c["rows"]) and c["target"].startswith("TPOT p90")

@@ -52,6 +52,52 @@ def server_knobs(goal: Goal, advice: dict[str, Any]) -> dict[str, Any]:
             "enable_prefix_caching": bool(kw["enable_prefix_caching"]), "extra_args": tuple(extra)}
 
 
+TARGET = 0.10  # the advisor's aim: its TPOT p90 within 10% of the measured one
+
+
+def error_of(table: list[dict[str, Any]], figure: str, percentile: str) -> float | None:
+    """The prediction's error (predicted / measured - 1) for one figure and percentile of `rows`."""
+    return next(r["error"] for r in table if r["figure"] == figure and r["percentile"] == percentile)
+
+
+def target_line(table: list[dict[str, Any]]) -> str:
+    """Whether TPOT p90 is within `TARGET` of the measurement, and by how much it misses where it does not."""
+    e = error_of(table, "TPOT", "p90")
+    if e is None:
+        return "TPOT p90: no figure"
+    miss = abs(e) - TARGET
+    return (f"TPOT p90 off by {e:+.1%}: within the {TARGET:.0%} aim" if miss <= 0 else
+            f"TPOT p90 off by {e:+.1%}: misses the {TARGET:.0%} aim by {miss:.1%}")
+
+
+def gap_reasons(table: list[dict[str, Any]]) -> list[str]:
+    """Where the prediction misses, read from the rows: the inter-token gaps split the steps that only decode (ITL p50)
+    from those that also carry new prompts (ITL p90/p99); TTFT against the prefill and the queue the model counts."""
+    out = []
+    itl50, itl90, ttft50 = (error_of(table, "ITL", "p50"), error_of(table, "ITL", "p90"),
+                            error_of(table, "TTFT", "p50"))
+    if itl50 is not None and itl50 < -TARGET:
+        out.append(f"steps that only decode cost more than priced (ITL p50 {itl50:+.0%}): the cost model's step at "
+                   "this batch and context is too cheap (attention over a long context reads its KV below peak)")
+    if itl90 is not None and itl90 < -TARGET and (itl50 is None or itl90 < itl50 - TARGET):
+        out.append(f"steps that also prefill new prompts cost more than priced (ITL p90 {itl90:+.0%}"
+                   + (f", against ITL p50 {itl50:+.0%}" if itl50 is not None else "") + ")")
+    if ttft50 is not None and ttft50 < -2 * TARGET:
+        out.append(f"TTFT is {ttft50:+.0%} off: the model counts the queue and the prefill steps, not the server's own "
+                   "time per request (HTTP, scheduling, streaming the first token)")
+    return out
+
+
+def compared(goal: Goal, got: dict[str, Any]) -> dict[str, Any]:
+    """A check's measurement (`check`, live or recorded) against what the advisor's model predicts now for the same
+    engine, rate and requests: the rows, the verdict on the aim, and where the model misses."""
+    advice = got["advice"]
+    predicted = under_load(goal, advice, rate=got["rate_rps"] * advice["replicas"], requests=got["requests"])
+    table = rows(predicted, got["measured"])
+    return {"rows": table, "target": target_line(table), "why": gap_reasons(table),
+            "predicted_goodput": predicted.get("goodput"), "goodput": got.get("goodput")}
+
+
 def rows(predicted: dict[str, Any], measured: dict[str, Any]) -> list[dict[str, Any]]:
     """Predicted against measured (ms), one row per figure and percentile, with the error of the prediction."""
     out = []

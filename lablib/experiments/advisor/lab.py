@@ -43,6 +43,7 @@ class JourneyLab(LabSteps):
         self.goals: list[plan.Goal] = []  # `advise`: every goal advised
         self.loads: dict[plan.Goal, dict[str, Any]] = {}  # `under_load`: each goal's predicted percentiles
         self.checked: Any = None  # `check_advice`: the advice run under its load (a Shown: live, or recorded)
+        self.compared: dict[str, Any] = {}  # `check_advice`: each goal measured against the model's prediction
 
     def run(self, requests: int = 8, batch_sizes: list[int] = (1, 8), cpu_threads: int | None = 1) -> Any:
         """Every rung of every lab on the same `requests` journey requests (`journey.run_journey`), then the road
@@ -82,7 +83,8 @@ class JourneyLab(LabSteps):
 
     def check_advice(self, name: str = "chat-shared-prefix") -> Any:
         """One of `record.GOALS` advised, then served on this GPU under its arrivals (`check.check`: a synthetic
-        checkpoint's server, minutes), predicted against measured; without a GPU, the H200's recording."""
+        checkpoint's server, minutes); without a GPU, the H200's recording of all three. Each measurement is set
+        against what the model predicts now for the same engine, rate and requests (`check.compared`)."""
         goal = GOALS[name]
         self.checked = live_or_recorded(lambda: {name: check.check(goal, store=self.store)},
                                         lambda: recorded_facts("advisor_check", "advisor-check")["goals"])
@@ -90,8 +92,22 @@ class JourneyLab(LabSteps):
         if got is None:
             print(self.checked.label)
             return None
-        print("\n".join(f"{n}: {g.get('verdict', g.get('error'))}" for n, g in got.items()) + f" [{self.checked.label}]")
-        return frame([{"goal": n, **r} for n, g in got.items() for r in g.get("rows", [])])
+        self.compared = {n: check.compared(GOALS[n], g) for n, g in got.items() if n in GOALS and "measured" in g}
+        lines = []
+        for n, g in got.items():
+            if n not in self.compared:
+                lines.append(f"{n}: {g.get('error', 'not measured')}")
+                continue
+            c = self.compared[n]
+            lines.append(f"{n} (max_num_seqs {g['advice']['max_num_seqs']}, {g['advice']['scheme']}, "
+                         f"{g['rate_rps']:.2f} req/s): {c['target']}; measured: {(c['goodput'] or {}).get('verdict', '')}"
+                         + "".join(f"\n  why: {w}" for w in c["why"]))
+        when = self.checked.label
+        if not self.checked.live:  # the step's own date, not the span of every recording
+            rec = recorded_facts("advisor_check", "advisor-check")
+            when = f"recorded on {rec.get('gpu')}, {rec.get('date')}"
+        print("\n".join(lines) + f"\n[measured: {when}; predicted: this model, for the engine and arrivals served]")
+        return frame([{"goal": n, **r} for n, c in self.compared.items() for r in c["rows"]])
 
     def advice_lines(self) -> str:
         """One sentence per goal advised (`plan.lines`)."""
