@@ -306,3 +306,23 @@ def test_the_recorded_check_is_set_against_todays_prediction_for_the_same_engine
         assert [r["measured_ms"] for r in c["rows"]] == [g["measured"][f"{r['figure'].lower()}_ms"][r["percentile"]]
                                                           for r in c["rows"]]
         assert all(r["predicted_ms"] > 0 for r in c["rows"]) and c["target"].startswith("TPOT p90")
+
+
+def test_the_servers_own_time_per_request_comes_from_lab_05s_lowest_rate_and_shifts_every_ttft():
+    """The server's time beyond the queue and the prefill: lab 05's recorded 8B server at its lowest rate, TTFT p50 less
+    the mean prompt's prefill and half a decode step. Predicted TTFTs carry it; TPOT and ITL do not."""
+    from lablib.experiments.advisor import load
+
+    overhead, label = latency.server_overhead_ms()
+    low = min((s for s in latency.reference_steps() if s.startswith("serve-rate-") and not s.endswith("inf")),
+              key=lambda s: float(s.split("-")[-1]))
+    s = load_reference(low)[0].summary
+    prefill = latency.prefill_ms_per_token(Goal(concurrency=1), "bf16", 1) * s["prompt_tokens"] / s["requests"]
+    assert overhead == pytest.approx(s["ttft_s"]["p50"] * 1e3 - prefill - s["tpot_s"]["p50"] * 1e3 / 2)
+    assert 0 < overhead < s["ttft_s"]["p50"] * 1e3 and low in label
+    goal = Goal(concurrency=8, prompt_tokens=256, output_tokens=64, tpot_slo_ms=20)
+    u = load.under_load(goal, requests=64)
+    sim = load.simulate(goal, plan.plan(goal), u["rate_rps"], 64).summary
+    assert u["server_overhead_ms"] == overhead
+    assert u["ttft_ms"]["p90"] == pytest.approx(sim["ttft_s"]["p90"] * 1e3 + overhead)
+    assert u["tpot_ms"]["p90"] == pytest.approx(sim["tpot_s"]["p90"] * 1e3)

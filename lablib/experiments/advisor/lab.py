@@ -100,7 +100,8 @@ class JourneyLab(LabSteps):
                 continue
             c = self.compared[n]
             lines.append(f"{n} (max_num_seqs {g['advice']['max_num_seqs']}, {g['advice']['scheme']}, "
-                         f"{g['rate_rps']:.2f} req/s): {c['target']}; measured: {(c['goodput'] or {}).get('verdict', '')}"
+                         f"{g['rate_rps']:.2f} req/s): {c['target']}; measured: "
+                         f"{(c['goodput'] or {}).get('verdict', '')}"
                          + "".join(f"\n  why: {w}" for w in c["why"]))
         when = self.checked.label
         if not self.checked.live:  # the step's own date, not the span of every recording

@@ -107,6 +107,27 @@ def prefill_efficiency() -> tuple[float, str]:
                           "restore data/reference/ (lab 07's recordings).")
 
 
+SERVE_STEP = "serve-rate-"  # lab 05's recorded 8B server (bf16, the journey) under Poisson load, one step per rate
+
+
+@lru_cache(maxsize=None)
+def server_overhead_ms() -> tuple[float, str]:
+    """(ms, the run's label): what vLLM's OpenAI server adds to a request's TTFT beyond the queue and the prefill the
+    model counts (HTTP, scheduling, streaming the first token back). From lab 05's recorded 8B server at its lowest
+    rate, where little queues: TTFT p50 minus the mean prompt's prefill (bf16, `prefill_efficiency`) and half a
+    decode step (the mean wait for the running step to end)."""
+    rates = sorted((float(s[len(SERVE_STEP):]), s) for s in reference_steps()
+                   if s.startswith(SERVE_STEP) and s[len(SERVE_STEP):] != "inf")
+    if not rates:
+        raise validate.refuse("server_overhead_ms", "reference", None, f"lab 05's recorded {SERVE_STEP}<rate> runs",
+                              "restore data/reference/ (lab 05's recordings).")
+    s = summary_of(rates[0][1])
+    prompt = s["prompt_tokens"] / s["requests"]
+    prefill_ms = 2 * tp.params_per_gpu(model_shape("llama-3.1-8b"), 1) * prompt / (
+        tp.H200.peak_flops * prefill_efficiency()[0]) * 1e3
+    return s["ttft_s"]["p50"] * 1e3 - prefill_ms - s["tpot_s"]["p50"] * 1e3 / 2, s["label"]
+
+
 FP8_GPUS = ("H200", "H100", "L40S")  # compute capability 8.9 or 9.0: FP8 tensor cores for weights, KV and GEMMs
 FP8_PREFILL_BATCHES = (256, 64)  # lab 06's bursts of 133-token prompts, largest first: prefill-bound TTFT
 

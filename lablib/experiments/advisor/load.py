@@ -29,7 +29,7 @@ from ...bench.loadgen import arrival_times
 from ...mechanisms.batching import continuous_batching
 from ...results.record import RequestRecord, Result
 from ...stats import in_ms
-from .latency import cached_tokens, loaded_tpot_ms, predicted_tpot_ms, prefill_ms_per_token
+from .latency import cached_tokens, loaded_tpot_ms, predicted_tpot_ms, prefill_ms_per_token, server_overhead_ms
 from .plan import Goal, plan
 
 # vLLM 0.26's OpenAI server on a GPU of 70 GiB or more (not an A100): engine/arg_utils.py's defaults
@@ -103,7 +103,8 @@ def steady_middle(result: Result, concurrency: int) -> Result:
 def under_load(goal: Goal, advice: dict[str, Any] | None = None, *, rate: float | None = None,
                requests: int | None = None, seed: int = 0) -> dict[str, Any]:
     """Predicted TTFT, TPOT and ITL (ms, p50/p90/p99) of the advised engine under the goal's arrivals, beside the steady
-    all-decoding TPOT `plan` reports, and the goodput against the goal's TPOT target (p90)."""
+    all-decoding TPOT `plan` reports, and the goodput against the goal's TPOT target (p90). TTFT carries the server's
+    own time per request (`latency.server_overhead_ms`), which the simulated engine does not see."""
     advice = advice or plan(goal)
     rate = little_rate(goal, advice) if rate is None else validate.number(
         "under_load", "rate", rate, "requests per second > 0, or None for the goal's own (Little's law).", 0.0,
@@ -111,7 +112,9 @@ def under_load(goal: Goal, advice: dict[str, Any] | None = None, *, rate: float 
     requests = requests or max(8 * goal.concurrency, 400)
     result = simulate(goal, advice, rate, requests, seed)
     s = result.summary
-    out = {"rate_rps": rate, "requests": requests, "ttft_ms": in_ms(s["ttft_s"]), "tpot_ms": in_ms(s["tpot_s"]),
+    overhead = server_overhead_ms()[0]  # the server's own time per request, outside the simulated engine
+    out = {"rate_rps": rate, "requests": requests, "server_overhead_ms": overhead,
+           "ttft_ms": {k: v + overhead for k, v in in_ms(s["ttft_s"]).items()}, "tpot_ms": in_ms(s["tpot_s"]),
            "alone_tpot_ms": predicted_tpot_ms(goal, advice["scheme"], advice["t"], 1, advice["kv"]),
            "itl_ms": in_ms(s["itl_s"]), "steady_tpot_ms": predicted_tpot_ms(goal, advice["scheme"], advice["t"],
                                                                         advice["max_num_seqs"], advice["kv"]),
