@@ -111,3 +111,57 @@ def _write(name: str, cfg: dict, folder: str, seed: int, dtype: str, device: str
     (Path(folder) / "synthetic.json").write_text(json.dumps(
         {"architecture": name, "seed": seed, "dtype": dtype, "label": LABEL,
          "parameters": sum(p.numel() for p in model.parameters()), "made_s": round(time.perf_counter() - t0, 1)}))
+
+
+def synthetic_eagle_folder(target: str, root: str | Path | None = None) -> Path:
+    """Where the synthetic EAGLE-1 head of architecture `target` is (or will be made): `<target>-eagle` under root."""
+    return synthetic_folder(f"{target}-eagle", root)
+
+
+def synthetic_eagle(target: str, root: str | Path | None = None) -> Path:
+    """The folder of a random-weight EAGLE-1 head for the synthetic `target`, made by `make_synthetic_eagle` if absent.
+
+    Random weights: its drafts agree with the target on nothing, so it is run with vLLM's synthetic rejection
+    sampler, which sets the acceptance; its cost (one decoder layer plus the target's lm_head) is real."""
+    folder = synthetic_eagle_folder(target, root)
+    if not (folder / "config.json").exists():
+        make_synthetic_eagle(target, folder)
+    return folder
+
+
+def make_synthetic_eagle(target: str, folder: str | Path, seed: int = 0, dtype: str = "bfloat16") -> Path:
+    """Write an EAGLE-1 head of `target`'s shape in vLLM 0.26's layout (`eagle.vllm_tensors`: fc and one decoder layer,
+    no embedding or lm_head: vLLM shares the target's), weights drawn N(0, 0.02) as transformers initialises a Llama,
+    norms 1. Written beside `folder` and moved into place whole; a Llama-family target only (EagleLlamaForCausalLM)."""
+    import torch  # deferred: torch
+    from safetensors.torch import save_file  # deferred: safetensors, torch
+
+    from .eagle import check_head_config, head_config, vllm_tensors
+
+    archs = architectures()
+    if target not in archs:
+        raise ValueError(f"synthetic model {target!r} is not known: choose one of {sorted(archs)} "
+                         f"(shapes in {ARCH_FILE}).")
+    cfg = {k: v for k, v in archs[target].items() if not k.startswith("_")}
+    if cfg.get("model_type") != "llama":
+        raise ValueError(f"make_synthetic_eagle: target={target!r} is a {cfg.get('model_type')} model; allowed: a "
+                         f"llama one ({sorted(n for n, a in archs.items() if a.get('model_type') == 'llama')}): "
+                         "vLLM 0.26's EAGLE-1 head class is EagleLlamaForCausalLM. Fix: pick a Llama target.")
+    config = {**head_config(cfg), "dtype": dtype}
+    check_head_config(config, cfg)
+    folder = Path(folder)
+    partial = folder.with_name(folder.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
+    gen = torch.Generator().manual_seed(seed)
+    t0 = time.perf_counter()
+    tensors = {name: (torch.ones(shape) if len(shape) == 1 else torch.randn(shape, generator=gen) * 0.02)
+               .to(getattr(torch, dtype)).contiguous() for name, shape in vllm_tensors(config).items()}
+    save_file(tensors, str(partial / "model.safetensors"))
+    (partial / "config.json").write_text(json.dumps(config, indent=2))
+    (partial / "synthetic.json").write_text(json.dumps(
+        {"architecture": f"{target}-eagle", "target": target, "seed": seed, "dtype": dtype, "label": LABEL,
+         "parameters": sum(t.numel() for t in tensors.values()), "made_s": round(time.perf_counter() - t0, 1)}))
+    shutil.rmtree(folder, ignore_errors=True)
+    partial.rename(folder)
+    return folder

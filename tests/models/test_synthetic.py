@@ -2,6 +2,7 @@
 and make_synthetic writes a checkpoint that loads. Shapes are shrunk so the models build in milliseconds."""
 
 import json
+import math
 
 import pytest
 import torch
@@ -163,3 +164,27 @@ def test_synthetic_spec_makes_once_then_reuses(tiny_arch, tmp_path):
     assert spec.kv_bytes_per_token() == 2 * 2 * 2 * 32 * 2
     # the fit check reads the weights from disk: bf16 parameters plus the safetensors header
     assert 0 < weight_bytes(spec, VLLMConfig()) - 2 * parameter_count(tiny_arch) < 64 * 1024
+
+
+def test_a_synthetic_eagle_head_is_vllms_layout_for_its_target_and_a_non_llama_target_is_refused(tmp_path,
+                                                                                                  monkeypatch):
+    """The EAGLE-1 head of a Llama shape (shrunk, so it writes in milliseconds): exactly the tensors vLLM 0.26's
+    EagleLlamaForCausalLM loads, checked by the same check `speculative_config('eagle', ...)` runs; random, not zero."""
+    from safetensors import safe_open
+
+    from lablib.models import eagle
+
+    small = shrink(_config("llama-3.1-8b"))
+    monkeypatch.setattr(synthetic, "architectures", lambda: {"llama-3.1-8b": small, "qwen3-0.6b": _config("qwen3-0.6b")})
+    folder = synthetic.synthetic_eagle("llama-3.1-8b", root=tmp_path)
+    assert folder == tmp_path / "llama-3.1-8b-eagle" and not (tmp_path / "llama-3.1-8b-eagle.partial").exists()
+    config = eagle.check_head_dir(folder, small)
+    assert config["num_hidden_layers"] == 1 and config["architectures"] == ["EagleLlamaForCausalLM"]
+    with safe_open(str(folder / "model.safetensors"), "pt") as f:
+        fc, norm = f.get_tensor("fc.weight"), f.get_tensor("layers.0.post_attention_layernorm.weight")
+    assert fc.dtype == torch.bfloat16 and 0.01 < fc.float().std().item() < 0.03 and bool((norm == 1).all())
+    meta = json.loads((folder / "synthetic.json").read_text())
+    assert meta["target"] == "llama-3.1-8b" and meta["parameters"] == sum(
+        math.prod(s) for s in eagle.vllm_tensors(config).values())
+    with pytest.raises(ValueError, match=r"target='qwen3-0.6b' is a qwen3 model; allowed: a llama one"):
+        synthetic.make_synthetic_eagle("qwen3-0.6b", tmp_path / "q")
