@@ -175,7 +175,8 @@ def test_a_synthetic_eagle_head_is_vllms_layout_for_its_target_and_a_non_llama_t
     from lablib.models import eagle
 
     small = shrink(_config("llama-3.1-8b"))
-    monkeypatch.setattr(synthetic, "architectures", lambda: {"llama-3.1-8b": small, "qwen3-0.6b": _config("qwen3-0.6b")})
+    shapes = {"llama-3.1-8b": small, "qwen3-0.6b": _config("qwen3-0.6b")}
+    monkeypatch.setattr(synthetic, "architectures", lambda: shapes)
     folder = synthetic.synthetic_eagle("llama-3.1-8b", root=tmp_path)
     assert folder == tmp_path / "llama-3.1-8b-eagle" and not (tmp_path / "llama-3.1-8b-eagle.partial").exists()
     config = eagle.check_head_dir(folder, small)
