@@ -27,7 +27,9 @@ Steps:
            of 48 and 80 blocks, every arrival order, vLLM's cached tokens against the simulator's evictions)
   speculative  lab 08: vLLM draft model, n-gram and the project's EAGLE head against a pinned baseline, batches
            1-64 (one engine per setting, the batches as waves), counters vs the formula (speculative-8b: the
-           synthetic 8B target and 1B draft with vLLM's synthetic sampler at the loop's acceptance: speed at size)
+           synthetic 8B target and 1B draft with vLLM's synthetic sampler at the loop's acceptance: speed at size;
+           speculative-eagle-8b-a/-b/-c: a synthetic EAGLE head of the 8B at the trained head's per-position
+           acceptance, k 1-3 / 4-6 pinned, then vLLM's defaults and FP8 weights at k 4; ~10-12 min each)
   tp1      lab 09: TP=1 on one H200 (synthetic 8B bf16, 70B FP8 where disk allows) next to the cost model
   tp-scaling  lab 09: TP=1/2/4, then NCCL's all-reduce against vLLM's and PP at 2 and 4 GPUs (needs 2-4 GPUs of one
            host; the runs a machine has too few GPUs for are rows that say so; facts kept after every run). The
@@ -64,6 +66,7 @@ from lablib.engines.vllm import VLLMEngine  # noqa: E402
 from lablib.experiments.parallel.grid import SCALING_PARTS  # noqa: E402 (lab 09's grid, a step per part)
 from lablib.experiments.quantization.recording import QUANT_A, QUANT_B  # noqa: E402 (lab 06's speed engines, 2 steps)
 from lablib.experiments.serving.runs import FRACTIONS  # noqa: E402 (what the lab runs live)
+from lablib.experiments.speculative.eagle_8b import PARTS as EAGLE_PARTS  # noqa: E402 (the EAGLE grid, a step per part)
 from lablib.results import Result, ResultStore  # noqa: E402
 from lablib.results.compare import first_divergence  # noqa: E402
 from lablib.workloads import Request, Workload, load_workload  # noqa: E402
@@ -284,6 +287,7 @@ STEPS = {"smoke": step_smoke, "startup": step_startup, "big": step_big, "big-lab
          "prefix-batch": lambda o, s, f: step_prefix(o, s, f, 32), "prefix-on-off": _lab("prefix", "record_on_off"),
          "prefix-serve": _lab("prefix", "record_serve"), "prefix-scarce": _lab("prefix", "record_scarce"),
          "speculative": _lab("speculative"), "speculative-8b": _lab("speculative", "record_8b"),
+         **{f"speculative-eagle-8b-{p}": _lab("speculative", "record_eagle_8b", part=p) for p in EAGLE_PARTS},
          "tp1": _lab("parallel"),
          "tp-scaling": _lab("parallel", "record_scaling"),
          **{name: _lab("parallel", "record_scaling", **part) for name, part in SCALING_PARTS.items()},

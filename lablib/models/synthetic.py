@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 from .architecture import ARCH_FILE, LABEL, architectures
+from .eagle import check_head_config, head_config, vllm_tensors
 from .spec import ModelSpec, check_model_dir
 
 
@@ -135,8 +136,6 @@ def make_synthetic_eagle(target: str, folder: str | Path, seed: int = 0, dtype: 
     norms 1. Written beside `folder` and moved into place whole; a Llama-family target only (EagleLlamaForCausalLM)."""
     import torch  # deferred: torch
     from safetensors.torch import save_file  # deferred: safetensors, torch
-
-    from .eagle import check_head_config, head_config, vllm_tensors
 
     archs = architectures()
     if target not in archs:

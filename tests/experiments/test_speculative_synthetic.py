@@ -81,3 +81,74 @@ def test_the_set_length_comes_from_this_sessions_loop_then_the_shipped_one(monke
                         {"k": 4, "drafter": "draft_model", "measured_length": 2.4}]}
     monkeypatch.setattr(mod, "recorded_facts", lambda key, step: shipped)
     assert mod.loop_length(4, {}) == 2.4  # the draft model's row, not the EAGLE head's
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The EAGLE head at 8B scale (issue 31): stood in for by the embedded target and its shipped head
+# ---------------------------------------------------------------------------------------------------------------
+
+from lablib.experiments.speculative import eagle_8b  # noqa: E402
+from lablib.models.eagle import eagle_path  # noqa: E402
+
+RATES = {1: {"rates": [0.6], "length": 1.6}, 4: {"rates": [0.6, 0.4, 0.25, 0.15], "length": 2.4}}
+
+
+def test_the_eagle_config_sets_vllms_synthetic_rates_and_refuses_rates_vllm_would():
+    c = eagle_8b.eagle_config(4, RATES[4]["rates"], eagle_path(), TARGET.path)
+    assert c["method"] == "eagle" and c["num_speculative_tokens"] == 4 and c["model"] == str(eagle_path())
+    assert c["rejection_sample_method"] == "synthetic" and c["synthetic_acceptance_rates"] == [0.6, 0.4, 0.25, 0.15]
+    assert "synthetic_acceptance_length" not in c  # vLLM 0.26 takes exactly one of the two
+    for bad in ([0.6, 0.4, 0.25], [0.6, 0.7, 0.2, 0.1], [1.2, 0.4, 0.2, 0.1]):  # short, rising, out of [0, 1]
+        with pytest.raises(ValueError, match=r"eagle_config\.rates=.*: allowed 4 rates .* non-increasing; Fix:"):
+            eagle_8b.eagle_config(4, bad, eagle_path(), TARGET.path)
+
+
+def test_each_part_starts_with_the_pinned_bf16_baseline_and_names_every_engine_apart():
+    a = eagle_8b.part_settings("c", RATES, eagle_path(), TARGET.path)
+    names = [s.name for s in a]
+    assert names == ["baseline, pinned (V1, no async) [8b-eagle]", "EAGLE head k=4 [8b-eagle]",
+                     "baseline, vLLM defaults [8b-eagle]", "EAGLE head k=4, vLLM defaults [8b-eagle]",
+                     "baseline, pinned (V1, no async), FP8 weights [8b-eagle]", "EAGLE head k=4, FP8 weights [8b-eagle]"]
+    assert len(set(s.step(1) for s in a)) == len(a) and a[-1].step(8) == "spec-8b-eagle-eagle-k4-fp8-b8"
+    assert a[-1].config(8, 0.9).quantization == "fp8" and a[1].config(8, 0.9).quantization is None
+    with pytest.raises(ValueError, match=r"part_settings\.rates=\[1, 4\]: allowed rates for k in \(4, 5, 6\)"):
+        eagle_8b.part_settings("b", RATES, eagle_path(), TARGET.path)
+    with pytest.raises(ValueError, match=r"part_settings\.part='d'"):
+        eagle_8b.part_settings("d", RATES, eagle_path(), TARGET.path)
+
+
+def test_the_head_rates_are_the_loops_unconditional_rates_per_position():
+    got = eagle_8b.head_rates(ks=(1, 2), n_prompts=2, max_new_tokens=8)
+    for k, r in got.items():
+        assert len(r["rates"]) == k and all(a >= b for a, b in zip(r["rates"], r["rates"][1:]))
+        assert r["length"] == pytest.approx(1 + sum(r["rates"]))  # E[accepted] is the sum of the chain's rates
+
+
+def test_a_part_on_the_fake_vllm_labels_its_rows_and_reads_fp8_rows_over_the_fp8_baseline(pinned_on_the_fake,
+                                                                                          tmp_path):
+    store = ResultStore(tmp_path / "r.jsonl")
+    got = eagle_8b.eagle_runs("c", batches=(1, 2), n_prompts=2, max_new_tokens=4, rates=RATES, target=TARGET,
+                              head=eagle_path(), gpu_memory_utilization=0.3, store=store)
+    rows = got["rows"]
+    assert len(rows) == 12 and not got["failed"] and all(r["label"] == eagle_8b.LABEL for r in rows)
+    head = next(r for r in rows if r["name"] == "EAGLE head k=4 [8b-eagle]" and r["batch"] == 1)
+    assert head["set_rates"] == RATES[4]["rates"] and head["set_length"] == 2.4 and head["token_match"] is None
+    spec = head["result"].config["speculative_config"]
+    assert spec["synthetic_acceptance_rates"] == RATES[4]["rates"]
+    fp8 = [r for r in rows if r["quantization"] == "fp8"]
+    for r in fp8:
+        base = next(b for b in fp8 if b["method"] == "baseline" and b["batch"] == r["batch"])
+        assert r["speedup"] == pytest.approx(r["output_tok_s"] / base["output_tok_s"]) and "speedup_over_bf16" in r
+    assert len(store.load()) == 12 and len(pinned_on_the_fake) == 6  # six engines, each serving both batches
+
+
+def test_the_recording_step_keys_its_facts_by_part(pinned_on_the_fake, tmp_path, monkeypatch):
+    store, facts = ResultStore(tmp_path / "r.jsonl"), {}
+    monkeypatch.setattr(eagle_8b, "PARTS", {**eagle_8b.PARTS, "a": {"ks": (1,)}})
+    spec_record.record_eagle_8b(tmp_path, store, facts, part="a", batches=(1,), n_prompts=2, max_new_tokens=4,
+                                rates=RATES, target=TARGET, head=eagle_path(), gpu_memory_utilization=0.3)
+    got = facts["speculative-eagle-8b-a"]
+    assert [r["name"] for r in got["rows"]] == ["baseline, pinned (V1, no async) [8b-eagle]", "EAGLE head k=1 [8b-eagle]"]
+    assert got["rates"] == {"1": RATES[1]} and len(got["date"]) == 10 and "result" not in got["rows"][0]
+    assert all(r.provenance == "recorded" for r in store.load()) and len(store.load()) == 2
+    assert json.loads((tmp_path / "speculative-eagle-8b-a.json").read_text())["part"] == "a"

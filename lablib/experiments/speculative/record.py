@@ -3,6 +3,7 @@
 `record` is step `speculative`: every setting of `vllm_runs.RECORD_GRID` at every batch, the loop's acceptance on
 the same prompts and the cross-check (a live `gpu_study` on that grid is kept as this same recording). `record_8b` is
 step `speculative-8b`: the synthetic 8B pair at the loop's acceptance length (after `speculative`, whose loop sets it).
+`record_eagle_8b` is step `speculative-eagle-8b-<part>`: one part of the EAGLE head's grid on the synthetic 8B.
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from typing import Any
 
 from ...hardware.device import device_facts
 from ...results.store import ResultStore
+from .eagle_8b import KEY as KEY_EAGLE, eagle_runs
 from .synthetic import KEY as KEY_8B, measure_8b
 from .vllm_runs import METHODS, STEP, as_facts, measure_grid
 
@@ -43,3 +45,15 @@ def record_8b(out_dir: Path, store: ResultStore, facts: dict[str, Any], *, k: in
     facts[KEY_8B] = got
     Path(out_dir).mkdir(parents=True, exist_ok=True)
     (Path(out_dir) / "speculative-8b.json").write_text(json.dumps(got, indent=1, default=str))
+
+
+def record_eagle_8b(out_dir: Path, store: ResultStore, facts: dict[str, Any], *, part: str, **knobs: Any) -> None:
+    """Step `speculative-eagle-8b-<part>` (`eagle_8b.PARTS`): facts[f"speculative-eagle-8b-{part}"] = the part's
+    `eagle_runs` with the GPU and the date; its Results recorded."""
+    got = eagle_runs(part, **knobs)
+    for r in got["rows"]:
+        store.append_recorded(r.pop("result"))
+    got.update({"gpu": device_facts().get("gpu"), "date": time.strftime("%Y-%m-%d")})
+    facts[f"{KEY_EAGLE}-{part}"] = got
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
+    (Path(out_dir) / f"{KEY_EAGLE}-{part}.json").write_text(json.dumps(got, indent=1, default=str))

@@ -58,6 +58,7 @@ class Setting:
     spec: dict[str, Any] | None  # vLLM's speculative_config; None for a baseline
     pinned: bool  # V1 runner and async scheduling off (True) or vLLM's defaults (a baseline only)
     tag: str = ""  # another study's runs, named apart (e.g. "8b": the synthetic 8B with a set acceptance)
+    quantization: str | None = None  # the target's weights: None (as stored) or "fp8" (vLLM's dynamic FP8)
 
     @property
     def name(self) -> str:
@@ -67,18 +68,22 @@ class Setting:
             name = f"n-gram k={self.k} (lookup {self.spec['prompt_lookup_min']}-{self.spec['prompt_lookup_max']})"
         else:
             name = f"{'EAGLE head' if self.method == 'eagle' else 'draft model'} k={self.k}"
+            name += "" if self.pinned else ", vLLM defaults"
+        name += f", {self.quantization.upper()} weights" if self.quantization else ""
         return f"{name} [{self.tag}]" if self.tag else name
 
     def step(self, batch: int) -> str:
         tail = "" if self.method == "baseline" else f"-k{self.k}"
         if self.method == "ngram":
             tail += f"-l{self.spec['prompt_lookup_min']}-{self.spec['prompt_lookup_max']}"
+        tail += f"-{self.quantization}" if self.quantization else ""
         return f"spec-{self.tag + '-' if self.tag else ''}{self.method}{tail}{'' if self.pinned else '-defaults'}-b{batch}"
 
     def config(self, batch: int, gpu_memory_utilization: float) -> VLLMConfig:
         pin = False if self.pinned else None
         return VLLMConfig(gpu_memory_utilization=gpu_memory_utilization, max_num_seqs=batch,
-                                speculative_config=self.spec, async_scheduling=pin, model_runner_v2=pin)
+                          speculative_config=self.spec, async_scheduling=pin, model_runner_v2=pin,
+                          quantization=self.quantization)
 
 
 def settings(methods: Sequence[str] = METHODS, ks: Sequence[int] = (2, 4), prompt_lookup: tuple[int, int] = (2, 5),
@@ -132,7 +137,7 @@ def _log_facts(log_path: str | None, s: Setting) -> dict[str, Any]:
 def _row(s: Setting, batch: int, result: Any, facts: dict[str, Any], logged: dict[str, Any]) -> dict[str, Any]:
     delta = ((result.engine_facts or {}).get("last_run") or {}).get("metrics_delta") or {}
     row: dict[str, Any] = {"name": s.name, "step": result.step, "method": s.method, "k": s.k, "batch": batch,
-                           "pinned": s.pinned, "prompt_lookup": None if s.method != "ngram" else
+                           "pinned": s.pinned, "quantization": s.quantization, "prompt_lookup": None if s.method != "ngram" else
                            [s.spec["prompt_lookup_min"], s.spec["prompt_lookup_max"]], **logged,
                            "output_tok_s": result.summary["output_tok_s"], "wall_s": result.wall_s,
                            "recorded_at": result.recorded_at,  # which Result of this step the row is (pack_reference)
