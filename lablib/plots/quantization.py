@@ -22,7 +22,7 @@ from typing import Any
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from .style import colour, finish
+from .style import DEFAULT_HEIGHT, colour, finish
 
 SCHEME_COLOURS = {  # one colour per scheme, in every figure of the lab
     "bf16": "#7f7f7f",  # the reference: grey, as hf-naive is the journey's
@@ -34,6 +34,8 @@ PARTS = (("decoder Linear layers", "linear_bytes"), ("lm_head", "lm_head_bytes")
          ("embedding and norms (16-bit)", "rest_bytes"))
 PART_COLOURS = {"decoder Linear layers": "#1f77b4", "lm_head": "#ff7f0e", "embedding and norms (16-bit)": "#7f7f7f"}
 CPU_WHERE = "live on this CPU (embedded model)"
+# a value over a narrow grouped bar: read upright, at full size (plotly would shrink it to the bar's width)
+UPRIGHT_LABELS = {"textangle": -90, "constraintext": "none", "textfont": {"size": 11}}
 ROOFLINE_NOTE = "dotted: each scheme's bandwidth roofline (its weight bytes and KV cache read once per step)"
 
 
@@ -159,13 +161,14 @@ def summary_figure(quality: Sequence[dict[str, Any]], stored: Sequence[dict[str,
     disk = [r for r in stored if r["scheme"] != "bf16"]
     fig.add_bar(x=_schemes(disk), y=[r["vs_bf16"] for r in disk], name="embedded model, on disk",
                 marker_color="#8c564b", text=[f"x{r['vs_bf16']:.2f}" for r in disk], textposition="outside",
-                cliponaxis=False, row=1, col=2)
+                cliponaxis=False, **UPRIGHT_LABELS, row=1, col=2)
     if speed:
         bf16 = next((r["weight_gib"] for r in speed if r["scheme"] == "bf16" and r.get("weight_gib")), None)
         gpu = {r["scheme"]: r["weight_gib"] / bf16 for r in speed if bf16 and r.get("weight_gib")
                and r["scheme"] not in ("bf16", "bf16-kv-fp8")}
         fig.add_bar(x=list(gpu), y=list(gpu.values()), name="synthetic 8B, in GPU memory", marker_color="#bcbd22",
-                    text=[f"x{v:.2f}" for v in gpu.values()], textposition="outside", cliponaxis=False, row=1, col=2)
+                    text=[f"x{v:.2f}" for v in gpu.values()], textposition="outside", cliponaxis=False,
+                    **UPRIGHT_LABELS, row=1, col=2)
     run = [r for r in quality if r["scheme"] != "bf16"]
     for r in run:
         name = str(r["scheme"])
@@ -189,6 +192,7 @@ def summary_figure(quality: Sequence[dict[str, Any]], stored: Sequence[dict[str,
 
 
 def _room_for_subplot_titles(fig: go.Figure) -> go.Figure:
-    """finish() sizes the top margin for the title's lines; subplot titles sit above the plots and need a line more."""
-    fig.update_layout(margin={"t": fig.layout.margin.t + 24})
+    """finish() sizes the top margin for the title's lines; subplot titles sit above the plots and need a line more,
+    which the figure grows by (the plots keep the height finish gave them, and their axis titles still fit)."""
+    fig.update_layout(margin={"t": fig.layout.margin.t + 24}, height=(fig.layout.height or DEFAULT_HEIGHT) + 24)
     return fig

@@ -203,29 +203,41 @@ def finish(fig: go.Figure, title: str, where: str, *, synthetic: bool = False, n
            height: int | None = None, legend_below: bool = False, legend_width: int | None = None) -> go.Figure:
     """Title with the provenance as its second line (unless `title` already says it), notes under the plot,
     margins that grow to fit tick labels and titles. `legend_width`: where a legend below wraps (px), for a plot
-    narrower than most. Returns fig."""
-    lines = [] if PROVENANCE_WORDS.search(title) or not where else [where]
+    narrower than most. Returns fig.
+
+    Nothing runs off the figure or into its neighbour at 1,024 px: the title and a long provenance wrap at spaces
+    (every word kept, in order: `shown_text` reads them back whole); an axis title longer than its axis wraps
+    (`wrap_axis_titles`); notes sit under the x axes' titles and tick labels, however many lines those take; and
+    the plot keeps at least MIN_PLOT_PX of height whatever the margins hold."""
+    lines = [] if PROVENANCE_WORDS.search(title) or not where else provenance_lines(where)
     head = wrap_title(title)
     text = head + "".join(f"<br><sup>{line}</sup>" for line in lines) + synthetic_line(
         synthetic and SYNTHETIC_LABEL not in title)
     n_lines = text.count("<br>")
-    wrapped = [line for note in notes for line in wrap(note)]  # a long note wraps, never runs off the figure's edge
-    for i, note in enumerate(wrapped):  # under the x axis' title, one line each
-        fig.add_annotation(text=note, xref="paper", yref="paper", x=0, xanchor="left", y=0, yanchor="top",
-                           yshift=-64 - 18 * i, showarrow=False, align="left", font={"size": 11, "color": "gray"})
-    subplot_titles = any(a.yref == "paper" and a.y is not None and a.y >= 1 and a.yanchor == "bottom"
-                         for a in fig.layout.annotations)  # make_subplots' titles sit in the top margin too
-    legend = 24 * legend_rows(fig, legend_width or LEGEND_WIDTH) + 16 if legend_below else 0
-    bottom = (80 + 18 * len(wrapped) if wrapped else 60) + legend
-    # the title hangs from the top; the margin holds all its lines, and the subplot titles below them
-    fig.update_layout(title={"text": text, "x": 0.01, "xanchor": "left", "y": 1, "yref": "container",
-                             "yanchor": "top", "pad": {"t": 26}},
-                      margin={"t": 62 + 22 * n_lines + (30 if subplot_titles else 0), "b": bottom}, showlegend=True)
     if legend_below:  # a wide legend under the plot, so the plots keep the full width
         fig.update_layout(legend={"orientation": "h", "x": 0, "xanchor": "left", "y": 0.01, "yanchor": "bottom",
                                   "yref": "container"})
+    wrap_axis_titles(fig, "x")  # the legend placed first: one at the right takes its width from the x axes
+    under = x_axis_depth(fig)  # px the x axes' tick labels and titles take beyond one line each
+    wrapped = [line for note in notes for line in wrap(note)]  # a long note wraps, never runs off the figure's edge
+    for i, note in enumerate(wrapped):  # under the x axis' title, one line each
+        fig.add_annotation(text=note, xref="paper", yref="paper", x=0, xanchor="left", y=0, yanchor="top",
+                           yshift=-64 - under - 18 * i, showarrow=False, align="left", font={"size": 11, "color": "gray"})
+    subplot_titles = any(a.yref == "paper" and a.y is not None and a.y >= 1 and a.yanchor == "bottom"
+                         for a in fig.layout.annotations)  # make_subplots' titles sit in the top margin too
+    legend = 24 * legend_rows(fig, legend_width or LEGEND_WIDTH) + 16 if legend_below else 0
+    bottom = (80 + 18 * len(wrapped) if wrapped else 60) + under + legend
+    top = 62 + 22 * n_lines + (30 if subplot_titles else 0)
+    # the title hangs from the top; the margin holds all its lines, and the subplot titles below them
+    fig.update_layout(title={"text": text, "x": 0.01, "xanchor": "left", "y": 1, "yref": "container",
+                             "yanchor": "top", "pad": {"t": 26}},
+                      margin={"t": top, "b": bottom}, showlegend=True)
     if height is not None:  # a title wrapped to more lines takes its room from the margin, not from the plots
-        fig.update_layout(height=height + 24 * (head.count("<br>") - title.count("<br>")))
+        added = head.count("<br>") - title.count("<br>") + max(0, len(lines) - 1)
+        fig.update_layout(height=height + 24 * added)
+    if (fig.layout.height or DEFAULT_HEIGHT) - top - bottom < MIN_PLOT_PX:  # notes and legend never squash the plot
+        fig.update_layout(height=top + bottom + MIN_PLOT_PX)
+    wrap_axis_titles(fig, "y")  # now that the margins, so the axes' lengths, are known
     fig.update_xaxes(automargin=True)
     fig.update_yaxes(automargin=True)
     log_axis_ticks(fig)
@@ -234,12 +246,47 @@ def finish(fig: go.Figure, title: str, where: str, *, synthetic: bool = False, n
 
 TITLE_CHARS = 65  # a title's line at 17 px that ends left of plotly's mode bar (top right) on a 1,024 px page
 NOTE_CHARS = 120  # a note's line at 11 px fits a 1,024 px page's plot width in about this many characters
+PROVENANCE_CHARS = 125  # a provenance line (the title's <sup>, about 12 px) fits a notebook's 880 px figure
+AXIS_TITLE_PX = 7.5  # px a character of an axis title (14 px) takes, about
+TICK_PX = 7  # px a character of a tick label (12 px) takes, about
+MIN_PLOT_PX = 200  # the least height the plots keep, whatever the title, notes and legend take
+DEFAULT_HEIGHT = 450  # plotly's figure height when a figure sets none
 LEGEND_WIDTH = 800  # px a horizontal legend has at 1,024 px before it wraps to another row
 
 
 def wrap(note: str, width: int = NOTE_CHARS) -> list[str]:
-    """A note in lines of at most `width` characters, broken at spaces."""
-    return textwrap.wrap(note, width) or [note]
+    """A note in lines of at most `width` characters, broken at spaces only: never inside a word, a hyphenated name
+    (`w8a8-int8`, `--steps`) or a path, so the lines joined by spaces are the note again. A word longer than
+    `width` keeps a line of its own."""
+    return textwrap.wrap(note, width, break_long_words=False, break_on_hyphens=False) or [note]
+
+
+def provenance_lines(where: str, width: int = PROVENANCE_CHARS) -> list[str]:
+    """A provenance in lines that fit the figure: its own line breaks kept, then its clauses (split at "; ") packed
+    whole into lines of at most `width` characters; only a clause longer than a line is broken, at spaces. A part
+    with markup of its own stays whole."""
+    out: list[str] = []
+    for part in where.split("<br>"):
+        if "<" in part or len(part) <= width:
+            out.append(part)
+            continue
+        line = ""
+        for clause in re.split(r"(?<=;) ", part):
+            if line and len(line) + 1 + len(clause) <= width:
+                line += " " + clause
+                continue
+            if line:
+                out.append(line)
+            *full, line = wrap(clause, width)
+            out += full
+        out.append(line)
+    return out
+
+
+def shown_text(text: str) -> str:
+    """Plotly text as a reader sees it: line breaks and markup (`<br>`, `<sup>`) as spaces, runs of spaces as one.
+    A sentence wrapped by `wrap`, `wrap_title` or `wrap_axis_titles` reads back whole from it."""
+    return " ".join(re.sub(r"<[^>]*>", " ", text).split())
 
 
 def wrap_title(title: str, width: int = TITLE_CHARS) -> str:
@@ -255,9 +302,9 @@ def balanced_lines(text: str, width: int) -> list[str]:
     if len(text) <= width or "<" in text:
         return [text]
     keep = PROVENANCE_WORDS.sub(lambda m: m.group(0).replace(" ", "\0"), text)
-    lines = textwrap.wrap(keep, width)
+    lines = wrap(keep, width)
     even = math.ceil(len(keep) / len(lines))
-    while len(balanced := textwrap.wrap(keep, even)) > len(lines):
+    while len(balanced := wrap(keep, even)) > len(lines):
         even += 1
     return [line.replace("\0", " ") for line in balanced]
 
@@ -303,6 +350,46 @@ def _grouped_legend_rows(traces: list, width: int) -> int:
             rows, line_rows, used = rows + line_rows, 0, 0
         used, line_rows = used + w, max(line_rows, tall)
     return rows + line_rows
+
+
+def wrap_axis_titles(fig: go.Figure, letter: str) -> None:
+    """Break each `letter` ("x" or "y") axis title longer than its axis (on a 1,024 px page, `axis_px`) into balanced
+    lines at spaces: a y title no taller than its panel (so it does not climb into the provenance line above), an x
+    title no wider than its panel (so side-by-side panels' titles do not run into each other). A title with markup
+    of its own is left as it is."""
+    for name in fig.layout:
+        if not re.fullmatch(rf"{letter}axis\d*", name):
+            continue
+        text = fig.layout[name].title.text
+        if not text or "<" in text:
+            continue
+        width = max(10, int(axis_px(fig, [name]) / AXIS_TITLE_PX))
+        if len(text) > width:
+            fig.layout[name].title.text = "<br>".join(balanced_lines(text, width))
+
+
+def x_axis_depth(fig: go.Figure) -> int:
+    """About how many px the x axes' tick labels and titles reach below the plot beyond one line each: a title's
+    extra lines, and category labels that plotly tilts (30 degrees) when they do not fit side by side. What notes
+    under the plot are shifted down by, so they never sit on an axis title."""
+    depth = 0
+    for name in fig.layout:
+        axis = fig.layout[name] if re.fullmatch(r"xaxis\d*", name) else None
+        if axis is None:
+            continue
+        lines = (axis.title.text or "").count("<br>")
+        ref = "x" + name[5:]
+        labels = {str(v) for t in fig.data if (getattr(t, "xaxis", None) or "x") == ref
+                  for v in (getattr(t, "x", None) if getattr(t, "x", None) is not None else ())
+                  if isinstance(v, str)}
+        tilt = 0
+        if labels and axis.showticklabels is not False:
+            widest = TICK_PX * max(len(v) for v in labels)
+            if (axis.tickangle not in (None, 0, "auto") or
+                    len(labels) * (widest + 8) > axis_px(fig, [name])):
+                tilt = max(0, round(widest / 2) - 6)  # sin 30 degrees of the widest label, less the line it had
+        depth = max(depth, 18 * lines + tilt)
+    return depth
 
 
 LABEL_GAP = 12  # px between two tick labels of a log axis, at the least
@@ -391,7 +478,7 @@ def log_axis_ticks(fig: go.Figure) -> None:
             pos = [10 ** r for r in ranges[0] if isinstance(r, (int, float))] or pos
         if not pos or max(pos) / min(pos) < 2:  # a short axis: plotly's own ticks, evenly spaced
             continue
-        length = _axis_px(fig, names)
+        length = axis_px(fig, names)
         vals, text = log_ticks(min(pos), max(pos), length, vertical=key[0] == "y")
         decade = length / math.log10(max(pos) / min(pos))  # px
         digits = range(1, 10) if decade >= 60 else (1, 2, 5) if decade >= 30 else (1,)  # faint, never a smear
@@ -408,7 +495,7 @@ PAGE_PX = 880  # a figure's width in a notebook on a 1,024 px page
 SIDE_LEGEND_PX = 180  # about what a legend at the plot's right takes from it
 
 
-def _axis_px(fig: go.Figure, names: list[str]) -> float:
+def axis_px(fig: go.Figure, names: list[str]) -> float:
     """About how long the axes `names` are on a 1,024 px page: the figure less its margins (and a legend at the
     right), times the axis's share of the plot (its domain)."""
     m, side = fig.layout.margin, fig.layout.showlegend is not False and fig.layout.legend.orientation != "h"

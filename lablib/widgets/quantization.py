@@ -233,7 +233,8 @@ def scheme_figure(view: dict[str, Any]) -> go.Figure:
     fig.update_xaxes(title_text="scheme")
     where = f"memory: {view['memory_where']}; speed: {view['speed_where']}; quality: {CPU_WHERE}"
     fig = finish(fig, f"{s['scheme']} among the schemes", where, height=480)
-    fig.update_layout(margin={"t": fig.layout.margin.t + 40})  # the subplot titles (two lines) sit above the plots
+    # the subplot titles (two lines) sit above the plots: the figure grows by them, so the plots keep their height
+    fig.update_layout(margin={"t": fig.layout.margin.t + 40}, height=fig.layout.height + 40)
     return fig
 
 

@@ -16,6 +16,8 @@ from types import ModuleType
 
 import plotly.graph_objects as go
 
+from lablib.plots import style
+
 PROVENANCE = re.compile(r"recorded|\blive\b|measured|simulated|synthetic weights", re.IGNORECASE)
 UNIT = re.compile(r"\(.+\)|\[.+\]")
 # a text that says where a figure's data come from ("simulator: ..." labels what lab 04's simulator drew, as lab 05's
@@ -125,3 +127,20 @@ def shared_colours(fig: go.Figure, name: Callable[[str], str] = str) -> dict[str
         if c is not None:
             by_colour[c].add(name(t.name))
     return {c: sorted(n) for c, n in by_colour.items() if len(n) > 1}
+
+
+def unfit_text(fig: go.Figure) -> list[str]:
+    """What would run off a notebook's figure or into a neighbour on a 1,024 px page, as far as the layout tells:
+    a line of the title's provenance (its `<sup>` lines) longer than style.PROVENANCE_CHARS, and a line of an axis
+    title wider than its axis (style.AXIS_TITLE_PX a character against style.axis_px). [] when everything fits."""
+    title = fig.layout.title.text or ""
+    unfit = [f"provenance line of {len(line)} characters: {line[:60]}..."
+             for line in re.findall(r"<sup>(.*?)</sup>", title) for line in line.split("<br>")
+             if "<" not in line and len(line) > style.PROVENANCE_CHARS]
+    for name in fig.layout:
+        if re.fullmatch(r"[xy]axis\d*", name) and fig.layout[name].title.text:
+            room = style.axis_px(fig, [name])
+            unfit += [f"{name} title line '{line}' ({len(line) * style.AXIS_TITLE_PX:.0f} px) on {room:.0f} px"
+                      for line in fig.layout[name].title.text.split("<br>")
+                      if "<" not in line and len(line) * style.AXIS_TITLE_PX > room]
+    return unfit

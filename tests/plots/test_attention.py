@@ -165,3 +165,7 @@ def test_a_head_dim_not_measured_is_refused(figures):
         P.kernel_sweep_figure(here, head_dim=128)
     with pytest.raises(ValueError, match="prediction_figure: no rows"):
         P.prediction_figure([])
+
+
+def test_every_figure_fits_a_1024_px_page(figures):
+    assert not {key: unfit for key, fig in figures.items() if (unfit := rules.unfit_text(fig))}

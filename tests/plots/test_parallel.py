@@ -245,3 +245,7 @@ def test_a_builder_refuses_rows_it_cannot_draw(rows):
     with pytest.raises(ValueError, match="two_gpu_rows"):
         fig_.two_gpus([])
 
+
+
+def test_every_figure_fits_a_1024_px_page(figures):
+    assert not {key: unfit for key, fig in figures.items() if (unfit := rules.unfit_text(fig))}

@@ -140,3 +140,7 @@ def test_empty_rows_are_refused_with_the_call_that_makes_them():
     with pytest.raises(ValueError, match="quality_table"):
         qp.quality_figure(_quality()[:1], 1.0)
 
+
+
+def test_every_figure_fits_a_1024_px_page(figures):
+    assert not {key: unfit for key, fig in figures.items() if (unfit := rules.unfit_text(fig))}

@@ -19,6 +19,7 @@ from collections import defaultdict
 
 import plotly.graph_objects as go
 import pytest
+from plotly.subplots import make_subplots
 
 from lablib import mechanisms
 from lablib.bench.goodput import SLO
@@ -292,3 +293,60 @@ def test_titles_wrap_clear_of_the_mode_bar_and_keep_their_provenance_phrases(fig
     assert style.wrap_title("vLLM continuous batching on the journey  [recorded on NVIDIA H200, 2026-11-29]", 40) == (
         "vLLM continuous batching on the journey<br>[recorded on NVIDIA H200, 2026-11-29]")  # even lines
     assert style.balanced_lines("a " * 30 + "recorded on NVIDIA H200", 40)[-1].count("recorded on") == 1
+
+
+def test_every_figure_fits_a_1024_px_page(figures):
+    unfit = {key: rules.unfit_text(fig) for key, fig in figures.items()}
+    assert not {k: v for k, v in unfit.items() if v}
+
+
+def test_wrapping_keeps_every_word_whole_and_in_order():
+    note = ("lab 06's speed is not recorded yet: a GPU session records it with `scripts/record_reference.py --steps "
+            "quantization` (then scripts/pack_reference.py) for w8a8-int8 and fp8-dynamic")
+    for width in (12, 30, 60):
+        lines = style.wrap(note, width)
+        assert " ".join(lines) == note and len(lines) > 1
+        assert all(len(line) <= width or " " not in line for line in lines)  # only a word longer than a line overflows
+    assert style.shown_text("<b>a</b> b<br><sup>c d</sup>") == "a b c d"
+
+
+def test_a_long_provenance_breaks_between_its_clauses_and_keeps_its_own_lines():
+    where = "memory: " + "m" * 40 + "; speed: " + "s " * 70 + "; quality: live on this CPU<br>second line"
+    lines = style.provenance_lines(where, 60)
+    assert lines[0] == "memory: " + "m" * 40 + ";" and lines[1].startswith("speed: ")
+    assert lines[-1] == "second line" and any(line.endswith("quality: live on this CPU") for line in lines)
+    assert all(len(line) <= 60 for line in lines)
+    assert style.shown_text("<br>".join(lines)) == style.shown_text(where)
+    assert style.provenance_lines("live on this CPU") == ["live on this CPU"]
+    fig = style.finish(go.Figure(go.Scatter(x=[1, 2], y=[1, 2])), "A title", where.replace("<br>", "; "))
+    sups = re.findall(r"<sup>(.*?)</sup>", fig.layout.title.text)
+    assert len(sups) > 1 and all(len(s) <= style.PROVENANCE_CHARS for s in sups)
+    assert fig.layout.margin.t == 62 + 22 * len(sups)  # the top margin holds every line
+
+
+def test_axis_titles_longer_than_their_panel_wrap_and_notes_stay_under_them():
+    fig = make_subplots(rows=1, cols=3)
+    for col in (1, 2, 3):
+        fig.add_scatter(x=[0.1, 0.9], y=[1, 2], row=1, col=col)
+    fig.update_xaxes(title_text="per-token acceptance alpha (probability)")
+    fig.update_yaxes(title_text="extra memory beyond Q, K, V, O and the rest (MiB)", row=1, col=2)
+    fig = style.finish(fig, "Three panels", "simulated", notes=["a note"], height=300)
+    for name in ("xaxis", "xaxis2", "xaxis3"):
+        lines = fig.layout[name].title.text.split("<br>")
+        assert len(lines) == 2 and " ".join(lines) == "per-token acceptance alpha (probability)"
+    assert fig.layout.yaxis2.title.text.count("<br>") >= 1 and not rules.unfit_text(fig)
+    note = next(a for a in fig.layout.annotations if a.text == "a note")
+    assert note.yshift <= -64 - 18  # under the x titles' second line
+    assert fig.layout.height - fig.layout.margin.t - fig.layout.margin.b >= style.MIN_PLOT_PX
+
+
+def test_notes_sit_under_tilted_category_labels_and_never_squash_the_plot():
+    names = ["fp8-dynamic", "gptq-w4a16", "w8a8-int8", "awq-w4a16", "bf16-kv-fp8"]
+    fig = make_subplots(rows=1, cols=3)
+    for col in (1, 2, 3):
+        fig.add_bar(x=names, y=[1, 2, 3, 4, 5], row=1, col=col)
+    fig = style.finish(fig, "Bars", "live on this CPU", notes=["n"] * 9, height=320)
+    assert next(a for a in fig.layout.annotations if a.text == "n").yshift < -64 - 20  # plotly tilts these labels
+    assert fig.layout.height - fig.layout.margin.t - fig.layout.margin.b >= style.MIN_PLOT_PX
+    flat = style.finish(go.Figure(go.Bar(x=["a", "b"], y=[1, 2])), "Bars", "live on this CPU", notes=["n"])
+    assert next(a for a in flat.layout.annotations if a.text == "n").yshift == -64  # short labels stay level

@@ -111,3 +111,7 @@ def test_nothing_recorded_yet_is_a_figure_that_says_so():
     fig = sp.vllm_speedup_figure(Shown(None, False, label, "no NVIDIA GPU visible"))
     assert not fig.data and "--steps speculative" in fig.layout.title.text
     assert any("nothing to draw here" in (a.text or "") for a in fig.layout.annotations)
+
+
+def test_every_figure_fits_a_1024_px_page(figures):
+    assert not {key: unfit for key, fig in figures.items() if (unfit := rules.unfit_text(fig))}

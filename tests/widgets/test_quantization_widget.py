@@ -17,6 +17,7 @@ from lablib.hardware.fit import RESERVE_BYTES
 from lablib.mechanisms.gpus import GPU_PEAKS
 from lablib.models import architectures, embedded_path, kv_bytes_per_token
 from lablib.models.quantize import SCHEMES
+from lablib.plots.style import shown_text
 from lablib.session import Shown
 from lablib.widgets import quantization as qw
 from lablib.widgets.figure import PLOTLY_MIME
@@ -167,7 +168,8 @@ def test_a_missing_recording_draws_no_speed_and_the_caption_says_why():
     assert e.view["speed"] == {"decode_tok_s": None, "why": NOT_RECORDED} and e.view["batches"] == list(speed_runs.BATCHES)
     assert not [t for t in shown["data"] if t.get("name") in ("decode tok/s", "perplexity change (%)")]
     assert f"Speed: {NOT_RECORDED}: nothing drawn." in e.caption.value and "--steps quantization" in e.text.value
-    assert f"Quality: {qw.NO_QUALITY}" in e.caption.value and NOT_RECORDED in shown["layout"]["title"]["text"]
+    # the title says why, word for word, over as many lines as the figure's width takes (read as a reader sees it)
+    assert f"Quality: {qw.NO_QUALITY}" in e.caption.value and NOT_RECORDED in shown_text(shown["layout"]["title"]["text"])
     assert "vllm" not in e.view["memory"] and e.view["memory"]["weight_bytes"]  # the arithmetic still answers
     assert qw.NO_SPEED in qw.QuantizationExplorer().caption.value
     assert qw.NO_STORAGE in qw.scheme_view("bf16", model="embedded")["memory"]["why"]
