@@ -152,3 +152,44 @@ def test_the_recording_step_keys_its_facts_by_part(pinned_on_the_fake, tmp_path,
     assert got["rates"] == {"1": RATES[1]} and len(got["date"]) == 10 and "result" not in got["rows"][0]
     assert all(r.provenance == "recorded" for r in store.load()) and len(store.load()) == 2
     assert json.loads((tmp_path / "speculative-eagle-8b-a.json").read_text())["part"] == "a"
+
+
+def _grid_row(k, batch, speedup, length, c, *, method="eagle", pinned=True, quantization=None, tok_s=100.0):
+    return {"method": method, "k": k, "batch": batch, "speedup": speedup, "mean_acceptance_length": length,
+            "implied_c": c, "pinned": pinned, "quantization": quantization, "output_tok_s": tok_s,
+            "set_length": length}
+
+
+def test_the_grid_reads_best_k_the_batch_c_and_where_it_stops_paying():
+    rows = [_grid_row(None, 1, 1.0, None, None, method="baseline"),
+            _grid_row(2, 1, 1.6, 2.0, 0.125), _grid_row(4, 1, 1.8, 2.6, 0.111),
+            _grid_row(2, 8, 1.2, 2.0, 0.33), _grid_row(4, 8, 1.1, 2.6, 0.34),
+            _grid_row(2, 64, 0.9, 2.0, 0.61), _grid_row(4, 64, 0.8, 2.6, 0.56),
+            _grid_row(4, 64, 1.5, 2.6, 0.2, pinned=False),  # vLLM's defaults: not in the pinned surface
+            _grid_row(4, 1, 1.3, 2.6, 0.25, quantization="fp8")]
+    study = eagle_8b.joined({"a": {"rows": rows, "rates": {"2": {}, "4": {}}, "gpu": "H200", "date": "2026-12-05"}})
+    assert study["missing"] == ["b", "c"] and all(r["part"] == "a" for r in study["rows"])
+    assert [(r["batch"], r["best_k"], r["pays"]) for r in eagle_8b.best_k(study)] == [(1, 4, True), (8, 2, True),
+                                                                                      (64, 2, False)]
+    assert eagle_8b.stops_paying(study) == 64
+    surf = {(r["batch"], r["k"]): r for r in eagle_8b.surface(study)}
+    assert surf[(8, 2)]["batch_c"] == pytest.approx((0.33 + 0.34) / 2)  # the median of the batch's two ks
+    assert surf[(1, 4)]["formula_speedup"] == pytest.approx(2.6 / (4 * surf[(1, 4)]["batch_c"] + 1))
+    assert len(surf) == 6  # pinned bf16 only
+    from lablib.session import Shown
+
+    text = eagle_8b.eagle_lines(Shown(study, False, "recorded on H200, 2026-12-05"))
+    assert "batch 1: k=4 1.80x" in text and "From batch 64 no k pays" in text and "FP8 weights" in text
+    assert "--steps speculative-eagle-8b-b,speculative-eagle-8b-c" in text
+
+
+def test_without_a_recording_the_eagle_step_names_the_three_steps(monkeypatch):
+    def none(key, step):
+        raise NotRecordedErr(key, step)
+
+    from lablib.results.reference import NotRecorded as NotRecordedErr
+
+    monkeypatch.setattr(eagle_8b, "recorded_facts", none)
+    shown = eagle_8b.eagle_study(force=False)
+    assert shown.value is None and "speculative-eagle-8b-a, speculative-eagle-8b-b" in shown.label
+    assert eagle_8b.eagle_lines(shown) == f"[{shown.label}]"

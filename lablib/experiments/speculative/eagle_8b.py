@@ -24,6 +24,8 @@ from ... import validate
 from ...mechanisms.speculative import implied_draft_cost
 from ...models.drafters import speculative_config
 from ...models.synthetic import synthetic_eagle, synthetic_spec
+from ...results.reference import NotRecorded, recorded_facts
+from ...session import Shown, live_or_recorded
 from .acceptance import drafter_acceptance
 from .synthetic import LABEL, TARGET
 from .vllm_runs import Setting, vllm_spec_runs
@@ -122,3 +124,102 @@ def over_fp8_baseline(rows: list[dict[str, Any]]) -> None:
         if r["method"] != "baseline" and r.get("mean_acceptance_length") is not None:
             r["implied_c"] = implied_draft_cost(r["mean_acceptance_length"], r["k"], r["speedup"])
 
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# What the grid says: c per batch, the formula's speedup with it, the best k per batch, where it stops paying
+# ---------------------------------------------------------------------------------------------------------------
+
+def joined(parts: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The recorded parts as one study: every row tagged with its part (each part has its own pinned baseline),
+    the rates per k, the GPU and dates, and which parts are still to record."""
+    rows = [{**r, "part": p} for p, got in sorted(parts.items()) for r in got["rows"]]
+    rates = {k: v for got in parts.values() for k, v in got.get("rates", {}).items()}
+    return {"rows": rows, "rates": rates, "parts": sorted(parts), "missing": sorted(set(PARTS) - set(parts)),
+            "label": LABEL, "gpu": sorted({got.get("gpu") for got in parts.values()} - {None}),
+            "dates": sorted({got.get("date") for got in parts.values()} - {None})}
+
+
+def head_rows(study: dict[str, Any], *, pinned: bool = True, quantization: str | None = None) -> list[dict]:
+    """The EAGLE rows of one runner and weight scheme, ordered by batch then k."""
+    return sorted((r for r in study["rows"] if r["method"] == "eagle" and r["pinned"] == pinned
+                   and r.get("quantization") == quantization), key=lambda r: (r["batch"], r["k"]))
+
+
+def surface(study: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per batch and k (pinned, bf16): the measured speedup, the c it implies, and the formula's speedup
+    E / (k c + 1) with c = the median implied c of that batch over every k (a draft step's cost should not depend on
+    k; where the two speedups part, it does), E the acceptance length vLLM counted."""
+    by_batch: dict[int, list[dict]] = {}
+    for r in head_rows(study):
+        by_batch.setdefault(r["batch"], []).append(r)
+    out = []
+    for b, rs in sorted(by_batch.items()):
+        cs = sorted(r["implied_c"] for r in rs if r.get("implied_c") is not None)
+        c = cs[len(cs) // 2] if len(cs) % 2 else (sum(cs[len(cs) // 2 - 1:len(cs) // 2 + 1]) / 2 if cs else None)
+        for r in rs:
+            e = r.get("mean_acceptance_length")
+            out.append({"batch": b, "k": r["k"], "set_length": r.get("set_length"), "counted_length": e,
+                        "output_tok_s": r["output_tok_s"], "speedup": r["speedup"], "implied_c": r.get("implied_c"),
+                        "batch_c": c, "formula_speedup": None if c is None or e is None else e / (r["k"] * c + 1),
+                        "part": r.get("part")})
+    return out
+
+
+def best_k(study: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per batch: the k with the highest measured speedup (pinned, bf16), that speedup, and whether it pays."""
+    by_batch: dict[int, dict] = {}
+    for r in head_rows(study):
+        if r["batch"] not in by_batch or r["speedup"] > by_batch[r["batch"]]["speedup"]:
+            by_batch[r["batch"]] = r
+    return [{"batch": b, "best_k": r["k"], "speedup": r["speedup"], "implied_c": r.get("implied_c"),
+             "pays": r["speedup"] > 1} for b, r in sorted(by_batch.items())]
+
+
+def stops_paying(study: dict[str, Any]) -> int | None:
+    """The smallest batch from which no k pays at that batch or any larger one measured (None: it pays throughout)."""
+    best = best_k(study)
+    for i, row in enumerate(best):
+        if all(not r["pays"] for r in best[i:]):
+            return row["batch"]
+    return None
+
+
+def eagle_lines(shown: Shown) -> str:
+    """What the grid says, every number from it (or which steps record it)."""
+    if shown.value is None:
+        return f"[{shown.label}]"
+    v = shown.value
+    best = best_k(v)
+    text = "EAGLE head on the synthetic 8B (pinned, bf16), best k per batch: " + ", ".join(
+        f"batch {r['batch']}: k={r['best_k']} {r['speedup']:.2f}x" for r in best) + ". "
+    stop = stops_paying(v)
+    text += (f"From batch {stop} no k pays. " if stop is not None else
+             ("It pays at every batch measured. " if best else "No EAGLE rows yet. "))
+    fp8 = head_rows(v, quantization="fp8")
+    if fp8:
+        one = [r for r in fp8 if r["batch"] == 1]
+        text += "".join(f"FP8 weights with the head at batch 1, k={r['k']}: {r['output_tok_s']:,.0f} tok/s "
+                        f"({r['speedup']:.2f}x over FP8 alone, {r.get('speedup_over_bf16', 0):.2f}x over bf16). "
+                        for r in one)
+    if v["missing"]:
+        text += f"Parts still to record: {', '.join(v['missing'])} (record_reference.py --steps " + ",".join(
+            f"{KEY}-{p}" for p in v["missing"]) + "). "
+    return text + f"[{v['label']}; {shown.label}]"
+
+
+def eagle_study(force: bool | None = False) -> Shown[dict | None]:
+    """Lab 08's EAGLE-at-size step: the recorded grid's parts joined (live it is three GPU commands of 8B engines,
+    ~35 minutes: `record_reference.py --steps speculative-eagle-8b-a,...`), or a label naming the steps."""
+    def recorded() -> dict[str, Any]:
+        parts = {}
+        for p in PARTS:
+            try:
+                parts[p] = recorded_facts(f"{KEY}-{p}", f"{KEY}-{p}")
+            except NotRecorded:
+                continue
+        if not parts:
+            raise NotRecorded(KEY, ",".join(f"{KEY}-{p}" for p in PARTS))
+        return joined(parts)
+
+    return live_or_recorded(lambda: joined({p: eagle_runs(p) for p in PARTS}), recorded, force=force)

@@ -14,7 +14,7 @@ from typing import Any
 from ...config import lab_id
 from ...results.store import ResultStore
 from ...session import frame, LabSteps, Shown
-from . import acceptance, loops, maths, sampling, study, synthetic, vllm_runs
+from . import acceptance, eagle_8b, loops, maths, sampling, study, synthetic, vllm_runs
 
 RULE_COLUMNS = ["prompt", "temperature", "rule", "accept_prob", "tv_from_p", "n", "bins", "statistic", "df",
                 "p_value", "verdict", "detectable_w"]
@@ -46,6 +46,7 @@ class SpeculativeLab(LabSteps):
         self.model: dict[str, Any] | None = None  # `batch_model`: where speculation stops paying, at 8B scale
         self.gpu: Shown | None = None  # `vllm`: vLLM's drafters against the pinned baseline
         self.synthetic: Shown | None = None  # `synthetic_8b`: the same at real size, acceptance set
+        self.eagle: Shown | None = None  # `eagle_head_8b`: an EAGLE head at real size, the trained head's acceptance
 
     @cached_property
     def pair(self) -> tuple[Any, Any, Any]:
@@ -131,6 +132,14 @@ class SpeculativeLab(LabSteps):
         self.synthetic = synthetic.synthetic_study(k=k, force=force)
         print(synthetic.synthetic_lines(self.synthetic))
         return vllm_runs.gpu_table(self.synthetic, "rows", SYNTHETIC_COLUMNS)
+
+    def eagle_head_8b(self, force: bool | None = False) -> Any:
+        """An EAGLE head of the 8B's shape on the synthetic 8B, acceptance set to the trained head's per position,
+        k 1-6 x batches 1-64 (`eagle_8b.eagle_study`; recorded unless `force=True` on a GPU: ~35 minutes of 8B
+        engines). Returns each batch's best k; `eagle_8b.surface(lab.eagle.value)` has every point."""
+        self.eagle = eagle_8b.eagle_study(force=force)
+        print(eagle_8b.eagle_lines(self.eagle))
+        return None if self.eagle.value is None else frame(eagle_8b.best_k(self.eagle.value))
 
     def summary(self) -> None:
         """What this run showed, in three lines (`study.summary_lines`)."""
