@@ -17,7 +17,7 @@ from . import validate
 # Where the project's data lives: data/ beside the package, or $LABLIB_DATA (a copy elsewhere, a test's folder).
 DATA_DIR = Path(os.environ.get("LABLIB_DATA", Path(__file__).resolve().parent.parent / "data"))
 
-HF_MODES = ("naive", "static")
+HF_MODES = ("naive", "static", "continuous")  # continuous: transformers' own (generate_batch's manager)
 # transformers' attention implementations the HF engine takes: eager materialises the N x N scores (the textbook
 # kernel, lab 01's naive baseline), sdpa is PyTorch's fused scaled_dot_product_attention (transformers' default;
 # FlashAttention-2 on a GPU that has it), flex_attention compiles once per prompt length (lab 02 says when it pays).
@@ -58,10 +58,12 @@ def lab_id(number: str) -> str:
 
 @dataclass(frozen=True)
 class HFConfig:
-    """Hugging Face `generate`: one request at a time ("naive") or left-padded batches ("static")."""
+    """Hugging Face `generate`: one request at a time ("naive"), left-padded batches ("static"), or transformers' own
+    continuous batching with a paged KV cache ("continuous": the manager behind `generate_batch`)."""
 
-    mode: str = "naive"  # "naive": batch of 1, request after request; "static": fixed batches of batch_size
-    batch_size: int = 1  # requests per batch in static mode; each batch waits for its longest member
+    mode: str = "naive"  # "naive": batch of 1, request after request; "static": fixed batches of batch_size;
+    # "continuous": up to batch_size requests decode together, a finished one's slot refilled at the next step
+    batch_size: int = 1  # requests per batch (static), requests in flight (continuous)
     dtype: str = "auto"  # weights dtype; "auto" = float32 on the CPU, bfloat16 on a GPU
     device: str = "auto"  # "auto" = "cuda" when a GPU is visible, else "cpu"
     attn_implementation: str = "sdpa"  # HF_ATTENTION; "eager" is the naive N x N kernel (lab 02)
@@ -70,15 +72,17 @@ class HFConfig:
     draft_model: str = "embedded-draft"  # the draft for speculative="draft": it must share the target's vocabulary
 
     def __post_init__(self) -> None:
-        validate.choice("HFConfig", "mode", self.mode, HF_MODES, "'naive' for one request at a time, 'static' to batch.")
+        validate.choice("HFConfig", "mode", self.mode, HF_MODES, "'naive' for one request at a time, 'static' to batch, "
+                        "'continuous' for transformers' continuous batching.")
         validate.choice("HFConfig", "attn_implementation", self.attn_implementation, HF_ATTENTION)
         validate.choice("HFConfig", "speculative", self.speculative, HF_SPECULATIVE,
                         "'' for plain decoding, 'draft' for a draft model, 'ngram' for prompt lookup.")
         validate.integer("HFConfig", "num_speculative_tokens", self.num_speculative_tokens,
                          "propose 1-16 tokens per step, e.g. 4.", 1, 16)
         if self.speculative and self.mode != "naive":
-            raise validate.refuse("HFConfig", "speculative", self.speculative, "'' with mode='static' (transformers' "
-                                  "assisted generation runs one sequence at a time)", "mode='naive', or speculative=''.")
+            raise validate.refuse("HFConfig", "speculative", self.speculative,
+                                  f"'' with mode={self.mode!r} (transformers' assisted generation runs one sequence "
+                                  "at a time)", "mode='naive', or speculative=''.")
         validate.integer("HFConfig", "batch_size", self.batch_size, "use 1 for naive generate, 2-64 for static batching.")
         if self.mode == "naive" and self.batch_size != 1:
             raise validate.refuse("HFConfig", "batch_size", self.batch_size, "1 with mode='naive' (naive generate runs "

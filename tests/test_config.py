@@ -53,7 +53,7 @@ def test_bad_value_names_field_and_value(cls, kwargs, field, shown):
 def test_out_of_range_messages_say_what_is_allowed():
     with pytest.raises(ValueError, match=r"HFConfig\.batch_size=0: allowed integers >= 1; Fix:"):
         HFConfig("static", 0)
-    with pytest.raises(ValueError, match=r"HFConfig\.mode='fast': allowed 'naive', 'static'; Fix:"):
+    with pytest.raises(ValueError, match=r"HFConfig\.mode='fast': allowed 'naive', 'static', 'continuous'; Fix:"):
         HFConfig("fast")
     with pytest.raises(ValueError, match=r"VLLMConfig\.gpu_memory_utilization=1\.2: allowed a number in \(0, 1\]; Fix:"):
         VLLMConfig(gpu_memory_utilization=1.2)

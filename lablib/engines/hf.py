@@ -8,7 +8,8 @@ Static batching: B requests are left-padded to one length and decoded together, 
 read of the weights serves B tokens. The price: a batch runs until its longest member is
 done, finished members keep occupying their slot (padding), short requests wait for long
 ones, and nothing new can join until the whole batch ends. Continuous batching (vLLM, lab
-03) removes exactly that.
+04) removes exactly that; transformers has its own ("continuous": a paged KV cache, a finished
+request's slot refilled at the next step), the Hugging Face path a user would pick instead of vLLM.
 
 Timing: a streamer receives every step's tokens as they leave the model (`.cpu()` inside
 `generate` synchronises the device), so each output token gets its own time stamp.
@@ -27,6 +28,10 @@ from ..hardware.oom import free_memory
 from ..models import ModelSpec, load_hf_model, prompt_tokenizer, resolve_model
 from ..results.record import RequestRecord
 from .base import OnRecord, PreparedRequest
+
+CONTINUOUS_BLOCK = 256  # tokens per page of transformers' paged KV cache (its default)
+CONTINUOUS_MAX_LEN = 4096  # the longest sequence the continuous cache is sized for (prompt + output)
+CONTINUOUS_STEP_TOKENS = 2048  # tokens one step of it may carry (prompts' chunks and decodes); unset, it sizes from memory
 
 
 class _AssistantCallNotice(logging.Filter):
@@ -117,6 +122,7 @@ class HFEngine:
         self._gen_config.do_sample = False
         self._gen_config.pad_token_id = self.tokenizer.pad_token_id
         self.draft = self._load_draft(config) if config.speculative == "draft" else None
+        self._manager: Any = None  # mode="continuous": transformers' manager, made by the first generate call
         if config.speculative == "ngram":
             self._gen_config.prompt_lookup_num_tokens = config.num_speculative_tokens
         sizes = _sizes(self.model)
@@ -156,6 +162,8 @@ class HFEngine:
                  progress: bool = True) -> list[RequestRecord]:
         import torch  # deferred: torch
 
+        if self.config.mode == "continuous":
+            return self._continuous(requests, on_record, progress)
         b = self.config.batch_size
         self._steps = 0
         t0 = time.perf_counter()
@@ -206,8 +214,67 @@ class HFEngine:
                 finished=done, token_times=times, output_ids=row[:r.max_new_tokens]))
         return recs
 
+    def _continuous(self, requests: list[PreparedRequest], on_record: OnRecord | None,
+                    progress: bool) -> list[RequestRecord]:
+        """transformers' continuous batching: every request queued at t=0, up to batch_size decoding together, each
+        finished one's slot refilled at the next step, the KV cache in pages (`continuous_batching_context_manager`).
+        The manager and its cache are made once, on the first call (the warm-up), and kept: a run times the decoding,
+        not the cache's allocation. The cache holds batch_size sequences of the longest length the model takes here
+        (its context, at most CONTINUOUS_MAX_LEN tokens); sized from memory instead, it zeroes most of a CPU's RAM."""
+        if self._manager is None:
+            from transformers import ContinuousBatchingConfig  # deferred: transformers
+
+            length = min(self.facts["context"], CONTINUOUS_MAX_LEN)
+            gen = copy.copy(self._gen_config)
+            gen.eos_token_id = -1  # the manager's own way to say: no stop token (ignore_eos)
+            cfg = ContinuousBatchingConfig(num_blocks=self.config.batch_size * -(-length // CONTINUOUS_BLOCK),
+                                           block_size=CONTINUOUS_BLOCK, max_requests_per_batch=self.config.batch_size,
+                                           max_batch_tokens=CONTINUOUS_STEP_TOKENS)
+            self._manager = self.model.init_continuous_batching(generation_config=gen, continuous_batching_config=cfg)
+            self._manager.start()
+        bar = progress_bar(len(requests), progress, self.name)
+        t0 = time.perf_counter()
+        ids = {self._manager.add_request(list(r.prompt_ids), request_id=f"{r.request_id}#{i}",
+                                         max_new_tokens=r.max_new_tokens, record_timestamps=True): r
+               for i, r in enumerate(requests)}
+        records: list[RequestRecord] = []
+        try:
+            while len(records) < len(ids):
+                out = self._manager.get_result(timeout=1)
+                if out is None:
+                    if not self._manager.is_running():
+                        raise RuntimeError("transformers' continuous batching stopped before every request finished "
+                                           f"({len(records)} of {len(ids)}). Fix: see the traceback above it; "
+                                           "mode='static' runs without it.")
+                    continue
+                if not out.is_finished():
+                    continue
+                if out.error:
+                    raise RuntimeError(f"transformers' continuous batching failed request {out.request_id}: "
+                                       f"{out.error}. Fix: mode='static' runs without it.")
+                r = ids[out.request_id]
+                times = [t - t0 for t in out.timestamps][:r.max_new_tokens]
+                rec = RequestRecord(request_id=r.request_id, prompt_tokens=len(r.prompt_ids),
+                                    output_tokens=len(times), arrival=0.0, start=max(0.0, out.lifespan[0] - t0),
+                                    first_token=times[0], last_token=times[-1], finished=out.lifespan[1] - t0,
+                                    token_times=times, output_ids=list(out.generated_tokens)[:r.max_new_tokens])
+                records.append(rec)
+                if on_record:
+                    on_record(rec)
+                if bar:
+                    bar.update(1)
+        finally:
+            if bar:
+                bar.close()
+        order = {r.request_id: i for i, r in enumerate(requests)}
+        return sorted(records, key=lambda rec: order[rec.request_id])
+
     def close(self) -> None:
         import torch  # deferred: the engines load no torch at import
+
+        if getattr(self, "_manager", None) is not None:
+            self._manager.stop(block=True, timeout=5)
+            self._manager = None
 
         if not hasattr(self, "model"):  # closed already (an interrupted run closes its engine; its caller again)
             return

@@ -170,6 +170,9 @@ def test_eager_and_sdpa_attention_give_the_same_tokens(naive, requests, naive_re
 @pytest.mark.parametrize("kwargs, match", [
     ({"mode": "static", "batch_size": 4, "speculative": "ngram"},
      r"HFConfig\.speculative='ngram': allowed '' with mode='static' .*; Fix: mode='naive'"),
+    ({"mode": "continuous", "batch_size": 4, "speculative": "draft"},
+     r"HFConfig\.speculative='draft': allowed '' with mode='continuous' .*; Fix: mode='naive'"),
+    ({"mode": "paged"}, r"HFConfig\.mode='paged': allowed 'naive', 'static', 'continuous'; Fix:"),
     ({"speculative": "eagle"}, r"HFConfig\.speculative='eagle': allowed '', 'draft', 'ngram'; Fix:"),
     ({"speculative": "draft", "num_speculative_tokens": 0}, r"HFConfig\.num_speculative_tokens=0: allowed .*1\.\.16; Fix:"),
     ({"attn_implementation": "flash"}, r"HFConfig\.attn_implementation='flash': allowed 'eager', 'sdpa', 'flex_attention'"),
@@ -196,3 +199,26 @@ def test_a_draft_with_another_vocabulary_is_refused(naive, monkeypatch):
     with pytest.raises(ValueError, match=r"HFConfig\.draft_model='embedded-draft': allowed a draft with the target's "
                                          r"vocabulary .*; Fix:"):
         HFEngine(naive.spec, HFConfig(speculative="draft", device="cpu"))
+
+
+def test_transformers_continuous_batching_keeps_the_greedy_tokens_and_never_runs_more_than_batch_size(
+        naive, requests, naive_records):
+    """mode='continuous': transformers' own manager (paged KV cache), made once on the first call and kept; every
+    request its exact length, stamps that never go back, the greedy tokens of naive generate, and at no moment more
+    than batch_size requests between their start and their end."""
+    e = HFEngine(naive.spec, HFConfig("continuous", 2, device="cpu"))
+    try:
+        uneven = [dataclasses.replace(r, max_new_tokens=NEW - 2 * (i % 3)) for i, r in enumerate(requests)]
+        e.generate(uneven[:1], progress=False)  # the warm-up makes the manager
+        manager = e._manager
+        seen = []
+        recs = e.generate(uneven, on_record=seen.append, progress=False)
+        assert e._manager is manager and len(seen) == len(uneven)
+        check_records(uneven, recs, together=True)
+        assert [r.output_ids for r in recs] == [n.output_ids[:q.max_new_tokens] for n, q in zip(naive_records, uneven)]
+        edges = sorted([(r.start, 1) for r in recs] + [(r.finished, -1) for r in recs])  # an end before a start
+        running = [sum(d for _, d in edges[:i + 1]) for i in range(len(edges))]
+        assert max(running) <= 2, running
+    finally:
+        e.close()
+    assert e._manager is None
