@@ -28,8 +28,8 @@ Steps:
   speculative  lab 08: vLLM draft model, n-gram and the project's EAGLE head against a pinned baseline, batches
            1-64 (one engine per setting, the batches as waves), counters vs the formula (speculative-8b: the
            synthetic 8B target and 1B draft with vLLM's synthetic sampler at the loop's acceptance: speed at size;
-           speculative-eagle-8b-a/-b/-c: a synthetic EAGLE head of the 8B at the trained head's per-position
-           acceptance, k 1-3 / 4-6 pinned, then vLLM's defaults and FP8 weights at k 4; ~10-12 min each)
+           speculative-eagle-8b-a/-b/-c/-d: a synthetic EAGLE head of the 8B at the trained head's per-position
+           acceptance, k 1-3 / 4-6 pinned, then vLLM's defaults, then FP8 weights, at k 4; 6-9 min each)
   tp1      lab 09: TP=1 on one H200 (synthetic 8B bf16, 70B FP8 where disk allows) next to the cost model
   tp-scaling  lab 09: TP=1/2/4, then NCCL's all-reduce against vLLM's and PP at 2 and 4 GPUs (needs 2-4 GPUs of one
            host; the runs a machine has too few GPUs for are rows that say so; facts kept after every run). The

@@ -104,17 +104,21 @@ def test_the_eagle_config_sets_vllms_synthetic_rates_and_refuses_rates_vllm_woul
 
 
 def test_each_part_starts_with_the_pinned_bf16_baseline_and_names_every_engine_apart():
-    a = eagle_8b.part_settings("c", RATES, eagle_path(), TARGET.path)
-    names = [s.name for s in a]
-    assert names == ["baseline, pinned (V1, no async) [8b-eagle]", "EAGLE head k=4 [8b-eagle]",
-                     "baseline, vLLM defaults [8b-eagle]", "EAGLE head k=4, vLLM defaults [8b-eagle]",
-                     "baseline, pinned (V1, no async), FP8 weights [8b-eagle]", "EAGLE head k=4, FP8 weights [8b-eagle]"]
+    c, d = (eagle_8b.part_settings(p, RATES, eagle_path(), TARGET.path) for p in ("c", "d"))
+    assert [s.name for s in c] == ["baseline, pinned (V1, no async) [8b-eagle]", "baseline, vLLM defaults [8b-eagle]",
+                                   "EAGLE head k=4, vLLM defaults [8b-eagle]"]
+    assert [s.name for s in d] == ["baseline, pinned (V1, no async) [8b-eagle]",
+                                   "baseline, pinned (V1, no async), FP8 weights [8b-eagle]",
+                                   "EAGLE head k=4, FP8 weights [8b-eagle]"]
+    a = c + d[1:]
     assert len(set(s.step(1) for s in a)) == len(a) and a[-1].step(8) == "spec-8b-eagle-eagle-k4-fp8-b8"
+    assert len(eagle_8b.part_settings("a", {**RATES, 2: {"rates": [0.6, 0.4]}, 3: {"rates": [0.6, 0.4, 0.2]}},
+                                      eagle_path(), TARGET.path)) == 4  # the baseline and k = 1, 2, 3
     assert a[-1].config(8, 0.9).quantization == "fp8" and a[1].config(8, 0.9).quantization is None
     with pytest.raises(ValueError, match=r"part_settings\.rates=\[1, 4\]: allowed rates for k in \(4, 5, 6\)"):
         eagle_8b.part_settings("b", RATES, eagle_path(), TARGET.path)
-    with pytest.raises(ValueError, match=r"part_settings\.part='d'"):
-        eagle_8b.part_settings("d", RATES, eagle_path(), TARGET.path)
+    with pytest.raises(ValueError, match=r"part_settings\.part='e'"):
+        eagle_8b.part_settings("e", RATES, eagle_path(), TARGET.path)
 
 
 def test_the_head_rates_are_the_loops_unconditional_rates_per_position():
@@ -127,11 +131,11 @@ def test_the_head_rates_are_the_loops_unconditional_rates_per_position():
 def test_a_part_on_the_fake_vllm_labels_its_rows_and_reads_fp8_rows_over_the_fp8_baseline(pinned_on_the_fake,
                                                                                           tmp_path):
     store = ResultStore(tmp_path / "r.jsonl")
-    got = eagle_8b.eagle_runs("c", batches=(1, 2), n_prompts=2, max_new_tokens=4, rates=RATES, target=TARGET,
+    got = eagle_8b.eagle_runs("d", batches=(1, 2), n_prompts=2, max_new_tokens=4, rates=RATES, target=TARGET,
                               head=eagle_path(), gpu_memory_utilization=0.3, store=store)
     rows = got["rows"]
-    assert len(rows) == 12 and not got["failed"] and all(r["label"] == eagle_8b.LABEL for r in rows)
-    head = next(r for r in rows if r["name"] == "EAGLE head k=4 [8b-eagle]" and r["batch"] == 1)
+    assert len(rows) == 6 and not got["failed"] and all(r["label"] == eagle_8b.LABEL for r in rows)
+    head = next(r for r in rows if r["name"] == "EAGLE head k=4, FP8 weights [8b-eagle]" and r["batch"] == 1)
     assert head["set_rates"] == RATES[4]["rates"] and head["set_length"] == 2.4 and head["token_match"] is None
     spec = head["result"].config["speculative_config"]
     assert spec["synthetic_acceptance_rates"] == RATES[4]["rates"]
@@ -139,7 +143,7 @@ def test_a_part_on_the_fake_vllm_labels_its_rows_and_reads_fp8_rows_over_the_fp8
     for r in fp8:
         base = next(b for b in fp8 if b["method"] == "baseline" and b["batch"] == r["batch"])
         assert r["speedup"] == pytest.approx(r["output_tok_s"] / base["output_tok_s"]) and "speedup_over_bf16" in r
-    assert len(store.load()) == 12 and len(pinned_on_the_fake) == 6  # six engines, each serving both batches
+    assert len(store.load()) == 6 and len(pinned_on_the_fake) == 3  # three engines, each serving both batches
 
 
 def test_the_recording_step_keys_its_facts_by_part(pinned_on_the_fake, tmp_path, monkeypatch):
@@ -168,7 +172,7 @@ def test_the_grid_reads_best_k_the_batch_c_and_where_it_stops_paying():
             _grid_row(4, 64, 1.5, 2.6, 0.2, pinned=False),  # vLLM's defaults: not in the pinned surface
             _grid_row(4, 1, 1.3, 2.6, 0.25, quantization="fp8")]
     study = eagle_8b.joined({"a": {"rows": rows, "rates": {"2": {}, "4": {}}, "gpu": "H200", "date": "2026-12-05"}})
-    assert study["missing"] == ["b", "c"] and all(r["part"] == "a" for r in study["rows"])
+    assert study["missing"] == ["b", "c", "d"] and all(r["part"] == "a" for r in study["rows"])
     assert [(r["batch"], r["best_k"], r["pays"]) for r in eagle_8b.best_k(study)] == [(1, 4, True), (8, 2, True),
                                                                                       (64, 2, False)]
     assert eagle_8b.stops_paying(study) == 64
@@ -180,7 +184,7 @@ def test_the_grid_reads_best_k_the_batch_c_and_where_it_stops_paying():
 
     text = eagle_8b.eagle_lines(Shown(study, False, "recorded on H200, 2026-12-05"))
     assert "batch 1: k=4 1.80x" in text and "From batch 64 no k pays" in text and "FP8 weights" in text
-    assert "--steps speculative-eagle-8b-b,speculative-eagle-8b-c" in text
+    assert "--steps speculative-eagle-8b-b,speculative-eagle-8b-c,speculative-eagle-8b-d" in text
 
 
 def test_without_a_recording_the_eagle_step_names_the_three_steps(monkeypatch):

@@ -12,7 +12,8 @@ acceptance is set, and every row says so (LABEL).
 
 The grid is k = 1..6 x batches 1..64, every EAGLE run pinned like lab 08's (V1 runner, async off) against the pinned
 baseline, with EAGLE at vLLM's defaults (V2 runner, async on) and FP8 weights beside them. One 8B engine starts in
-about 110 s on an H200, so the grid is recorded in `PARTS`, one GPU command each, merged by the facts' keys.
+about 110 s on an H200, so the grid is recorded in `PARTS` of 3-4 engines, one GPU command each, merged by the
+facts' keys.
 """
 from __future__ import annotations
 
@@ -34,10 +35,11 @@ KEY = "speculative-eagle-8b"  # facts[f"{KEY}-{part}"], one per part; scripts/re
 TAG = "8b-eagle"
 KS = (1, 2, 3, 4, 5, 6)
 BATCHES = (1, 2, 4, 8, 16, 32, 64)
-PARTS = {  # each one GPU command of ~10-12 minutes on an H200: the pinned bf16 baseline first in every part
+PARTS = {  # each one GPU command of 3-4 engines (6-9 minutes on an H200): the pinned bf16 baseline first in every part
     "a": {"ks": (1, 2, 3)},
     "b": {"ks": (4, 5, 6)},
-    "c": {"ks": (4,), "defaults": True, "fp8": True},  # vLLM's defaults for both, and FP8 weights, at k = 4
+    "c": {"ks": (4,), "defaults": True, "pinned": False},  # vLLM's defaults (V2 runner, async), baseline and head
+    "d": {"ks": (4,), "fp8": True, "pinned": False},  # FP8 weights, baseline and head, pinned
 }
 
 
@@ -74,7 +76,8 @@ def part_settings(part: str, rates: dict[int, dict[str, Any]], head: Any, target
                               f"measure them: head_rates(ks={tuple(p['ks'])}).")
     spec = {k: eagle_config(k, rates[k]["rates"], head, target) for k in p["ks"]}
     out = [Setting("baseline", None, None, True, TAG)]
-    out += [Setting("eagle", k, spec[k], True, TAG) for k in p["ks"]]
+    if p.get("pinned", True):
+        out += [Setting("eagle", k, spec[k], True, TAG) for k in p["ks"]]
     if p.get("defaults"):
         out += [Setting("baseline", None, None, False, TAG)] + [Setting("eagle", k, spec[k], False, TAG)
                                                                  for k in p["ks"]]
@@ -209,8 +212,8 @@ def eagle_lines(shown: Shown) -> str:
 
 
 def eagle_study(force: bool | None = False) -> Shown[dict | None]:
-    """Lab 08's EAGLE-at-size step: the recorded grid's parts joined (live it is three GPU commands of 8B engines,
-    ~35 minutes: `record_reference.py --steps speculative-eagle-8b-a,...`), or a label naming the steps."""
+    """Lab 08's EAGLE-at-size step: the recorded grid's parts joined (live it is four GPU commands of 8B engines,
+    ~30 minutes: `record_reference.py --steps speculative-eagle-8b-a,...`), or a label naming the steps."""
     def recorded() -> dict[str, Any]:
         parts = {}
         for p in PARTS:

@@ -135,7 +135,7 @@ class SpeculativeLab(LabSteps):
 
     def eagle_head_8b(self, force: bool | None = False) -> Any:
         """An EAGLE head of the 8B's shape on the synthetic 8B, acceptance set to the trained head's per position,
-        k 1-6 x batches 1-64 (`eagle_8b.eagle_study`; recorded unless `force=True` on a GPU: ~35 minutes of 8B
+        k 1-6 x batches 1-64 (`eagle_8b.eagle_study`; recorded unless `force=True` on a GPU: ~30 minutes of 8B
         engines). Returns each batch's best k; `eagle_8b.surface(lab.eagle.value)` has every point."""
         self.eagle = eagle_8b.eagle_study(force=force)
         print(eagle_8b.eagle_lines(self.eagle))
