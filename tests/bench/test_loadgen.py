@@ -58,7 +58,7 @@ def test_rate_sweep_measures_capacity_then_fractions_of_it(sweep):
 def test_load_past_capacity_queues_requests(sweep):
     online, *_ = sweep
     _, low, high = online["results"]
-    assert high.summary["ttft_s"]["p99"] > low.summary["ttft_s"]["p99"]
+    assert high.summary["ttft_s"]["p50"] > low.summary["ttft_s"]["p50"]  # most requests wait, not one stalled
     waiting = [s["vllm:num_requests_waiting"] for s in high.engine_facts["server_metrics"]["samples"]]
     assert max(waiting) > 0
 

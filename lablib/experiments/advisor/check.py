@@ -88,9 +88,17 @@ def gap_reasons(table: list[dict[str, Any]]) -> list[str]:
     return out
 
 
+def served_goal(got: dict[str, Any], fallback: Goal) -> Goal:
+    """The goal a check (live, or recorded) served: its own, as recorded with it; `fallback` where it carries none."""
+    g = got.get("goal")
+    return g if isinstance(g, Goal) else Goal(**g) if isinstance(g, dict) else fallback
+
+
 def compared(goal: Goal, got: dict[str, Any]) -> dict[str, Any]:
     """A check's measurement (`check`, live or recorded) against what the advisor's model predicts now for the same
-    engine, rate and requests: the rows, the verdict on the aim, and where the model misses."""
+    goal, engine, rate and requests (the goal the check served, where it carries one: `served_goal`): the rows, the
+    verdict on the aim, and where the model misses."""
+    goal = served_goal(got, goal)
     advice = got["advice"]
     predicted = under_load(goal, advice, rate=got["rate_rps"] * advice["replicas"], requests=got["requests"])
     table = rows(predicted, got["measured"])
