@@ -77,12 +77,14 @@ except importlib.metadata.PackageNotFoundError:  # a clone on sys.path that pip 
         _pip = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "-e", str(_root)], capture_output=True,
                               text=True)
         if _pip.returncode:  # no package index (an offline GPU machine), or pip refused: say what is missing
+            _last = ((_pip.stderr or _pip.stdout).strip().splitlines() or ["(no message)"])[-1]
+            _want = [f"'{m.split()[0]}{m.split('(needs ')[1].rstrip(')')}'" if "(needs " in m else f"'{m}'"
+                     for m in _missing if not m.startswith("(")] or [f"-e {_root}"]  # (unread): the clone itself
             raise RuntimeError(
-                f"lablib needs {', '.join(_missing)}, and `pip install -e {_root}` failed: "
-                f"{(_pip.stderr or _pip.stdout).strip().splitlines()[-1:] or ['(no message)']}. Fix: install "
-                f"them into this Python ({sys.executable} -m pip install {' '.join(m.split()[0] for m in _missing)}), "
-                "or, on a machine without a package index, carry their wheels (scripts/gpu-extra.txt lists the GPU "
-                "machine's) and put them on PYTHONPATH; then restart the kernel.")
+                f"lablib needs {', '.join(_missing)}, and `pip install -e {_root}` failed: {_last}. Fix: install "
+                f"them into this Python ({sys.executable} -m pip install {' '.join(_want)}), or, on a machine "
+                "without a package index, carry their wheels (scripts/gpu-extra.txt lists the GPU machine's) and put "
+                "them on PYTHONPATH; then restart the kernel.")
 
 import plotly.io  # noqa: E402
 

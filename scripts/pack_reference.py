@@ -344,7 +344,8 @@ def advisor_section(facts: dict) -> str:
         c, a = compared(GOALS[name], g), g["advice"]
         p90 = next(r for r in c["rows"] if r["figure"] == "TPOT" and r["percentile"] == "p90")
         lines.append(f"| {name} | {a['scheme']}, max_num_seqs {a['max_num_seqs']}, TP={a['t']} | {g['rate_rps']:.2f} "
-                     f"| {p90['measured_ms']:.2f} | {p90['predicted_ms']:.2f} | {p90['error']:+.1%} "
+                     f"| {p90['measured_ms'] or 0:.2f} | {p90['predicted_ms'] or 0:.2f} "
+                     f"| {'no figure' if p90['error'] is None else format(p90['error'], '+.1%')} "
                      f"| {(g.get('goodput') or {}).get('attainment', float('nan')):.1%} |")
     return ("## The advisor under its own load (lab 10, `advisor-check`: synthetic 8B, vLLM's OpenAI server, Poisson "
             f"arrivals)\n\nRecorded on {got.get('gpu')}, {got.get('date')}. Predicted: the advisor's model as packed "

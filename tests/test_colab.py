@@ -82,7 +82,10 @@ def test_bootstrap_imports_an_uninstalled_clone_whose_dependencies_are_all_there
     offline = subprocess.run([sys.executable, "-c", code, "REPO/labs/bootstrap.py", "plotly"], cwd=colab,
                              capture_output=True, text=True, timeout=120, check=False, env={**os.environ, "PIP_RC": "1"})
     assert offline.returncode != 0 and "RuntimeError: lablib needs plotly" in offline.stderr, offline.stderr[-2000:]
-    assert "No matching distribution found for plotly" in offline.stderr and "-m pip install plotly" in offline.stderr
+    assert "No matching distribution found for plotly" in offline.stderr and "-m pip install 'plotly'" in offline.stderr
+    stale_offline = subprocess.run([sys.executable, "-c", old, "REPO/labs/bootstrap.py"], cwd=colab, capture_output=True,
+                                   text=True, timeout=120, check=False, env={**os.environ, "PIP_RC": "1"})
+    assert "-m pip install 'transformers>=5.17'" in stale_offline.stderr, stale_offline.stderr[-2000:]
 
 
 def test_bootstrap_without_a_clone_around_uses_the_installed_lablib(tmp_path):

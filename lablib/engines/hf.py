@@ -23,6 +23,7 @@ import logging
 import time
 from typing import Any
 
+from .. import validate
 from ..config import HFConfig
 from ..hardware.oom import free_memory
 from ..models import ModelSpec, load_hf_model, prompt_tokenizer, resolve_model
@@ -123,6 +124,7 @@ class HFEngine:
         self._gen_config.pad_token_id = self.tokenizer.pad_token_id
         self.draft = self._load_draft(config) if config.speculative == "draft" else None
         self._manager: Any = None  # mode="continuous": transformers' manager, made by the first generate call
+        self._calls = 0  # generate calls on it (request ids are unique per call)
         if config.speculative == "ngram":
             self._gen_config.prompt_lookup_num_tokens = config.num_speculative_tokens
         sizes = _sizes(self.model)
@@ -221,10 +223,15 @@ class HFEngine:
         The manager and its cache are made once, on the first call (the warm-up), and kept: a run times the decoding,
         not the cache's allocation. The cache holds batch_size sequences of the longest length the model takes here
         (its context, at most CONTINUOUS_MAX_LEN tokens); sized from memory instead, it zeroes most of a CPU's RAM."""
+        length = min(self.facts["context"], CONTINUOUS_MAX_LEN)
+        long = [r.request_id for r in requests if len(r.prompt_ids) + r.max_new_tokens > length]
+        if long:  # the cache was sized for `length`: a longer one would evict others or never be scheduled
+            raise validate.refuse("HFConfig", "mode", "continuous", f"requests of at most {length} tokens (prompt and "
+                                  f"output) with transformers' continuous batching here; {long[:3]} are longer",
+                                  "shorter requests (max_new_tokens), or mode='static'.")
         if self._manager is None:
             from transformers import ContinuousBatchingConfig  # deferred: transformers
 
-            length = min(self.facts["context"], CONTINUOUS_MAX_LEN)
             gen = copy.copy(self._gen_config)
             gen.eos_token_id = -1  # the manager's own way to say: no stop token (ignore_eos)
             cfg = ContinuousBatchingConfig(num_blocks=self.config.batch_size * -(-length // CONTINUOUS_BLOCK),
@@ -233,11 +240,13 @@ class HFEngine:
             self._manager = self.model.init_continuous_batching(generation_config=gen, continuous_batching_config=cfg)
             self._manager.start()
         bar = progress_bar(len(requests), progress, self.name)
+        self._calls += 1  # ids unique per call: a result left from an interrupted call is never taken for this one's
         t0 = time.perf_counter()
-        ids = {self._manager.add_request(list(r.prompt_ids), request_id=f"{r.request_id}#{i}",
+        ids = {self._manager.add_request(list(r.prompt_ids), request_id=f"{r.request_id}#{self._calls}.{i}",
                                          max_new_tokens=r.max_new_tokens, record_timestamps=True): r
                for i, r in enumerate(requests)}
         records: list[RequestRecord] = []
+        ok = False
         try:
             while len(records) < len(ids):
                 out = self._manager.get_result(timeout=1)
@@ -252,7 +261,13 @@ class HFEngine:
                 if out.error:
                     raise RuntimeError(f"transformers' continuous batching failed request {out.request_id}: "
                                        f"{out.error}. Fix: mode='static' runs without it.")
-                r = ids[out.request_id]
+                r = ids.get(out.request_id)
+                if r is None:  # not this call's
+                    continue
+                if len(out.timestamps or ()) < min(len(out.generated_tokens), r.max_new_tokens):
+                    raise RuntimeError(f"transformers' continuous batching stamped {len(out.timestamps or ())} of "
+                                       f"{len(out.generated_tokens)} tokens of request {r.request_id} (a request "
+                                       "restarted after an eviction). Fix: a smaller batch_size, or mode='static'.")
                 times = [t - t0 for t in out.timestamps][:r.max_new_tokens]
                 rec = RequestRecord(request_id=r.request_id, prompt_tokens=len(r.prompt_ids),
                                     output_tokens=len(times), arrival=0.0, start=max(0.0, out.lifespan[0] - t0),
@@ -263,18 +278,25 @@ class HFEngine:
                     on_record(rec)
                 if bar:
                     bar.update(1)
+            ok = True
         finally:
             if bar:
                 bar.close()
+            if not ok:  # an error or an interrupt: the manager's pending requests would go on computing; end it
+                self._stop_manager()
         order = {r.request_id: i for i, r in enumerate(requests)}
         return sorted(records, key=lambda rec: order[rec.request_id])
+
+    def _stop_manager(self) -> None:
+        """Stop transformers' continuous-batching thread at once (pending requests failed, not finished), if any."""
+        manager, self._manager = getattr(self, "_manager", None), None
+        if manager is not None:
+            manager.stop(block=True, hard_stop=True)
 
     def close(self) -> None:
         import torch  # deferred: the engines load no torch at import
 
-        if getattr(self, "_manager", None) is not None:
-            self._manager.stop(block=True, timeout=5)
-            self._manager = None
+        self._stop_manager()
 
         if not hasattr(self, "model"):  # closed already (an interrupted run closes its engine; its caller again)
             return

@@ -222,3 +222,16 @@ def test_transformers_continuous_batching_keeps_the_greedy_tokens_and_never_runs
     finally:
         e.close()
     assert e._manager is None
+
+
+def test_continuous_batching_refuses_a_request_longer_than_its_cache_before_making_it(naive, requests, monkeypatch):
+    import lablib.engines.hf as hf
+
+    monkeypatch.setattr(hf, "CONTINUOUS_MAX_LEN", 16)
+    e = HFEngine(naive.spec, HFConfig("continuous", 2, device="cpu"))
+    try:
+        with pytest.raises(ValueError, match=r"HFConfig\.mode='continuous': allowed requests of at most 16 tokens"):
+            e.generate(requests[:2], progress=False)
+        assert e._manager is None  # refused before the manager and its cache were made
+    finally:
+        e.close()

@@ -105,13 +105,13 @@ def test_the_eagle_config_sets_vllms_synthetic_rates_and_refuses_rates_vllm_woul
 
 def test_each_part_starts_with_the_pinned_bf16_baseline_and_names_every_engine_apart():
     c, d = (eagle_8b.part_settings(p, RATES, eagle_path(), TARGET.path) for p in ("c", "d"))
-    assert [s.name for s in c] == ["baseline, pinned (V1, no async) [8b-eagle]", "baseline, vLLM defaults [8b-eagle]",
-                                   "EAGLE head k=4, vLLM defaults [8b-eagle]"]
-    assert [s.name for s in d] == ["baseline, pinned (V1, no async) [8b-eagle]",
-                                   "baseline, pinned (V1, no async), FP8 weights [8b-eagle]",
-                                   "EAGLE head k=4, FP8 weights [8b-eagle]"]
-    a = c + d[1:]
-    assert len(set(s.step(1) for s in a)) == len(a) and a[-1].step(8) == "spec-8b-eagle-eagle-k4-fp8-b8"
+    assert [s.name for s in c] == ["baseline, pinned (V1, no async) [8b-eagle-c]",
+                                   "baseline, vLLM defaults [8b-eagle-c]", "EAGLE head k=4, vLLM defaults [8b-eagle-c]"]
+    assert [s.name for s in d] == ["baseline, pinned (V1, no async) [8b-eagle-d]",
+                                   "baseline, pinned (V1, no async), FP8 weights [8b-eagle-d]",
+                                   "EAGLE head k=4, FP8 weights [8b-eagle-d]"]
+    a = c + d  # every part's steps apart, its pinned baseline too: packing keeps one Result per step
+    assert len(set(s.step(1) for s in a)) == len(a) and a[-1].step(8) == "spec-8b-eagle-d-eagle-k4-fp8-b8"
     assert len(eagle_8b.part_settings("a", {**RATES, 2: {"rates": [0.6, 0.4]}, 3: {"rates": [0.6, 0.4, 0.2]}},
                                       eagle_path(), TARGET.path)) == 4  # the baseline and k = 1, 2, 3
     assert a[-1].config(8, 0.9).quantization == "fp8" and a[1].config(8, 0.9).quantization is None
@@ -135,14 +135,14 @@ def test_a_part_on_the_fake_vllm_labels_its_rows_and_reads_fp8_rows_over_the_fp8
                               head=eagle_path(), gpu_memory_utilization=0.3, store=store)
     rows = got["rows"]
     assert len(rows) == 6 and not got["failed"] and all(r["label"] == eagle_8b.LABEL for r in rows)
-    head = next(r for r in rows if r["name"] == "EAGLE head k=4, FP8 weights [8b-eagle]" and r["batch"] == 1)
+    head = next(r for r in rows if r["name"] == "EAGLE head k=4, FP8 weights [8b-eagle-d]" and r["batch"] == 1)
     assert head["set_rates"] == RATES[4]["rates"] and head["set_length"] == 2.4 and head["token_match"] is None
     spec = head["result"].config["speculative_config"]
     assert spec["synthetic_acceptance_rates"] == RATES[4]["rates"]
     fp8 = [r for r in rows if r["quantization"] == "fp8"]
     for r in fp8:
         base = next(b for b in fp8 if b["method"] == "baseline" and b["batch"] == r["batch"])
-        assert r["speedup"] == pytest.approx(r["output_tok_s"] / base["output_tok_s"]) and "speedup_over_bf16" in r
+        assert r["speedup"] == pytest.approx(r["output_tok_s"] / base["output_tok_s"]) and "speedup_over_pinned_bf16" in r
     assert len(store.load()) == 6 and len(pinned_on_the_fake) == 3  # three engines, each serving both batches
 
 
@@ -152,7 +152,8 @@ def test_the_recording_step_keys_its_facts_by_part(pinned_on_the_fake, tmp_path,
     spec_record.record_eagle_8b(tmp_path, store, facts, part="a", batches=(1,), n_prompts=2, max_new_tokens=4,
                                 rates=RATES, target=TARGET, head=eagle_path(), gpu_memory_utilization=0.3)
     got = facts["speculative-eagle-8b-a"]
-    assert [r["name"] for r in got["rows"]] == ["baseline, pinned (V1, no async) [8b-eagle]", "EAGLE head k=1 [8b-eagle]"]
+    assert [r["name"] for r in got["rows"]] == ["baseline, pinned (V1, no async) [8b-eagle-a]",
+                                                "EAGLE head k=1 [8b-eagle-a]"]
     assert got["rates"] == {"1": RATES[1]} and len(got["date"]) == 10 and "result" not in got["rows"][0]
     assert all(r.provenance == "recorded" for r in store.load()) and len(store.load()) == 2
     assert json.loads((tmp_path / "speculative-eagle-8b-a.json").read_text())["part"] == "a"
@@ -170,7 +171,7 @@ def test_the_grid_reads_best_k_the_batch_c_and_where_it_stops_paying():
             _grid_row(2, 8, 1.2, 2.0, 0.33), _grid_row(4, 8, 1.1, 2.6, 0.34),
             _grid_row(2, 64, 0.9, 2.0, 0.61), _grid_row(4, 64, 0.8, 2.6, 0.56),
             _grid_row(4, 64, 1.5, 2.6, 0.2, pinned=False),  # vLLM's defaults: not in the pinned surface
-            _grid_row(4, 1, 1.3, 2.6, 0.25, quantization="fp8")]
+            {**_grid_row(4, 1, 1.3, 2.6, 0.25, quantization="fp8"), "speedup_over_pinned_bf16": 1.7}]
     study = eagle_8b.joined({"a": {"rows": rows, "rates": {"2": {}, "4": {}}, "gpu": "H200", "date": "2026-12-05"}})
     assert study["missing"] == ["b", "c", "d"] and all(r["part"] == "a" for r in study["rows"])
     assert [(r["batch"], r["best_k"], r["pays"]) for r in eagle_8b.best_k(study)] == [(1, 4, True), (8, 2, True),
@@ -187,7 +188,7 @@ def test_the_grid_reads_best_k_the_batch_c_and_where_it_stops_paying():
     assert "--steps speculative-eagle-8b-b,speculative-eagle-8b-c,speculative-eagle-8b-d" in text
 
 
-def test_without_a_recording_the_eagle_step_names_the_three_steps(monkeypatch):
+def test_without_a_recording_the_eagle_step_names_its_steps(monkeypatch):
     def none(key, step):
         raise NotRecordedErr(key, step)
 
@@ -197,3 +198,26 @@ def test_without_a_recording_the_eagle_step_names_the_three_steps(monkeypatch):
     shown = eagle_8b.eagle_study(force=False)
     assert shown.value is None and "speculative-eagle-8b-a, speculative-eagle-8b-b" in shown.label
     assert eagle_8b.eagle_lines(shown) == f"[{shown.label}]"
+
+
+def test_fp8_and_default_rows_are_read_over_their_own_baseline_and_none_where_it_failed():
+    rows = [{**_grid_row(None, 1, 1.0, None, None, method="baseline", tok_s=100.0)},
+            {**_grid_row(None, 1, 0.9, None, None, method="baseline", pinned=False, tok_s=90.0)},
+            {**_grid_row(4, 1, 1.8, 2.6, 0.2, pinned=False, tok_s=180.0)},
+            {**_grid_row(4, 1, 2.5, 2.6, 0.1, quantization="fp8", tok_s=250.0)}]  # its FP8 baseline failed
+    eagle_8b.over_own_baseline(rows)
+    defaults, fp8 = rows[2], rows[3]
+    assert defaults["speedup"] == pytest.approx(2.0) and defaults["speedup_over_pinned_bf16"] == 1.8
+    assert defaults["implied_c"] == pytest.approx((2.6 / 2.0 - 1) / 4)
+    assert fp8["speedup"] is None and fp8["implied_c"] is None and fp8["speedup_over_pinned_bf16"] == 2.5
+    assert rows[0]["speedup"] == 1.0 and "speedup_over_pinned_bf16" not in rows[0]
+
+
+def test_recorded_rates_with_string_keys_are_taken_and_bad_ones_refused_before_any_checkpoint(monkeypatch):
+    def never(*a, **k):
+        raise AssertionError("a checkpoint was made before the rates were checked")
+
+    monkeypatch.setattr(eagle_8b, "synthetic_spec", never)
+    assert eagle_8b.check_rates((4,), {"4": {"rates": [0.6, 0.4, 0.25, 0.15]}})[4]["rates"] == [0.6, 0.4, 0.25, 0.15]
+    with pytest.raises(ValueError, match=r"eagle_config\.rates=\[0\.6, 0\.7\]"):
+        eagle_8b.eagle_runs("a", rates={1: {"rates": [0.6]}, 2: {"rates": [0.6, 0.7]}, 3: {"rates": [0.5, 0.4, 0.3]}})

@@ -4,7 +4,7 @@
 harness runs, both drafters' acceptance, the two chi-square tests, the batch model, the vLLM study) and asserts each
 claim on it: exactness of the greedy loops, the counters' consistency, the formula within three standard
 errors, the distribution kept at temperature T, the batch model's reversal; vLLM's counters, starts, cross-check
-and the model drafters' cost (c near 1: they never pay at this size) only where `gpu` was measured on this machine
+and the model drafters' cost (c at least 0.5: they never pay at this size) only where `gpu` was measured on this machine
 (`Checks.live`).
 """
 from __future__ import annotations

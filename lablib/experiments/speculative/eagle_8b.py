@@ -57,32 +57,47 @@ def head_rates(ks: Sequence[int] = KS, n_prompts: int = 32, max_new_tokens: int 
 def eagle_config(k: int, rates: Sequence[float], head: Any, target: Any) -> dict[str, Any]:
     """vLLM's speculative_config for the EAGLE head at k with the synthetic sampler at `rates` (one per position,
     each in [0, 1], non-increasing: what vLLM 0.26 accepts), refused here before an engine starts."""
-    owner = "eagle_config"
-    rates = [float(r) for r in rates]
-    if len(rates) != k or not all(0.0 <= r <= 1.0 for r in rates) or any(b > a for a, b in zip(rates, rates[1:])):
-        raise validate.refuse(owner, "rates", rates, f"{k} rates (one per drafted position) in [0, 1], non-increasing",
-                              "take them from head_rates(ks) at the same k.")
+    rates = check_rate_list(k, rates)
     spec = speculative_config("eagle", k, draft=head, target=target)
     return {**spec, "rejection_sample_method": "synthetic", "synthetic_acceptance_rates": rates}
 
 
-def part_settings(part: str, rates: dict[int, dict[str, Any]], head: Any, target: Any) -> list[Setting]:
+def check_rates(ks: Sequence[int], rates: dict[Any, dict[str, Any]]) -> dict[int, dict[str, Any]]:
+    """`rates` keyed by int k (a recording's JSON keys are strings), one entry of k valid rates for each of `ks`."""
+    rates = {int(k): v for k, v in rates.items()}
+    missing = [k for k in ks if k not in rates]
+    if missing:
+        raise validate.refuse("part_settings", "rates", sorted(rates), f"rates for k in {tuple(ks)}",
+                              f"measure them: head_rates(ks={tuple(ks)}).")
+    for k in ks:
+        check_rate_list(k, rates[k]["rates"])
+    return rates
+
+
+def check_rate_list(k: int, rates: Sequence[float]) -> list[float]:
+    """k rates, each in [0, 1], non-increasing: what vLLM 0.26 takes as synthetic_acceptance_rates."""
+    rates = [float(r) for r in rates]
+    if len(rates) != k or not all(0.0 <= r <= 1.0 for r in rates) or any(b > a for a, b in zip(rates, rates[1:])):
+        raise validate.refuse("eagle_config", "rates", rates, f"{k} rates (one per drafted position) in [0, 1], "
+                              "non-increasing", "take them from head_rates(ks) at the same k.")
+    return rates
+
+
+def part_settings(part: str, rates: dict[Any, dict[str, Any]], head: Any, target: Any) -> list[Setting]:
     """The engines of one part, the pinned bf16 baseline first (every speedup in the part is over it)."""
     validate.choice("part_settings", "part", part, tuple(PARTS))
     p = PARTS[part]
-    missing = [k for k in p["ks"] if k not in rates]
-    if missing:
-        raise validate.refuse("part_settings", "rates", sorted(rates), f"rates for k in {p['ks']}",
-                              f"measure them: head_rates(ks={tuple(p['ks'])}).")
+    rates = check_rates(p["ks"], rates)
     spec = {k: eagle_config(k, rates[k]["rates"], head, target) for k in p["ks"]}
-    out = [Setting("baseline", None, None, True, TAG)]
+    tag = f"{TAG}-{part}"  # each part's own steps: its pinned baseline is recorded apart from the other parts'
+    out = [Setting("baseline", None, None, True, tag)]
     if p.get("pinned", True):
-        out += [Setting("eagle", k, spec[k], True, TAG) for k in p["ks"]]
+        out += [Setting("eagle", k, spec[k], True, tag) for k in p["ks"]]
     if p.get("defaults"):
-        out += [Setting("baseline", None, None, False, TAG)] + [Setting("eagle", k, spec[k], False, TAG)
+        out += [Setting("baseline", None, None, False, tag)] + [Setting("eagle", k, spec[k], False, tag)
                                                                  for k in p["ks"]]
     if p.get("fp8"):
-        out += [Setting("baseline", None, None, True, TAG, "fp8")] + [Setting("eagle", k, spec[k], True, TAG, "fp8")
+        out += [Setting("baseline", None, None, True, tag, "fp8")] + [Setting("eagle", k, spec[k], True, tag, "fp8")
                                                                        for k in p["ks"]]
     return out
 
@@ -91,12 +106,12 @@ def eagle_runs(part: str, *, batches: Sequence[int] = BATCHES, n_prompts: int = 
                rates: dict[int, dict[str, Any]] | None = None, target: Any = None, head: Any = None,
                gpu_memory_utilization: float = 0.9, store: Any = None) -> dict[str, Any]:
     """One part of the grid on this GPU: the rows of `vllm_spec_runs` (tok/s, speedup, vLLM's counters, implied c)
-    with LABEL, the rates set and vLLM's counted per-position rates beside them. FP8 rows' speedup and implied c are
-    over the FP8 baseline, so c compares a head step with a step of the same weights. `target`/`head` default to
+    with LABEL and the rates set. FP8 and vLLM-defaults rows' speedup and implied c are over the baseline of the same
+    weights and runner (`over_own_baseline`). `target`/`head` default to
     the synthetic 8B and its synthetic head (made on first use); `rates` to `head_rates` measured now."""
     batches = validate.integers("eagle_runs", "batches", batches, "batch sizes, e.g. (1, 2, 4, 8, 16, 32, 64).")
     ks = PARTS[validate.choice("eagle_runs", "part", part, tuple(PARTS))]["ks"]
-    rates = rates or head_rates(ks)
+    rates = check_rates(ks, rates or head_rates(ks))  # refused before the 16 GB checkpoint is made
     target = target or synthetic_spec(TARGET)
     head = head or synthetic_eagle(TARGET)
     runs = part_settings(part, rates, head, target.path)  # every refusal before an engine starts
@@ -104,7 +119,7 @@ def eagle_runs(part: str, *, batches: Sequence[int] = BATCHES, n_prompts: int = 
     t0 = time.time()
     rows = vllm_spec_runs(batches=batches, n_prompts=n_prompts, max_new_tokens=max_new_tokens, model=target,
                           gpu_memory_utilization=gpu_memory_utilization, store=store, runs=runs, failures=failures)
-    over_fp8_baseline(rows)
+    over_own_baseline(rows)
     for r in rows:
         k = r["k"]
         r.update(label=LABEL, token_match=None, first_divergence=None,
@@ -115,17 +130,20 @@ def eagle_runs(part: str, *, batches: Sequence[int] = BATCHES, n_prompts: int = 
             "seconds": round(time.time() - t0, 1)}
 
 
-def over_fp8_baseline(rows: list[dict[str, Any]]) -> None:
-    """FP8 rows' speedup and implied c over the FP8 baseline at the same batch (in place); "speedup_over_bf16" keeps
-    the speedup over the bf16 pinned baseline."""
-    base = {r["batch"]: r["output_tok_s"] for r in rows if r["method"] == "baseline" and r.get("quantization")}
+def over_own_baseline(rows: list[dict[str, Any]]) -> None:
+    """Rows with FP8 weights or at vLLM's defaults read over the baseline of the same weights and runner at the same
+    batch (in place), so c compares a head step with a step of the same engine; "speedup_over_pinned_bf16" keeps the
+    speedup over the part's first baseline. Where that baseline's engine failed, speedup and c are None."""
+    base = {(r["batch"], r["pinned"], r.get("quantization")): r["output_tok_s"] for r in rows
+            if r["method"] == "baseline"}
     for r in rows:
-        if not r.get("quantization") or r["batch"] not in base:
+        if r["pinned"] and not r.get("quantization"):
             continue
-        r["speedup_over_bf16"] = r["speedup"]
-        r["speedup"] = r["output_tok_s"] / base[r["batch"]]
-        if r["method"] != "baseline" and r.get("mean_acceptance_length") is not None:
-            r["implied_c"] = implied_draft_cost(r["mean_acceptance_length"], r["k"], r["speedup"])
+        r["speedup_over_pinned_bf16"] = r["speedup"]
+        own = base.get((r["batch"], r["pinned"], r.get("quantization")))
+        r["speedup"] = None if own is None else r["output_tok_s"] / own
+        r["implied_c"] = (None if own is None or r["method"] == "baseline" or r.get("mean_acceptance_length") is None
+                          else implied_draft_cost(r["mean_acceptance_length"], r["k"], r["speedup"]))
 
 
 
@@ -202,9 +220,10 @@ def eagle_lines(shown: Shown) -> str:
     fp8 = head_rows(v, quantization="fp8")
     if fp8:
         one = [r for r in fp8 if r["batch"] == 1]
-        text += "".join(f"FP8 weights with the head at batch 1, k={r['k']}: {r['output_tok_s']:,.0f} tok/s "
-                        f"({r['speedup']:.2f}x over FP8 alone, {r.get('speedup_over_bf16', 0):.2f}x over bf16). "
-                        for r in one)
+        text += "".join(f"FP8 weights with the head at batch 1, k={r['k']}: {r['output_tok_s']:,.0f} tok/s ("
+                        + (f"{r['speedup']:.2f}x over FP8 alone, " if r["speedup"] is not None else
+                           "no FP8 baseline measured, ")
+                        + f"{r['speedup_over_pinned_bf16']:.2f}x over bf16). " for r in one)
     if v["missing"]:
         text += f"Parts still to record: {', '.join(v['missing'])} (record_reference.py --steps " + ",".join(
             f"{KEY}-{p}" for p in v["missing"]) + "). "

@@ -56,7 +56,7 @@ class Setting:
     method: str  # "baseline" or one of METHODS
     k: int | None  # draft tokens per step; None for a baseline
     spec: dict[str, Any] | None  # vLLM's speculative_config; None for a baseline
-    pinned: bool  # V1 runner and async scheduling off (True) or vLLM's defaults (a baseline only)
+    pinned: bool  # V1 runner and async scheduling off (True) or vLLM's defaults (False)
     tag: str = ""  # another study's runs, named apart (e.g. "8b": the synthetic 8B with a set acceptance)
     quantization: str | None = None  # the target's weights: None (as stored) or "fp8" (vLLM's dynamic FP8)
 
