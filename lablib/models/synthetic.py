@@ -35,6 +35,15 @@ DUMMY_LABEL = ("vLLM's dummy weights (load_format='dummy': drawn by vLLM at load
                "speed and memory are real, the text is not")
 
 
+def _config(name: str) -> dict:
+    """Architecture `name`'s config (its published fields, not the file's own `_` notes); an unknown name refused."""
+    archs = architectures()
+    if name not in archs:
+        raise ValueError(f"synthetic model {name!r} is not known: choose one of {sorted(archs)} "
+                         f"(shapes in {ARCH_FILE}).")
+    return {k: v for k, v in archs[name].items() if not k.startswith("_")}
+
+
 def synthetic_spec(name: str, root: str | Path | None = None, weights: bool = True) -> ModelSpec:
     """The ModelSpec of a synthetic checkpoint under `root` (default ROOT), made by `make_synthetic` first if absent.
 
@@ -43,13 +52,9 @@ def synthetic_spec(name: str, root: str | Path | None = None, weights: bool = Tr
     bf16 checkpoint the disk cannot hold (Llama-3.1-70B's is 141 GB; a lent H200 machine has 64 GiB of disk).
     The speed and memory are those of the same shape with a checkpoint; only where the random numbers come from
     differs."""
-    archs = architectures()
-    if name not in archs:
-        raise ValueError(f"synthetic model {name!r} is not known: choose one of {sorted(archs)} "
-                         f"(shapes in {ARCH_FILE}).")
+    cfg = _config(name)
     if not weights:
         folder = synthetic_folder(f"{name}-config", root)
-        cfg = {k: v for k, v in archs[name].items() if not k.startswith("_")}
         folder.mkdir(parents=True, exist_ok=True)
         from transformers import AutoConfig  # deferred: transformers
 
@@ -77,7 +82,7 @@ def make_synthetic(name: str, folder: str | Path, seed: int = 0, dtype: str = "b
     whole, so a run cut short leaves no half of one that a later call would take for made."""
     import torch  # deferred: torch
 
-    cfg = {k: v for k, v in architectures()[name].items() if not k.startswith("_")}
+    cfg = _config(name)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     folder = Path(folder)
     partial = folder.with_name(folder.name + ".partial")
@@ -137,14 +142,11 @@ def make_synthetic_eagle(target: str, folder: str | Path, seed: int = 0, dtype: 
     import torch  # deferred: torch
     from safetensors.torch import save_file  # deferred: safetensors, torch
 
-    archs = architectures()
-    if target not in archs:
-        raise ValueError(f"synthetic model {target!r} is not known: choose one of {sorted(archs)} "
-                         f"(shapes in {ARCH_FILE}).")
-    cfg = {k: v for k, v in archs[target].items() if not k.startswith("_")}
+    cfg = _config(target)
     if cfg.get("model_type") != "llama":
+        llamas = sorted(n for n, a in architectures().items() if a.get("model_type") == "llama")
         raise ValueError(f"make_synthetic_eagle: target={target!r} is a {cfg.get('model_type')} model; allowed: a "
-                         f"llama one ({sorted(n for n, a in archs.items() if a.get('model_type') == 'llama')}): "
+                         f"llama one ({llamas}): "
                          "vLLM 0.26's EAGLE-1 head class is EagleLlamaForCausalLM. Fix: pick a Llama target.")
     config = {**head_config(cfg), "dtype": dtype}
     check_head_config(config, cfg)
