@@ -11,6 +11,8 @@
   n-gram drafter, the batch where each reverses marked: a model, labelled as one.
 - `vllm_speedup_figure`: vLLM's runs (live, recorded, or not recorded yet), speedup over the pinned
   baseline against batch size, with what vLLM's default engine settings alone change.
+- `eagle_figure`: the EAGLE head on the synthetic 8B: speedup against batch per k (the 1B draft model beside
+  it), and batch 1's tokens per second against the bandwidth ceilings plain decoding cannot pass.
 
 Colours: one per drafter and k (`colour_of`), the same in every figure of this module.
 """
@@ -30,7 +32,8 @@ from .style import finish, ordered_colours, rows_provenance
 SPEEDUP_AXIS = "speedup over plain decoding (x)"
 # a ramp per drafter, light to dark as k grows (k = 1, 2, 4, 8 ...); baselines grey and green
 RAMPS = {"draft model": ["#9ecae1", "#6baed6", "#2171b5", "#08306b"],
-         "n-gram": ["#fcae91", "#fb6a4a", "#cb181d", "#67000d"]}
+         "n-gram": ["#fcae91", "#fb6a4a", "#cb181d", "#67000d"],
+         "EAGLE head": ["#bcbddc", "#9e9ac8", "#807dba", "#6a51a3", "#54278f", "#3f007d"]}  # k = 1..6, one each
 FIXED = {"baseline, pinned (V1, no async)": "#7f7f7f", "baseline, vLLM defaults": "#2ca02c",
          "plain decoding (speedup 1)": "#7f7f7f", "break-even": "#000000",
          "counted by the loop (+/- 3 se)": "#000000", "formula E(alpha, k)": "#e6550d",
@@ -45,7 +48,8 @@ def colour_of(name: str) -> str:
     for drafter, ramp in RAMPS.items():
         if name.startswith(drafter):
             k = next((int(w[2:]) for w in name.replace(",", " ").split() if w.startswith("k=") and w[2:].isdigit()), 4)
-            return ramp[min(len(ramp) - 1, max(0, k.bit_length() - 1))]
+            i = k - 1 if len(ramp) >= 6 else k.bit_length() - 1  # the head's ramp has a shade per k; the others' per 2^i
+            return ramp[min(len(ramp) - 1, max(0, i))]
     for k, ramp_colour in zip((1, 2, 4, 8), RAMPS["draft model"]):
         if name.startswith(f"k={k},"):
             return ramp_colour
@@ -196,3 +200,56 @@ def vllm_speedup_figure(shown: Shown | dict[str, Any] | None) -> go.Figure:
                           "to for draft_model and ngram);"),
                          ("'baseline, vLLM defaults' (V2 runner, async on) is what that switch alone does (either way). "
                           "Embedded pair, journey prompts, greedy, fixed output lengths.")])
+
+
+def eagle_figure(shown: Shown | None, draft: Shown | dict[str, Any] | None = None) -> go.Figure:
+    """`eagle_8b.eagle_study`: left, the head's speedup over the pinned baseline against batch, one line per k
+    (pinned, bf16), the 1B draft model's (`draft`: the synthetic study, or its value) dashed beside it; right,
+    batch 1's tok/s per run against the ceiling of its weights (the study's "batch1": `batch1_roofline`)."""
+    value = None if shown is None else shown.value
+    draft = draft.value if isinstance(draft, Shown) else draft
+    title = "EAGLE head on the synthetic 8B: where it pays, and past the bandwidth ceiling"
+    fig = make_subplots(rows=1, cols=2, column_widths=[0.6, 0.4], horizontal_spacing=0.12,
+                        subplot_titles=("speedup over plain decoding, by batch", "batch 1 against the ceiling"))
+    if not value or not value.get("rows"):
+        label = "run lab.eagle_head_8b() first" if shown is None else shown.label
+        fig.add_annotation(text="nothing to draw here: " + label.split(":")[0], xref="paper", yref="paper",
+                           x=0.5, y=0.5, showarrow=False, font={"size": 13, "color": "gray"})
+        return finish(fig, title, label)
+    rows = sorted((r for r in value["rows"] if r["method"] == "eagle" and r["pinned"] and not r.get("quantization")),
+                  key=lambda r: (r["batch"], r["k"]))  # pinned, bf16: the grid's own runs
+    for k in sorted({r["k"] for r in rows}):
+        mine = [r for r in rows if r["k"] == k]
+        name = f"EAGLE head k={k}"
+        fig.add_scatter(x=[r["batch"] for r in mine], y=[r["speedup"] for r in mine], mode="lines+markers", name=name,
+                        line={"color": colour_of(name)}, row=1, col=1,
+                        customdata=[[r["output_tok_s"], r.get("implied_c") or 0] for r in mine],
+                        hovertemplate="batch %{x}: %{y:.2f}x (%{customdata[0]:,.0f} tok/s, c "
+                                      "%{customdata[1]:.2f})<extra></extra>")
+    drafts = sorted((r for r in (draft or {}).get("rows", []) if r.get("method") == "draft_model"),
+                    key=lambda r: r["batch"])
+    if drafts:
+        name = f"1B draft model k={drafts[0]['k']}"
+        fig.add_scatter(x=[r["batch"] for r in drafts], y=[r["speedup"] for r in drafts], mode="lines+markers",
+                        name=name, line={"color": colour_of("draft model k=4"), "dash": "dash"}, row=1, col=1,
+                        hovertemplate="batch %{x}: %{y:.2f}x<extra>" + name + "</extra>")
+    fig.add_hline(y=1.0, line={"color": "#7f7f7f", "dash": "dot"}, row=1, col=1)
+    roof = value.get("batch1") or []  # eagle_8b.batch1_roofline
+    names = [("plain decoding" if r["k"] is None else f"EAGLE head k={r['k']}")
+             + ("" if r["weights"] == "bf16" else f", {r['weights'].upper()}") + ("" if r["pinned"] else ", defaults")
+             for r in roof]
+    fig.add_bar(x=names, y=[r["output_tok_s"] for r in roof], row=1, col=2, showlegend=False,
+                marker={"color": [colour_of(n) for n in names]},
+                customdata=[[r["share_of_ceiling"] or 0] for r in roof],
+                hovertemplate="%{x}: %{y:,.0f} tok/s (%{customdata[0]:.0%} of its ceiling)<extra></extra>")
+    for weights in sorted({r["weights"] for r in roof if r["ceiling_tok_s"]}):
+        ceiling = next(r["ceiling_tok_s"] for r in roof if r["weights"] == weights and r["ceiling_tok_s"])
+        fig.add_hline(y=ceiling, line={"color": "#000000", "dash": "dash" if weights == "bf16" else "dot", "width": 1},
+                      row=1, col=2, annotation_text=f"{weights} ceiling {ceiling:,.0f}",
+                      annotation_position="top left", annotation_font={"size": 10})
+    fig.update_xaxes(title_text="batch size (requests in flight, log scale)", type="log", row=1, col=1)
+    fig.update_yaxes(title_text=SPEEDUP_AXIS, rangemode="tozero", row=1, col=1)
+    fig.update_yaxes(title_text="output at batch 1 (tok/s)", rangemode="tozero", row=1, col=2)
+    return finish(fig, title, shown.label if shown.live else rows_provenance(value["rows"]), legend_below=True,
+                  notes=[(value.get("label") or "") + ". Every run pinned (V1 runner, async off) unless named; "
+                         "the ceiling: the H200's spec-sheet bandwidth over the bytes one plain decode step reads."])

@@ -13,6 +13,7 @@ import json
 import math
 import os
 import re
+import time
 from fractions import Fraction
 from types import SimpleNamespace
 
@@ -423,6 +424,29 @@ def test_the_runs_on_the_fake_vllm_carry_every_setting(pinned_on_the_fake, tmp_p
     assert sc["baseline, pinned (V1, no async)"] is None
     assert rows[0]["speedup"] == 1.0 and rows[4]["speedup"] == 1.0  # each batch's pinned baseline is its own reference
     assert "no drafts" in rows[2]["counters_note"]
+
+
+def test_the_loop_runs_while_the_first_engine_starts_and_ends_before_its_first_timed_wave(pinned_on_the_fake,
+                                                                                         monkeypatch):
+    """measure_grid starts the CPU loop before the engines and the first timed wave waits for it: its minutes
+    overlap an engine's start, never a measurement."""
+    events: list[str] = []
+    real_loop, real_start, real_run = vllm_runs.loop_acceptance, VLLMEngine.start, vllm_runs.run
+
+    def loop(*a, **k):
+        events.append("loop starts")
+        time.sleep(1.0)  # longer than the fake engine's start: the wave must wait for it
+        out = real_loop(*a, **k)
+        events.append("loop ends")
+        return out
+
+    monkeypatch.setattr(vllm_runs, "loop_acceptance", loop)
+    monkeypatch.setattr(VLLMEngine, "start", lambda self: (events.append("engine starts"), real_start(self))[1])
+    monkeypatch.setattr(vllm_runs, "run", lambda *a, **k: (events.append("timed wave"), real_run(*a, **k))[1])
+    got = vllm_runs.measure_grid((1,), (2,), ("ngram",), (2, 5), 2, 4, None)
+    assert events.index("loop ends") < events.index("timed wave")
+    assert events[:2] == ["loop starts", "engine starts"] or events[:2] == ["engine starts", "loop starts"]
+    assert got["loop"][0]["k"] == 2 and got["loop"][0]["prompts"] == 2  # the loop's rows came through
 
 
 def test_the_recording_step_writes_its_facts_and_recorded_results(pinned_on_the_fake, tmp_path):

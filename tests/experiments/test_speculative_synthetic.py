@@ -3,6 +3,9 @@ be, and the runs on the fake vLLM (which has no speculative decoding: only the p
 session records the speeds). The synthetic 8B and 1B checkpoints are stood in for by the embedded pair: making a
 random 8B on this CPU would write 16 GB."""
 import json
+import threading
+from types import SimpleNamespace
+import time
 
 import pytest
 
@@ -146,6 +149,28 @@ def test_a_part_on_the_fake_vllm_labels_its_rows_and_reads_fp8_rows_over_the_fp8
     assert len(store.load()) == 6 and len(pinned_on_the_fake) == 3  # three engines, each serving both batches
 
 
+def test_measured_rates_are_taken_while_the_checkpoints_are_made_and_checked_before_any_engine(monkeypatch):
+    """With no rates given, the loop measures them beside the checkpoints' making (a minute each on the GPU host),
+    and what it measured is checked before an engine starts."""
+    measuring = threading.Event()
+
+    def rates(ks, workers=1):
+        measuring.set()
+        time.sleep(0.3)
+        return {k: RATES[4] for k in ks}  # 4 rates for k = 1..3: refused once they arrive
+
+    def target():
+        assert measuring.wait(10), "the checkpoint was made before the rates were being measured"
+        return TARGET
+
+    monkeypatch.setattr(eagle_8b, "head_rates", rates)
+    monkeypatch.setattr(eagle_8b, "synthetic_spec", lambda name: target())
+    monkeypatch.setattr(eagle_8b, "synthetic_eagle", lambda name: eagle_path())
+    monkeypatch.setattr(eagle_8b, "vllm_spec_runs", lambda **k: pytest.fail("an engine started on unchecked rates"))
+    with pytest.raises(ValueError, match=r"rates="):
+        eagle_8b.eagle_runs("a", batches=(1,), n_prompts=2, max_new_tokens=4)
+
+
 def test_the_recording_step_keys_its_facts_by_part(pinned_on_the_fake, tmp_path, monkeypatch):
     store, facts = ResultStore(tmp_path / "r.jsonl"), {}
     monkeypatch.setattr(eagle_8b, "PARTS", {**eagle_8b.PARTS, "a": {"ks": (1,)}})
@@ -186,6 +211,35 @@ def test_the_grid_reads_best_k_the_batch_c_and_where_it_stops_paying():
     text = eagle_8b.eagle_lines(Shown(study, False, "recorded on H200, 2026-12-05"))
     assert "batch 1: k=4 1.80x" in text and "From batch 64 no k pays" in text and "FP8 weights" in text
     assert "--steps speculative-eagle-8b-b,speculative-eagle-8b-c,speculative-eagle-8b-d" in text
+    assert "(pinned, bf16; k 2, 4 recorded)" in text and "recorded on H200, 2026-12-05]" in text
+    assert "ceiling" not in text and "draft model" not in text  # no Result to read a ceiling from, no draft study given
+
+
+def test_batch_one_is_read_against_its_weights_ceiling_and_the_head_c_beside_the_draft_models():
+    def roof(ceiling):
+        return SimpleNamespace(roofline={"ceiling_tok_s": ceiling})
+
+    rows = [{**_grid_row(None, 1, 1.0, None, None, method="baseline", tok_s=150.0), "result": roof(319.0)},
+            {**_grid_row(2, 1, 1.55, 2.0, 0.14, tok_s=232.0), "result": roof(319.0)},
+            {**_grid_row(2, 16, 1.3, 2.0, 0.25), "result": roof(2000.0)},
+            {**_grid_row(None, 1, 1.0, None, None, method="baseline", quantization="fp8", tok_s=270.0),
+             "result": roof(598.0)},
+            {**_grid_row(4, 1, 1.6, 2.6, 0.2, quantization="fp8", tok_s=650.0), "result": roof(598.0),
+             "speedup_over_pinned_bf16": 4.33}]
+    study = eagle_8b.joined({"a": {"rows": rows, "rates": {}, "gpu": "H200", "date": "2026-12-05"}})
+    got = {(r["weights"], r["k"]): r for r in eagle_8b.batch1_roofline(study)}
+    assert set(got) == {("bf16", None), ("bf16", 2), ("fp8", None), ("fp8", 4)}  # batch 1 only
+    assert got["bf16", 2]["ceiling_tok_s"] == 319.0 and got["bf16", 2]["share_of_ceiling"] == pytest.approx(232 / 319)
+    assert got["fp8", 4]["ceiling_tok_s"] == 598.0 and got["fp8", 4]["share_of_ceiling"] > 1  # past its ceiling
+    draft = {"rows": [{"method": "draft_model", "batch": 1, "implied_c": 0.33}, {"method": "draft_model", "batch": 4,
+                                                                                  "implied_c": 0.44}]}
+    assert eagle_8b.head_against_draft(study, draft) == [{"batch": 1, "head_c": 0.14, "draft_model_c": 0.33}]
+    from lablib.session import Shown
+
+    text = eagle_8b.eagle_lines(Shown(study, False, "recorded"), draft)
+    assert "bf16 bandwidth ceiling is 319 tok/s: plain decoding reached 150 (47%), the head at k=2 232 (73%)" in text
+    assert "A head step costs c = 0.14 of a target step at batch 1; the 1B draft model's, 0.33." in text
+    assert "4.33x over bf16; 109% of the FP8 ceiling, 598)" in text
 
 
 def test_without_a_recording_the_eagle_step_names_its_steps(monkeypatch):

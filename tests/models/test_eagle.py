@@ -159,6 +159,18 @@ def test_the_cpu_comparison_counts_both_drafters_alike(pair, head):
     assert [r["drafter"] for r in acceptance.drafter_table(rows)] == ["draft model", "EAGLE head"]
 
 
+def test_the_loop_split_over_processes_counts_what_one_process_counts():
+    """Each prompt decodes as it would alone, so 2 spawned processes give one process's rows (its provenance says
+    how many); a pair or head of the caller's cannot travel to them and is refused."""
+    one = acceptance.drafter_acceptance(("draft_model", "eagle"), n_prompts=3, max_new_tokens=8, ks=(2, 3))
+    two = acceptance.drafter_acceptance(("draft_model", "eagle"), n_prompts=3, max_new_tokens=8, ks=(2, 3), workers=2)
+    assert [{k: v for k, v in r.items() if k != "provenance"} for r in two] == [
+        {k: v for k, v in r.items() if k != "provenance"} for r in one]
+    assert all(r["provenance"].endswith("2 processes") for r in two) and "processes" not in one[0]["provenance"]
+    with pytest.raises(ValueError, match=SHAPE.format(owner="drafter_acceptance", field="workers")):
+        acceptance.drafter_acceptance(("eagle",), workers=2, head=object())
+
+
 @pytest.mark.parametrize("call, owner, field", [
     (lambda t, h, p: loops.greedy_eagle(t, h, p, 8, 0), "greedy_eagle", "k"),
     (lambda t, h, p: loops.greedy_eagle(t, h, p, 0, 2), "greedy_eagle", "max_new_tokens"),

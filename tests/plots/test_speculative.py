@@ -8,10 +8,12 @@ legend entry, provenance stated once, no repeated legend name, log axes across t
 """
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import plotly.graph_objects as go
 import pytest
 
-from lablib.experiments.speculative import maths, study as speculative_study
+from lablib.experiments.speculative import eagle_8b, maths, study as speculative_study
 from lablib.plots import speculative as sp
 from lablib.plots.style import base_name
 from lablib.session import Shown
@@ -36,6 +38,36 @@ def _vllm_rows() -> list[dict]:
     return rows
 
 
+def _eagle_value() -> dict:
+    """Rows shaped as `eagle_8b.eagle_runs` makes them: a pinned bf16 baseline and heads k=1, 2 at three batches,
+    FP8 weights with and without the head at batch 1; each Result's roofline ceiling on the row (live rows carry it)."""
+    where, rows = "recorded on NVIDIA H200, 2026-12-04", []
+
+    def result(ceiling):
+        return SimpleNamespace(roofline={"ceiling_tok_s": ceiling})
+
+    for b, base in ((1, 150.0), (16, 1750.0), (64, 4200.0)):
+        rows.append({"name": "baseline, pinned (V1, no async) [8b-eagle-a]", "method": "baseline", "k": None,
+                     "batch": b, "pinned": True, "quantization": None, "output_tok_s": base, "speedup": 1.0,
+                     "result": result(319.0), "provenance": where})
+        for k, factor in ((1, 1.45 - b / 300), (2, 1.55 - b / 250)):
+            rows.append({"name": f"EAGLE head k={k} [8b-eagle-a]", "method": "eagle", "k": k, "batch": b,
+                         "pinned": True, "quantization": None, "output_tok_s": base * factor, "speedup": factor,
+                         "implied_c": 0.13 + b / 300, "mean_acceptance_length": 1.6 + k / 3,
+                         "result": result(319.0), "provenance": where})
+    rows += [{"name": "baseline, pinned (V1, no async), FP8 weights [8b-eagle-d]", "method": "baseline", "k": None,
+              "batch": 1, "pinned": True, "quantization": "fp8", "output_tok_s": 270.0, "speedup": 1.0,
+              "result": result(598.0), "provenance": where},
+             {"name": "EAGLE head k=4, FP8 weights [8b-eagle-d]", "method": "eagle", "k": 4, "batch": 1, "pinned": True,
+              "quantization": "fp8", "output_tok_s": 420.0, "speedup": 1.56, "result": result(598.0), "provenance": where}]
+    return {"rows": rows, "label": "synthetic acceptance: the speed is real, the acceptance rate is set",
+            "batch1": eagle_8b.batch1_roofline({"rows": rows})}
+
+
+DRAFT_8B = {"rows": [{"method": "draft_model", "k": 4, "batch": b, "speedup": x, "implied_c": c}
+                     for b, x, c in ((1, 0.96, 0.33), (16, 0.92, 0.35), (64, 0.83, 0.41))]}
+
+
 @pytest.fixture(scope="module")
 def study():
     return speculative_study.cpu_study(n_prompts=1, max_new_tokens=12, ks=(2, 4), rounds=1)
@@ -46,7 +78,9 @@ def figures(study) -> dict[str, go.Figure]:
     model = maths.batch_model(speculative_study.study_row(study, 4)["alpha"], 4)
     return {"speedup_vs_alpha": sp.speedup_vs_alpha(), "acceptance_figure": sp.acceptance_figure(study),
             "cpu_speed_figure": sp.cpu_speed_figure(study), "batch_figure": sp.batch_figure(model),
-            "vllm_speedup_figure": sp.vllm_speedup_figure({"rows": _vllm_rows()})}
+            "vllm_speedup_figure": sp.vllm_speedup_figure({"rows": _vllm_rows()}),
+            "eagle_figure": sp.eagle_figure(Shown(_eagle_value(), False, "recorded on NVIDIA H200, 2026-12-04"),
+                                            DRAFT_8B)}
 
 
 def test_every_builder_is_drawn(figures):
@@ -105,12 +139,27 @@ def test_the_figures_draw_the_data(figures, study):
     assert sum(t.showlegend is not False for t in alpha.data if t.name == "break-even") == 1
 
 
+def test_the_eagle_figure_draws_each_k_the_draft_model_and_batch_one_against_both_ceilings(figures):
+    fig = figures["eagle_figure"]
+    lines = {t.name: t for t in fig.data if t.type == "scatter"}
+    assert list(lines) == ["EAGLE head k=1", "EAGLE head k=2", "1B draft model k=4"]  # pinned bf16 only, by k
+    assert list(lines["EAGLE head k=2"].x) == [1, 16, 64] and lines["1B draft model k=4"].line.dash == "dash"
+    assert lines["EAGLE head k=1"].line.color != lines["EAGLE head k=2"].line.color
+    (bars,) = [t for t in fig.data if t.type == "bar"]
+    assert list(bars.y) == [150.0, 150.0 * (1.45 - 1 / 300), 150.0 * (1.55 - 1 / 250), 270.0, 420.0]
+    ceilings = sorted(a.text for a in fig.layout.annotations if (a.text or "").endswith(("319", "598")))
+    assert ceilings == ["bf16 ceiling 319", "fp8 ceiling 598"]
+    assert "recorded on NVIDIA H200, 2026-12-04" in fig.layout.title.text
+
+
 def test_nothing_recorded_yet_is_a_figure_that_says_so():
     label = ("speculative is not recorded yet: a GPU session records it with `scripts/record_reference.py --steps "
              "speculative` (then scripts/pack_reference.py)")
     fig = sp.vllm_speedup_figure(Shown(None, False, label, "no NVIDIA GPU visible"))
     assert not fig.data and "--steps speculative" in fig.layout.title.text
     assert any("nothing to draw here" in (a.text or "") for a in fig.layout.annotations)
+    empty = sp.eagle_figure(None)  # the cell run before lab.eagle_head_8b()
+    assert not empty.data and any("lab.eagle_head_8b() first" in (a.text or "") for a in empty.layout.annotations)
 
 
 def test_every_figure_fits_a_1024_px_page(figures):

@@ -17,6 +17,7 @@ facts' keys.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -25,11 +26,11 @@ from ... import validate
 from ...mechanisms.speculative import implied_draft_cost
 from ...models.drafters import speculative_config
 from ...models.synthetic import synthetic_eagle, synthetic_spec
-from ...results.reference import NotRecorded, recorded_facts
+from ...results.reference import NotRecorded, load_reference, recorded_facts
 from ...session import Shown, live_or_recorded
 from .acceptance import drafter_acceptance
 from .synthetic import LABEL, TARGET
-from .vllm_runs import Setting, vllm_spec_runs
+from .vllm_runs import Setting, loop_workers, vllm_spec_runs
 
 KEY = "speculative-eagle-8b"  # facts[f"{KEY}-{part}"], one per part; scripts/record_reference.py --steps KEY-<part>
 TAG = "8b-eagle"
@@ -44,11 +45,12 @@ PARTS = {  # each one GPU command of 3-4 engines (6-9 minutes on an H200): the p
 
 
 def head_rates(ks: Sequence[int] = KS, n_prompts: int = 32, max_new_tokens: int = 64,
-               threads: int = 1) -> dict[int, dict[str, Any]]:
+               threads: int = 1, workers: int = 1) -> dict[int, dict[str, Any]]:
     """The trained embedded EAGLE head's acceptance per k, from the greedy loop on the journey prompts: the
     per-position unconditional rates (non-increasing: a position is accepted only after all before it) and the
-    mean acceptance length they make."""
-    rows = drafter_acceptance(("eagle",), n_prompts=n_prompts, max_new_tokens=max_new_tokens, ks=ks, threads=threads)
+    mean acceptance length they make (`workers`: processes the prompts are split over; the same rates)."""
+    rows = drafter_acceptance(("eagle",), n_prompts=n_prompts, max_new_tokens=max_new_tokens, ks=ks, threads=threads,
+                              workers=workers)
     return {r["k"]: {"rates": [float(x) for x in r["measured_per_position"]], "length": float(r["measured_length"]),
                      "prompts": r["prompts"], "max_new_tokens": r["max_new_tokens"], "provenance": r["provenance"]}
             for r in rows}
@@ -111,9 +113,13 @@ def eagle_runs(part: str, *, batches: Sequence[int] = BATCHES, n_prompts: int = 
     the synthetic 8B and its synthetic head (made on first use); `rates` to `head_rates` measured now."""
     batches = validate.integers("eagle_runs", "batches", batches, "batch sizes, e.g. (1, 2, 4, 8, 16, 32, 64).")
     ks = PARTS[validate.choice("eagle_runs", "part", part, tuple(PARTS))]["ks"]
-    rates = check_rates(ks, rates or head_rates(ks))  # refused before the 16 GB checkpoint is made
-    target = target or synthetic_spec(TARGET)
-    head = head or synthetic_eagle(TARGET)
+    if rates is not None:
+        rates = check_rates(ks, rates)  # refused before the 16 GB checkpoint is made
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:  # measured rates: the loop runs while checkpoints are made
+        measuring = None if rates is not None else pool.submit(head_rates, ks, workers=loop_workers())
+        target = target or synthetic_spec(TARGET)
+        head = head or synthetic_eagle(TARGET)
+        rates = rates if measuring is None else check_rates(ks, measuring.result())
     runs = part_settings(part, rates, head, target.path)  # every refusal before an engine starts
     failures: list[dict[str, Any]] = []
     t0 = time.time()
@@ -153,12 +159,14 @@ def over_own_baseline(rows: list[dict[str, Any]]) -> None:
 
 def joined(parts: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """The recorded parts as one study: every row tagged with its part (each part has its own pinned baseline),
-    the rates per k, the GPU and dates, and which parts are still to record."""
+    the rates per k, the GPU and dates, which parts are still to record, and batch 1 against the bandwidth
+    ceilings (`batch1_roofline`)."""
     rows = [{**r, "part": p} for p, got in sorted(parts.items()) for r in got["rows"]]
     rates = {k: v for got in parts.values() for k, v in got.get("rates", {}).items()}
-    return {"rows": rows, "rates": rates, "parts": sorted(parts), "missing": sorted(set(PARTS) - set(parts)),
-            "label": LABEL, "gpu": sorted({got.get("gpu") for got in parts.values()} - {None}),
-            "dates": sorted({got.get("date") for got in parts.values()} - {None})}
+    study = {"rows": rows, "rates": rates, "parts": sorted(parts), "missing": sorted(set(PARTS) - set(parts)),
+             "label": LABEL, "gpu": sorted({got.get("gpu") for got in parts.values()} - {None}),
+             "dates": sorted({got.get("date") for got in parts.values()} - {None})}
+    return {**study, "batch1": batch1_roofline(study)}  # batch 1 against the ceilings, for the lines and figure
 
 
 def head_rows(study: dict[str, Any], *, pinned: bool = True, quantization: str | None = None) -> list[dict]:
@@ -206,28 +214,91 @@ def stops_paying(study: dict[str, Any]) -> int | None:
     return None
 
 
-def eagle_lines(shown: Shown) -> str:
-    """What the grid says, every number from it (or which steps record it)."""
+def _ceiling(row: dict[str, Any]) -> float | None:
+    """The bandwidth ceiling of a row's run (tok/s): its Result's roofline (the H200's spec-sheet bandwidth over the
+    bytes one plain decode step of those weights reads), live from the row, recorded from data/reference."""
+    result = row.get("result")
+    if result is None:
+        try:
+            result = load_reference(row["step"])[0]
+        except (KeyError, ValueError):  # a row without a step, or a step not in this recording
+            return None
+    ceiling = (getattr(result, "roofline", None) or {}).get("ceiling_tok_s")
+    return float(ceiling) if isinstance(ceiling, (int, float)) else None
+
+
+def batch1_roofline(study: dict[str, Any]) -> list[dict[str, Any]]:
+    """Batch 1 against the bandwidth roofline: each batch-1 row (baselines and heads, per weights and runner), its
+    tok/s, the ceiling of its weights and its share of it. Plain decoding reads every weight once per token, so it
+    cannot pass its ceiling; a verify pass reads them once for up to k + 1 tokens, so speculation can (a share over
+    1). The ceiling is the baseline's of the same weights at batch 1 (bf16 or FP8: FP8 halves the Linears' bytes)."""
+    ones = [r for r in study["rows"] if r["batch"] == 1]
+    ceilings: dict[str, float] = {}
+    for r in ones:
+        w = r.get("quantization") or "bf16"
+        if r["method"] == "baseline" and w not in ceilings and (c := _ceiling(r)) is not None:
+            ceilings[w] = c
+    out = []
+    for r in ones:
+        ceiling = ceilings.get(r.get("quantization") or "bf16")
+        out.append({"name": r.get("name"), "weights": r.get("quantization") or "bf16", "k": r["k"],
+                    "pinned": r["pinned"], "output_tok_s": r["output_tok_s"], "ceiling_tok_s": ceiling,
+                    "share_of_ceiling": None if not ceiling else r["output_tok_s"] / ceiling, "part": r.get("part")})
+    return out
+
+
+def head_against_draft(study: dict[str, Any], draft: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """Per batch, the head's draft-step cost c (the median over k of `surface`) beside the 1B draft model's (the
+    synthetic study's implied c, k=4) where both were measured: why one pays and the other does not."""
+    head = {r["batch"]: r["batch_c"] for r in surface(study) if r["batch_c"] is not None}
+    drafts = {r["batch"]: r["implied_c"] for r in (draft or {}).get("rows", [])
+              if r.get("method") == "draft_model" and r.get("implied_c") is not None}
+    return [{"batch": b, "head_c": head[b], "draft_model_c": drafts[b]} for b in sorted(head) if b in drafts]
+
+
+def eagle_lines(shown: Shown, draft: dict[str, Any] | None = None) -> str:
+    """What the grid says, every number from it (or which steps record it); `draft`: the synthetic study's value
+    (the 1B draft model on the same target), whose c is set beside the head's."""
     if shown.value is None:
         return f"[{shown.label}]"
     v = shown.value
     best = best_k(v)
-    text = "EAGLE head on the synthetic 8B (pinned, bf16), best k per batch: " + ", ".join(
+    ks = sorted({r["k"] for r in head_rows(v)})
+    text = (f"EAGLE head on the synthetic 8B (pinned, bf16; k {', '.join(map(str, ks))} recorded), best k per batch: "
+            if ks else "EAGLE head on the synthetic 8B: ") + ", ".join(
         f"batch {r['batch']}: k={r['best_k']} {r['speedup']:.2f}x" for r in best) + ". "
     stop = stops_paying(v)
     text += (f"From batch {stop} no k pays. " if stop is not None else
              ("It pays at every batch measured. " if best else "No EAGLE rows yet. "))
+    roof = [r for r in batch1_roofline(v) if r["pinned"] and r["weights"] == "bf16" and r["share_of_ceiling"]]
+    base = next((r for r in roof if r["k"] is None), None)
+    top = max((r for r in roof if r["k"] is not None), key=lambda r: r["output_tok_s"], default=None)
+    if base and top:
+        text += (f"At batch 1 the bf16 bandwidth ceiling is {base['ceiling_tok_s']:,.0f} tok/s: plain decoding "
+                 f"reached {base['output_tok_s']:,.0f} ({base['share_of_ceiling']:.0%}), the head at k={top['k']} "
+                 f"{top['output_tok_s']:,.0f} ({top['share_of_ceiling']:.0%}). ")
+    pair = head_against_draft(v, draft)
+    if pair:
+        text += ("A head step costs c = " + ", ".join(f"{r['head_c']:.2f}" for r in pair) + " of a target step at batch "
+                 + ", ".join(str(r["batch"]) for r in pair) + "; the 1B draft model's, " + ", ".join(
+                     f"{r['draft_model_c']:.2f}" for r in pair) + ". ")
     fp8 = head_rows(v, quantization="fp8")
     if fp8:
         one = [r for r in fp8 if r["batch"] == 1]
+        fp8_ceiling = next((r["ceiling_tok_s"] for r in batch1_roofline(v) if r["weights"] == "fp8"
+                            and r["ceiling_tok_s"]), None)
         text += "".join(f"FP8 weights with the head at batch 1, k={r['k']}: {r['output_tok_s']:,.0f} tok/s ("
                         + (f"{r['speedup']:.2f}x over FP8 alone, " if r["speedup"] is not None else
                            "no FP8 baseline measured, ")
-                        + f"{r['speedup_over_pinned_bf16']:.2f}x over bf16). " for r in one)
+                        + f"{r['speedup_over_pinned_bf16']:.2f}x over bf16"
+                        + (f"; {r['output_tok_s'] / fp8_ceiling:.0%} of the FP8 ceiling, {fp8_ceiling:,.0f}"
+                           if fp8_ceiling else "") + "). " for r in one)
     if v["missing"]:
         text += f"Parts still to record: {', '.join(v['missing'])} (record_reference.py --steps " + ",".join(
             f"{KEY}-{p}" for p in v["missing"]) + "). "
-    return text + f"[{v['label']}; {shown.label}]"
+    where = shown.label if shown.live else (f"recorded on {', '.join(v['gpu']) or 'a GPU'}, "
+                                            f"{', '.join(v['dates']) or 'date unknown'}")
+    return text + f"[{v['label']}; {where}]"
 
 
 def eagle_study(force: bool | None = False) -> Shown[dict | None]:
@@ -237,9 +308,11 @@ def eagle_study(force: bool | None = False) -> Shown[dict | None]:
         parts = {}
         for p in PARTS:
             try:
-                parts[p] = recorded_facts(f"{KEY}-{p}", f"{KEY}-{p}")
+                got = recorded_facts(f"{KEY}-{p}", f"{KEY}-{p}")
             except NotRecorded:
                 continue
+            where = f"recorded on {got.get('gpu') or 'a GPU'}, {got.get('date') or 'date unknown'}"
+            parts[p] = {**got, "rows": [{**r, "provenance": where} for r in got["rows"]]}  # not "live": shown here
         if not parts:
             raise NotRecorded(KEY, ",".join(f"{KEY}-{p}" for p in PARTS))
         return joined(parts)

@@ -138,7 +138,8 @@ class SpeculativeLab(LabSteps):
         k 1-6 x batches 1-64 (`eagle_8b.eagle_study`; recorded unless `force=True` on a GPU: ~30 minutes of 8B
         engines). Returns each batch's best k; `eagle_8b.surface(lab.eagle.value)` has every point."""
         self.eagle = eagle_8b.eagle_study(force=force)
-        print(eagle_8b.eagle_lines(self.eagle))
+        draft = self.synthetic  # the 1B draft model's study, where `synthetic_8b` ran before
+        print(eagle_8b.eagle_lines(self.eagle, None if draft is None else draft.value))
         return None if self.eagle.value is None else frame(eagle_8b.best_k(self.eagle.value))
 
     def summary(self) -> None:

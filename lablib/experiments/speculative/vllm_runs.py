@@ -14,11 +14,13 @@ made for another target, min_p/logit_bias) is refused before an engine starts (`
 """
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import math
+import os
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -171,7 +173,8 @@ def vllm_spec_runs(methods: Sequence[str] = METHODS, ks: Sequence[int] = (2, 4),
                    n_prompts: int = 64, max_new_tokens: int = 64, defaults_baseline: bool = True,
                    gpu_memory_utilization: float = 0.3, model: Any = "embedded", store: Any = None,
                    lab: str = LAB, runs: Sequence[Setting] | None = None,
-                   failures: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+                   failures: list[dict[str, Any]] | None = None,
+                   after_start: Callable[[], Any] | None = None) -> list[dict[str, Any]]:
     """The draft model, n-gram and the EAGLE head on vLLM against a baseline on the same engine settings, per batch.
 
     One engine per setting (`settings`), started in its own worker with max_num_seqs = the largest batch, runs
@@ -195,6 +198,9 @@ def vllm_spec_runs(methods: Sequence[str] = METHODS, ks: Sequence[int] = (2, 4),
     elsewhere (the synthetic 8B study's), the pinned baseline first; `model` is a name or a ModelSpec. Given a
     `failures` list, a setting whose engine raises is appended there (its name, the error, the batches it finished
     and its log) and the next setting runs; the pinned baseline's failure always raises (nothing to compare with).
+    `after_start` is called once each engine is up and before its first timed wave: CPU work started before this
+    call (the loop's acceptance, `measure_grid`) overlaps the engine's start and is waited for there, never timed
+    beside a run.
     """
     owner = "vllm_spec_runs"
     batches = validate.integers(owner, "batches", batches, "batch sizes (requests in flight), e.g. (1, 4, 16, 64).")
@@ -216,6 +222,8 @@ def vllm_spec_runs(methods: Sequence[str] = METHODS, ks: Sequence[int] = (2, 4),
             engine = VLLMEngine(model, s.config(max(batches), gpu_memory_utilization))
             with runner_env(None):  # the defaults baseline too is vLLM's own choice, whatever this shell exported;
                 engine.start()  # a pinned run's VLLMEngine.start sets VLLM_USE_V2_MODEL_RUNNER=0 inside it
+            if after_start is not None:
+                after_start()
             for b in batches:
                 # b warm-up requests: kernels specialised on the batch size compile before the timed wave
                 done.append((b, run(engine, wl, dataclasses.replace(bench, max_concurrency=b, warmup_requests=b),
@@ -253,12 +261,19 @@ def vllm_spec_runs(methods: Sequence[str] = METHODS, ks: Sequence[int] = (2, 4),
 
 def loop_acceptance(n_prompts: int = 64, max_new_tokens: int = 64, ks: Sequence[int] = (2, 4), threads: int = 1,
                     pair: tuple[Any, Any, Any] | None = None,
-                    drafters: Sequence[str] = ("draft_model",)) -> list[dict[str, Any]]:
+                    drafters: Sequence[str] = ("draft_model",), workers: int = 1) -> list[dict[str, Any]]:
     """The torch loops' acceptance (this machine's CPU, float32) on the prompts and lengths vLLM is given.
 
     Greedy and deterministic: per drafter (the embedded draft, the EAGLE head) and k, what the same drafter
-    drafts and accepts on the same text, the reference vLLM's counters are checked against (`cross_check`)."""
-    return drafter_acceptance(drafters, n_prompts, max_new_tokens, ks, threads, pair)
+    drafts and accepts on the same text, the reference vLLM's counters are checked against (`cross_check`).
+    `workers`: processes the prompts are split over (`drafter_acceptance`; the rows are the same)."""
+    return drafter_acceptance(drafters, n_prompts, max_new_tokens, ks, threads, pair, workers=workers)
+
+
+def loop_workers() -> int:
+    """Processes for the loop beside a starting engine: half this machine's cores (the engine's compile has the
+    rest), at most 8, at least 1."""
+    return max(1, min(8, (os.cpu_count() or 1) // 2))
 
 
 def cross_check(rows: Sequence[dict[str, Any]], loop: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -294,13 +309,21 @@ def cross_check(rows: Sequence[dict[str, Any]], loop: Sequence[dict[str, Any]]) 
 
 def measure_grid(batches: Sequence[int], ks: Sequence[int], methods: Sequence[str], prompt_lookup: tuple[int, int],
                  n_prompts: int, max_new_tokens: int, store: Any) -> dict[str, Any]:
-    """Every setting at every batch on vLLM, the loop's acceptance on the same prompts, the cross-check, the settings."""
-    failed: list[dict[str, Any]] = []
-    rows = vllm_spec_runs(methods, ks, batches, prompt_lookup=prompt_lookup, n_prompts=n_prompts,
-                          max_new_tokens=max_new_tokens, store=store, failures=failed)
+    """Every setting at every batch on vLLM, the loop's acceptance on the same prompts, the cross-check, the settings.
+
+    The loop (about 2 minutes of one CPU core for the defaults) runs in `loop_workers()` processes while the first
+    engine starts, and that engine's first timed wave waits for it (`vllm_spec_runs`' `after_start`): on the H200's
+    host the loop no longer adds its minutes after the engines, and never runs beside a timed wave."""
     drafters = [m for m in methods if m in MODEL_DRAFTERS] or ["draft_model"]
-    loop = loop_acceptance(n_prompts, max_new_tokens, sorted({r["k"] for r in rows if r["method"] in drafters})
-                           or ks, drafters=drafters)
+    loop_ks = sorted({k for m in methods if m in MODEL_DRAFTERS for k in ks}) or sorted(ks)
+    failed: list[dict[str, Any]] = []
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        loop_future = pool.submit(loop_acceptance, n_prompts, max_new_tokens, loop_ks, drafters=drafters,
+                                  workers=loop_workers())
+        rows = vllm_spec_runs(methods, ks, batches, prompt_lookup=prompt_lookup, n_prompts=n_prompts,
+                              max_new_tokens=max_new_tokens, store=store, failures=failed,
+                              after_start=loop_future.result)
+        loop = loop_future.result()
     results = [r.pop("result") for r in rows]
     return {"rows": rows, "loop": loop, "cross_check": cross_check(rows, loop), "results": results, "failed": failed,
             "workload": {"name": "journey", "requests": n_prompts, "max_new_tokens": max_new_tokens},
