@@ -10,6 +10,7 @@ import pytest
 from lablib.config import VLLMConfig
 from lablib.experiments.advisor import latency, plan
 from lablib.experiments.advisor.plan import Goal
+from lablib.experiments.speculative import eagle_8b
 from lablib.mechanisms import parallel as tp
 from lablib.results.reference import load_reference
 
@@ -136,12 +137,29 @@ def test_prefix_caching_cites_lab_07s_pair_nearest_the_shared_prefix(shared, pai
 
 
 @pytest.mark.parametrize("concurrency, batch", [(1, 1), (5, 4), (20, 16), (300, 64)])
-def test_speculation_is_advised_exactly_where_lab_08s_8b_pair_paid(concurrency, batch):
+def test_speculation_is_advised_exactly_where_lab_08s_8b_runs_paid_and_never_past_them(concurrency, batch):
+    """The EAGLE grid (recorded part a: k 1-3, batches 1-64) decides where it is recorded, at its best k for the
+    nearest batch, beside the 1B draft model's pair; past the largest batch measured nothing is advised."""
     draft, base = (_run(f"spec-8b-{m}-b{batch}")["output_tok_s"] for m in ("draft_model-k4", "baseline"))
-    ratio = draft / base
     row = next(r for r in plan.advise(Goal(concurrency=concurrency)) if r["knob"] == "speculative_config")
-    assert (row["setting"] is not None) == (ratio > 1) and f"x{ratio:.2f}" in row["evidence"]
-    assert "recorded on NVIDIA H200" in row["source"] and "synthetic acceptance" in row["source"]
+    assert f"x{draft / base:.2f}" in row["evidence"]  # the draft model's pair, always beside it
+    study = eagle_8b.eagle_study(force=False).value
+    best = {r["batch"]: r for r in eagle_8b.best_k(study)}
+    b = min(best, key=lambda x: abs(math.log(x) - math.log(concurrency)))
+    if concurrency > max(best):
+        assert row["setting"] is None and "beyond the largest batch measured" in row["why"]
+    else:
+        want = {"method": "eagle", "num_speculative_tokens": best[b]["best_k"]} if best[b]["pays"] else None
+        assert row["setting"] == want and f"x{best[b]['speedup']:.2f}" in row["why"] and f"batch {b}" in row["why"]
+    assert "recorded on NVIDIA H200, 2026-12-04" in row["source"] and "synthetic acceptance" in row["source"]
+    assert "a head trained for your model accepts differently" in row["why"]
+
+
+def test_an_eagle_head_advised_names_what_the_config_still_needs():
+    goal = Goal(concurrency=1)
+    p = plan.plan(goal)
+    assert plan.engine_kwargs(goal, p)["speculative_config"]["method"] == "eagle"
+    assert "needs an EAGLE head trained for this model" in plan.config_text(goal, p)
 
 
 def test_a_draft_that_paid_is_advised_and_the_config_says_what_it_still_needs(monkeypatch):
@@ -152,6 +170,7 @@ def test_a_draft_that_paid_is_advised_and_the_config_says_what_it_still_needs(mo
         return {**got, "output_tok_s": got["output_tok_s"] * 2} if step.startswith("spec-8b-draft_model") else got
 
     monkeypatch.setattr(plan, "summary_of", paying)
+    monkeypatch.setattr(plan, "_eagle_at", lambda concurrency: None)  # no EAGLE grid recorded: the draft decides
     goal = Goal(concurrency=1)
     p = plan.plan(goal)
     assert plan.engine_kwargs(goal, p)["speculative_config"] == {"method": "draft_model", "num_speculative_tokens": 4}

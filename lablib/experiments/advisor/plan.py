@@ -27,6 +27,7 @@ from ... import validate
 from ...mechanisms import parallel as tp
 from ...models.architecture import architectures
 from ...results.reference import reference_facts
+from ..speculative import eagle_8b
 from .latency import (BLOCK, FP8_GPUS, GPUS, MODEL, QUANT_BATCHES, RECORDED, SCHEMES, beyond_bound_ms, loaded_tpot_ms,
                       predicted_tpot_ms, summary_of)
 from ..parallel.model import model_shape
@@ -243,21 +244,62 @@ def _prefix_row(goal: Goal) -> dict[str, Any]:
     return _row("enable_prefix_caching", True, why, evidence, on["label"] if on else "not measured")
 
 
+def _eagle_at(concurrency: int) -> dict[str, Any] | None:
+    """Lab 08's EAGLE grid (the head on the synthetic 8B, pinned, bf16) at the measured batch nearest `concurrency`:
+    its best k, that run and its baseline; None where no part is recorded."""
+    shown = eagle_8b.eagle_study(force=False)
+    if shown.value is None or not eagle_8b.best_k(shown.value):
+        return None
+    best = {r["batch"]: r for r in eagle_8b.best_k(shown.value)}
+    batch = _nearest(concurrency, tuple(sorted(best)))
+    run = next(r for r in eagle_8b.head_rows(shown.value) if r["batch"] == batch and r["k"] == best[batch]["best_k"])
+    base = next(r for r in shown.value["rows"] if r["method"] == "baseline" and r["batch"] == batch and r["pinned"]
+                and not r.get("quantization") and r.get("part") == run.get("part"))
+    v = shown.value
+    where = shown.label if shown.live else f"recorded on {', '.join(v['gpu']) or 'a GPU'}, {', '.join(v['dates'])}"
+    return {"batch": batch, "run": run, "base": base, "ks": sorted({r["k"] for r in eagle_8b.head_rows(v)}),
+            "largest": max(best), "source": f"{where}; {v['label']}"}
+
+
 def _speculative_row(goal: Goal) -> dict[str, Any]:
+    """Lab 08's measurements at real size nearest the goal's load: the EAGLE head's grid first (a head step costs a
+    fraction of a draft model's), then the 1B draft model; each advised only where it paid there."""
     batch = _nearest(goal.concurrency, SPEC_BATCHES)
     base, draft = summary_of(f"spec-8b-baseline-b{batch}"), summary_of(f"spec-8b-draft_model-k4-b{batch}")
-    if not (base and draft):
-        return _row("speculative_config", None, "lab 08's 8B pair is not recorded", "", "not measured")
+    eagle = _eagle_at(goal.concurrency)
+    if not (base and draft) and eagle is None:
+        return _row("speculative_config", None, "lab 08's 8B runs are not recorded", "", "not measured")
     facts = reference_facts().get("speculative-8b", {})
     length = {r["step"]: r for r in facts.get("rows", [])}.get(f"spec-8b-draft_model-k4-b{batch}", {}).get(
         "mean_acceptance_length")
-    ratio = draft["output_tok_s"] / base["output_tok_s"]
+    ratio = draft["output_tok_s"] / base["output_tok_s"] if base and draft else None
+    draft_text = (f"a 1B draft at k=4 {'paid' if ratio > 1 else 'did not pay'} at batch {batch} (x{ratio:.2f})"
+                  if ratio is not None else "the 1B draft is not recorded")
+    draft_evidence = (f"draft model: output tok/s {base['output_tok_s']:,.0f} without, {draft['output_tok_s']:,.0f} with "
+                      f"(x{ratio:.2f})" + (f", acceptance set to the embedded pair's length {length:.2f}" if length
+                                           else "") if ratio is not None else "")
+    draft_source = f"{draft['label']}; {facts.get('label', '')}".rstrip("; ") if draft else ""
+    if eagle is not None:
+        run, b = eagle["run"], eagle["batch"]
+        beyond = goal.concurrency > eagle["largest"]  # the gain falls with batch: never carried past the grid
+        pays = run["speedup"] > 1 and not beyond
+        why = (f"on the synthetic 8B an EAGLE head at k={run['k']} (the best of k {', '.join(map(str, eagle['ks']))}) "
+               f"{'paid' if run['speedup'] > 1 else 'did not pay'} at batch {b}, the nearest measured to "
+               f"{goal.concurrency} in flight: x{run['speedup']:.2f}, its step costing c = {run['implied_c']:.2f} of "
+               "the target's" + (f", but {goal.concurrency} in flight is beyond the largest batch measured, where the "
+                                 "gain falls with batch: not advised without a run there" if beyond else "") + "; "
+               f"{draft_text} (lab 08). Its acceptance was set to the trained embedded head's: a head trained for "
+               "your model accepts differently, so measure it (lab 08's loop, then vLLM's counters)")
+        evidence = (f"EAGLE: output tok/s {eagle['base']['output_tok_s']:,.0f} without, {run['output_tok_s']:,.0f} "
+                    f"with, mean acceptance length {run['mean_acceptance_length']:.2f}, bf16 weights (step {run['step']})"
+                    + (f"; {draft_evidence}" if draft_evidence else ""))
+        setting = {"method": "eagle", "num_speculative_tokens": run["k"]} if pays else (
+            {"method": "draft_model", "num_speculative_tokens": 4} if ratio and ratio > 1 and not beyond else None)
+        return _row("speculative_config", setting, why, evidence, eagle["source"] + (
+            f"; draft model: {draft_source}" if draft_source else ""))
     return _row("speculative_config", {"method": "draft_model", "num_speculative_tokens": 4} if ratio > 1 else None,
-                f"a 1B draft at k=4 for the synthetic 8B {'paid' if ratio > 1 else 'did not pay'} at batch {batch}, "
-                f"the nearest measured to {goal.concurrency} in flight (lab 08)",
-                f"output tok/s {base['output_tok_s']:,.0f} without, {draft['output_tok_s']:,.0f} with (x{ratio:.2f})"
-                + (f", acceptance set to the embedded pair's length {length:.2f}" if length else ""),
-                f"{draft['label']}; {facts.get('label', '')}".rstrip("; "))
+                f"{draft_text}, the nearest measured to {goal.concurrency} in flight (lab 08), on the synthetic 8B",
+                draft_evidence, draft_source)
 
 
 def advise(goal: Goal) -> list[dict[str, Any]]:
@@ -274,6 +316,15 @@ def engine_kwargs(goal: Goal, advice: dict[str, Any] | None = None) -> dict[str,
             "enable_prefix_caching": got["enable_prefix_caching"], "speculative_config": got["speculative_config"]}
 
 
+def _needs(spec: dict[str, Any] | None) -> str:
+    """What a speculative_config the advice gives still needs from the user."""
+    if not spec:
+        return ""
+    if spec["method"] == "eagle":
+        return "speculative_config needs an EAGLE head trained for this model: its 'model' path"
+    return "speculative_config needs the draft's 'model' path"
+
+
 def config_text(goal: Goal, advice: dict[str, Any] | None = None) -> str:
     """`VLLMConfig(...)` to paste, and what it cannot say: the checkpoint, the draft's path, the replicas."""
     p = advice or plan(goal)
@@ -281,7 +332,7 @@ def config_text(goal: Goal, advice: dict[str, Any] | None = None) -> str:
     text = "VLLMConfig(" + ", ".join(f"{k}={v!r}" for k, v in kwargs.items()) + ")"
     notes = [f"model: a W4A16 checkpoint of {goal.model} (lab 06 makes one with llm-compressor)"
              if p["scheme"] == "w4a16" else "", f"x {p['replicas']} replicas" if p["replicas"] > 1 else "",
-             "speculative_config needs the draft's 'model' path" if kwargs["speculative_config"] else ""]
+             _needs(kwargs["speculative_config"])]
     return text + "".join(f"  # {n}" for n in notes if n)
 
 
@@ -297,6 +348,6 @@ def lines(goals: list[Goal]) -> list[str]:
         if "w4a16" in allowed_schemes(goal) and p["scheme"] != "w4a16":
             text += f"; W4A16 was allowed and not picked ({rows['quantization']['evidence']})"
         if rows["speculative_config"]["setting"] is None:
-            text += f"; no draft model ({rows['speculative_config']['evidence']})"
+            text += f"; no speculation ({rows['speculative_config']['why']})"
         out.append(text + ".")
     return out

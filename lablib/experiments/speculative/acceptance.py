@@ -42,8 +42,9 @@ def spec_counters(runs: Sequence[SpeculativeRun]) -> SpecCounters:
         raise validate.refuse("spec_counters", "runs", f"{len(runs)} runs with k in {ks}", "runs of one k",
                               "count each k separately.")
     k, steps = ks[0], [s for r in runs for s in r.steps]
-    per_pos = tuple(sum(s.accepted_mask[i] for s in steps) for i in range(k))
-    return SpecCounters(len(steps), k * len(steps), sum(s.accepted for s in steps), per_pos)
+    per_pos = tuple(sum(i < len(s.accepted_mask) and s.accepted_mask[i] for s in steps) for i in range(k))
+    # a model drafter drafts k every step; an n-gram drafter up to k (`ngram.replay` keeps only steps that drafted)
+    return SpecCounters(len(steps), sum(len(s.drafted) for s in steps), sum(s.accepted for s in steps), per_pos)
 
 
 @dataclass(frozen=True)

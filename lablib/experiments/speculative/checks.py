@@ -13,6 +13,7 @@ from ...config import lab_id
 from ...session import Checks
 from .lab import SpeculativeLab
 from .maths import pays_then_reverses
+from .ngram import against_grid, copy_pays_more
 from .sampling import distribution_kept
 from .study import acceptance_table
 from .vllm_runs import model_drafter_costs, model_drafters_never_pay
@@ -40,6 +41,9 @@ def checks(lab: SpeculativeLab) -> None:
            [round(r["p_value"], 3) for r in sampling_rule + sampling_loop if r["rule"] == "leviathan"])
     c.that("the batch model: every drafter pays at batch 1 and reverses at a larger batch", pays_then_reverses(model),
            model["reversal"])
+    ngram_rows = lab.ngram_rows
+    c.that("n-gram drafts more often and makes more tokens per step on code edits than on the journey, every k",
+           copy_pays_more(ngram_rows), [(r["text"], r["k"], round(r["tokens_per_step"] or 0, 2)) for r in ngram_rows])
     c.live(gpu, "vLLM's counters are consistent in every speculative run",
            lambda v: all(r["counters_consistent"] for r in v["rows"] if r["method"] != "baseline"))
     c.live(gpu, "every setting's engine started and served every batch", lambda v: not v.get("failed"),
@@ -50,5 +54,8 @@ def checks(lab: SpeculativeLab) -> None:
     c.live(gpu, "on the embedded pair a model drafter's step costs about a target step (c >= 0.5), so neither the "
            "draft model nor the EAGLE head beats plain decoding at any batch", model_drafters_never_pay,
            model_drafter_costs)
+    c.live(gpu, "vLLM's n-gram counts on the journey within 3 standard errors of the replay on the same text",
+           lambda v: bool(against_grid(ngram_rows, v)) and all(x["within_3_stderrs"] for x in against_grid(ngram_rows, v)),
+           lambda v: [round(x["gap_in_stderrs"], 2) for x in against_grid(ngram_rows, v)])
     c.live(gpu, "VRAM back to baseline after every engine", lambda v: all(r["back_to_baseline"] for r in v["rows"]))
     c.done()

@@ -14,7 +14,7 @@ from typing import Any
 from ...config import lab_id
 from ...results.store import ResultStore
 from ...session import frame, LabSteps, Shown
-from . import acceptance, eagle_8b, loops, maths, sampling, study, synthetic, vllm_runs
+from . import acceptance, eagle_8b, loops, maths, ngram, sampling, study, synthetic, vllm_runs
 
 RULE_COLUMNS = ["prompt", "temperature", "rule", "accept_prob", "tv_from_p", "n", "bins", "statistic", "df",
                 "p_value", "verdict", "detectable_w"]
@@ -23,6 +23,8 @@ LOOP_COLUMNS = ["temperature", "rule", "prompts", "k", "position", "n", "n_plain
 VLLM_COLUMNS = ["name", "batch", "model_runner", "async_scheduling", "output_tok_s", "speedup",
                 "mean_acceptance_length", "acceptance_rate", "alpha", "implied_c", "counters_consistent",
                 "token_match", "first_divergence"]
+NGRAM_COLUMNS = ["text", "k", "requests", "drafted_share", "num_drafts", "tokens_per_draft", "measured_length",
+                 "length_stderr", "tokens_per_step", "counters_consistent"]
 SYNTHETIC_COLUMNS = ["name", "batch", "label", "set_length", "mean_acceptance_length", "length_gap", "output_tok_s",
                      "speedup"]
 
@@ -33,7 +35,8 @@ class SpeculativeLab(LabSteps):
 
     CALL = "(...)"
     STEPS = {"study": "loop", "hf": "assisted", "harness": "harness_runs", "drafters": "drafter_acceptance",
-             "sampling_rule": "sampling", "sampling_loop": "sampling", "model": "batch_model", "gpu": "vllm"}
+             "sampling_rule": "sampling", "sampling_loop": "sampling", "model": "batch_model", "gpu": "vllm",
+             "ngram_rows": "ngram_texts"}
 
     def __init__(self, store: ResultStore | None = None) -> None:
         self.store = store if store is not None else ResultStore.for_lab(lab_id("08"))  # every live run lands here
@@ -45,6 +48,7 @@ class SpeculativeLab(LabSteps):
         self.sampling_loop: list[dict[str, Any]] | None = None  # `sampling`: the whole loop against plain sampling
         self.model: dict[str, Any] | None = None  # `batch_model`: where speculation stops paying, at 8B scale
         self.gpu: Shown | None = None  # `vllm`: vLLM's drafters against the pinned baseline
+        self.ngram_rows: list[dict[str, Any]] | None = None  # `ngram_texts`: n-gram on the journey and on code edits
         self.synthetic: Shown | None = None  # `synthetic_8b`: the same at real size, acceptance set
         self.eagle: Shown | None = None  # `eagle_head_8b`: an EAGLE head at real size, the trained head's acceptance
 
@@ -125,6 +129,15 @@ class SpeculativeLab(LabSteps):
         """vLLM's mean acceptance length against the loop's on the same prompts (gap), and against E(alpha of the
         loop, k) (formula_gap)."""
         return vllm_runs.gpu_table(self.ran("gpu"), "cross_check")
+
+    def ngram_texts(self, ks: Sequence[int] = (2, 4), n_prompts: int = 64, max_new_tokens: int = 64) -> Any:
+        """N-gram replayed on the target's journey text and on code-edit requests (`ngram.ngram_acceptance`), its
+        journey counts set against vLLM's n-gram runs of `vllm` above where they decoded the same requests."""
+        self.ngram_rows = ngram.ngram_acceptance(ks=ks, n_prompts=n_prompts, max_new_tokens=max_new_tokens,
+                                                 pair=self.pair)
+        checked = ngram.against_grid(self.ngram_rows, None if self.gpu is None else self.gpu.value)
+        print(ngram.ngram_lines(self.ngram_rows, checked))
+        return frame([{c: r.get(c) for c in NGRAM_COLUMNS} for r in self.ngram_rows])
 
     def synthetic_8b(self, k: int = 4, force: bool | None = False) -> Any:
         """The same at real size: a synthetic 8B target, the acceptance length set (`synthetic.synthetic_study`;
