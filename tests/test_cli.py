@@ -21,12 +21,14 @@ def test_journey_writes_results_report_and_summary(tmp_path, capsys):
     out, err = capsys.readouterr()
     assert code == 0, err
     results = load_results(tmp)
-    steps = ["hf-naive", "hf-static-b2", "hf-static-b2-sdpa", "hf-naive-ngram-k4", "hf-naive-draft-k4"]
+    steps = ["hf-naive", "hf-static-b2", "hf-static-b2-sdpa", "hf-continuous-b2", "hf-naive-ngram-k4",
+             "hf-naive-draft-k4"]
     assert [r.step for r in results] == steps  # every CPU rung of the ladder, in its order
-    assert [r.config["batch_size"] for r in results] == [1, 2, 2, 1, 1]
+    assert [r.config["batch_size"] for r in results] == [1, 2, 2, 2, 1, 1]
+    assert [r.config["mode"] for r in results] == ["naive", "static", "static", "continuous", "naive", "naive"]
     # one change per side road: the speculative rungs keep naive generate's eager kernel
-    assert [r.config["attn_implementation"] for r in results] == ["eager", "eager", "sdpa", "eager", "eager"]
-    assert [r.config["speculative"] for r in results] == ["", "", "", "ngram", "draft"]
+    assert [r.config["attn_implementation"] for r in results] == ["eager", "eager", "sdpa", "sdpa", "eager", "eager"]
+    assert [r.config["speculative"] for r in results] == ["", "", "", "", "ngram", "draft"]
     for r in results:
         assert r.summary["requests"] == 4 and r.summary["output_tokens"] == 32
         assert r.lab == "journey" and r.workload["requests"] == 4

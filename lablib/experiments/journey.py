@@ -96,6 +96,18 @@ def hf_steps(batch_sizes: list[int]) -> list[Step]:
     return steps
 
 
+def hf_continuous_steps(batch_sizes: list[int]) -> list[Step]:
+    """Lab 04's Hugging Face rung: transformers' own continuous batching at the largest batch size, against static
+    batching at that size with the same kernel (sdpa): the best HF path a user would pick instead of an engine."""
+    b = max(batch_sizes)
+    if b < 2:
+        return []
+    return [Step(f"hf-continuous-b{b}", lambda m: HFEngine(m, HFConfig("continuous", b)), lab="04",
+                 baseline=f"hf-static-b{b}-sdpa",
+                 why=f"transformers' own continuous batching (generate_batch): up to {b} requests in flight in a paged "
+                     "KV cache, a finished one's slot refilled at the next step, not at the batch's end (lab 04)")]
+
+
 def speculative_hf_steps() -> list[Step]:
     """Lab 08's rungs this CPU runs: transformers' own speculative decoding (assisted generation, batch 1) with
     the embedded draft and with prompt lookup (n-gram), each against naive generate, k = SPEC_K, with naive
@@ -136,6 +148,7 @@ def ladder(batch_sizes: list[int]) -> list[Step]:
     return hf_steps(batch_sizes) + [
         Step("vllm", lambda m: VLLMEngine(m, VLLMConfig()), needs=gpu, lab="03", recorded=("vllm-8b-journey",),
              why="vLLM: paged KV cache, continuous batching, CUDA graphs (its own worker process)"),
+        *hf_continuous_steps(batch_sizes),
         Step("vllm-server", lambda m: ServerEngine(m), needs=gpu, lab="05", recorded=("serve-rate-inf",),
              why="the same engine behind its OpenAI server: every request over HTTP, streamed"),
         Step("vllm-fp8", lambda m: VLLMEngine(m, VLLMConfig(quantization="fp8")), needs=gpu, lab="06",

@@ -91,6 +91,8 @@ def colour(name: str) -> str:
     attention = re.match(r"(hf-naive|hf-static)(-b\d+)?-sdpa\b", name)
     if attention:
         return ATTENTION_VARIANTS[attention.group(1)]
+    if name.startswith("hf-continuous"):  # transformers' continuous batching: one colour, apart from the static ramp
+        return "#66a61e"
     m = re.match(r"hf-static-b(\d+)\b", name)
     if m:
         b = max(1, int(m.group(1)))
