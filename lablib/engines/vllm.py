@@ -251,6 +251,7 @@ class VLLMEngine:
         """End the worker (and vLLM's engine-core process under it), then wait for VRAM to return to baseline."""
         if self._proc is None:  # never started: nothing holds the GPU
             return
+        t0 = time.perf_counter()
         if self._proc.is_alive() and not force:
             try:
                 self._conn.send(("close",))
@@ -275,6 +276,7 @@ class VLLMEngine:
                 used = nvml_used()
             self.facts["vram_after_close_bytes"] = used[0] if used else None
             self.facts["vram_back_to_baseline"] = bool(used and used[0] <= self.baseline[0] + SETTLE_SLACK)
+        self.facts["close_s"] = time.perf_counter() - t0  # the worker's exit and VRAM's return, what the next start waits on
 
     def __enter__(self) -> "VLLMEngine":
         return self

@@ -424,6 +424,10 @@ def test_the_runs_on_the_fake_vllm_carry_every_setting(pinned_on_the_fake, tmp_p
     assert sc["baseline, pinned (V1, no async)"] is None
     assert rows[0]["speedup"] == 1.0 and rows[4]["speedup"] == 1.0  # each batch's pinned baseline is its own reference
     assert "no drafts" in rows[2]["counters_note"]
+    assert all(r["startup_wall_s"] >= r["startup_s"] > 0 and r["close_s"] >= 0 for r in rows)  # where the minutes go
+    line = vllm_runs.engine_time_line(rows)
+    assert line.startswith("4 engines, a median of ") and "s closing" in line
+    assert vllm_runs.engine_time_line([{k: v for k, v in r.items() if k != "startup_s"} for r in rows]) == ""
 
 
 def test_the_loop_runs_while_the_first_engine_starts_and_ends_before_its_first_timed_wave(pinned_on_the_fake,

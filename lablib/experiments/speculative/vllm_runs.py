@@ -144,6 +144,9 @@ def _row(s: Setting, batch: int, result: Any, facts: dict[str, Any], logged: dic
                            "output_tok_s": result.summary["output_tok_s"], "wall_s": result.wall_s,
                            "recorded_at": result.recorded_at,  # which Result of this step the row is (pack_reference)
                            "back_to_baseline": facts.get("vram_back_to_baseline"),
+                           # where an engine's minutes go: spawn and imports, vLLM's own start, closing
+                           "startup_wall_s": facts.get("startup_wall_s"), "startup_s": facts.get("startup_s"),
+                           "close_s": facts.get("close_s"),
                            "num_drafts": None, "num_draft_tokens": None, "num_accepted_tokens": None,
                            "accepted_per_pos": None, "mean_acceptance_length": None, "acceptance_rate": None,
                            "alpha": None, "formula_length": None, "counters_consistent": None,
@@ -441,4 +444,22 @@ def engine_lines(shown: Shown) -> str:
         f"{n} {r['speedup']:.2f}x (batch {r['batch']})" for n, r in best.items()) + ". "
     text += (f"{len(paid)} of {len(best)} settings beat plain decoding at some batch" if paid else
              "No setting beats plain decoding at any batch here")
-    return text + f". [{shown.label}]"
+    return text + ". " + engine_time_line(rows) + f"[{shown.label}]"
+
+
+def engine_time_line(rows: Sequence[dict[str, Any]]) -> str:
+    """Where the engines' minutes went (median per engine): the worker's spawn and imports, vLLM's own start,
+    closing; "" for rows recorded before these were kept."""
+    engines = {r["name"]: r for r in rows if r.get("startup_wall_s") is not None and r.get("startup_s") is not None}
+    if not engines:
+        return ""
+
+    def median(xs: list[float]) -> float:
+        xs = sorted(xs)
+        return (xs[(len(xs) - 1) // 2] + xs[len(xs) // 2]) / 2
+
+    spawn = median([r["startup_wall_s"] - r["startup_s"] for r in engines.values()])
+    start = median([r["startup_s"] for r in engines.values()])
+    closes = [r["close_s"] for r in engines.values() if r.get("close_s") is not None]
+    return (f"{len(engines)} engines, a median of {spawn:.0f} s spawning the worker and importing vLLM, {start:.0f} s "
+            "in vLLM's own start" + (f", {median(closes):.0f} s closing" if closes else "") + ". ")
