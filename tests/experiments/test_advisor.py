@@ -155,6 +155,21 @@ def test_speculation_is_advised_exactly_where_lab_08s_8b_runs_paid_and_never_pas
     assert "a head trained for your model accepts differently" in row["why"]
 
 
+def test_speculation_is_read_at_each_engines_load_and_says_the_weights_it_was_measured_with():
+    """100 in flight under 8 ms in bf16 is three engines of up to 39 each: the grid is read near 39 (batch 32, where
+    the recorded head paid at k=2), not at 100, past the largest batch measured; FP8 advice says the runs were bf16."""
+    goal = Goal(concurrency=100, tpot_slo_ms=8, lowest_precision="bf16")
+    p = plan.plan(goal)
+    row = next(r for r in p["rows"] if r["knob"] == "speculative_config")
+    assert p["replicas"] > 1 and p["max_num_seqs"] < 64
+    assert row["setting"] == {"method": "eagle", "num_speculative_tokens": 2} and "at batch 32" in row["why"]
+    assert f"nearest measured to {p['max_num_seqs']} in flight per engine" in row["why"]
+    assert "bf16 weights" in row["evidence"] and "advice is" not in row["why"]
+    one = next(r for r in plan.advise(Goal(concurrency=1)) if r["knob"] == "speculative_config")
+    assert one["setting"] == {"method": "eagle", "num_speculative_tokens": 2}  # k=2 and 3 tie at batch 1: the smaller
+    assert "the advice is fp8" in one["why"]
+
+
 def test_an_eagle_head_advised_names_what_the_config_still_needs():
     goal = Goal(concurrency=1)
     p = plan.plan(goal)

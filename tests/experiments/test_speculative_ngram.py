@@ -89,6 +89,14 @@ def test_copy_edit_requests_rename_one_identifier_the_same_way_every_time():
         ngram.copy_edit_requests(0)
 
 
+def test_the_rename_changes_uses_of_the_name_only():
+    code = "def f(url, x):\n    self.url = url  # the url\n    return {'url': url}, x.url"
+    assert ngram._renamed(code, "url", "new_url") == (
+        "def f(new_url, x):\n    self.url = new_url  # the url\n    return {'url': new_url}, x.url")
+    assert ngram._renamed('s = """cut mid-string', "s", "t") is None  # a block that does not tokenize is skipped
+    assert ngram._renamed("y = 1", "x", "new_x") is None  # nothing to rename
+
+
 def test_code_edits_draft_more_and_make_more_tokens_per_step_than_the_journey():
     rows = ngram.ngram_acceptance(ks=(2, 4), n_prompts=16, max_new_tokens=32)
     assert [(r["text"], r["k"]) for r in rows] == [("journey", 2), ("journey", 4), ("copy-edit", 2), ("copy-edit", 4)]
@@ -97,6 +105,7 @@ def test_code_edits_draft_more_and_make_more_tokens_per_step_than_the_journey():
         share, length = r["drafted_share"], r["measured_length"]
         assert r["tokens_per_step"] == pytest.approx(share * length + (1 - share), rel=0.1)  # less: the cut at the end
     assert "copy-edit" in ngram.ngram_lines(rows) and ngram.COPY_LABEL in ngram.ngram_lines(rows)
+    assert all(r["alpha"] is None and r["predicted_length"] is None for r in rows)  # the i.i.d. formula: not n-gram's
     for bad, field in (({"texts": ("chat",)}, "texts"), ({"lookup": (3, 2)}, "lookup"), ({"ks": (0,)}, "ks")):
         with pytest.raises(ValueError, match=rf"ngram_acceptance\.{field}="):
             ngram.ngram_acceptance(**bad)
@@ -113,3 +122,5 @@ def test_the_journey_replay_counts_what_vllm_counted_on_the_h200():
     assert len(checked) == 8 and all(c["within_3_stderrs"] for c in checked), [
         round(c["gap_in_stderrs"], 2) for c in checked]
     assert ngram.against_grid(rows, {**grid, "workload": {"requests": 32, "max_new_tokens": 64}}) == []
+    other = {**grid, "rows": [{**r, "prompt_lookup": [3, 5]} for r in grid["rows"]]}
+    assert ngram.against_grid(rows, other) == []  # another lookup window is another drafter

@@ -215,6 +215,17 @@ def test_the_grid_reads_best_k_the_batch_c_and_where_it_stops_paying():
     assert "ceiling" not in text and "draft model" not in text  # no Result to read a ceiling from, no draft study given
 
 
+def test_a_larger_k_within_one_percent_of_the_best_is_a_tie_and_the_smaller_k_is_named():
+    rows = [_grid_row(2, 1, 1.6, 2.0, 0.12), _grid_row(3, 1, 1.605, 2.2, 0.15), _grid_row(1, 1, 1.4, 1.6, 0.1),
+            _grid_row(2, 8, 1.2, 2.0, 0.3), _grid_row(3, 8, 1.3, 2.2, 0.25)]
+    best = eagle_8b.best_k(eagle_8b.joined({"a": {"rows": rows}}))
+    assert [(r["batch"], r["best_k"], r["tied_ks"]) for r in best] == [(1, 2, [2, 3]), (8, 3, [3])]
+    from lablib.session import Shown
+
+    assert "batch 1: k=2 1.60x (k 2, 3 within 1%)" in eagle_8b.eagle_lines(Shown(eagle_8b.joined({"a": {"rows": rows}}),
+                                                                                 False, "recorded"))
+
+
 def test_batch_one_is_read_against_its_weights_ceiling_and_the_head_c_beside_the_draft_models():
     def roof(ceiling):
         return SimpleNamespace(roofline={"ceiling_tok_s": ceiling})
@@ -226,7 +237,10 @@ def test_batch_one_is_read_against_its_weights_ceiling_and_the_head_c_beside_the
              "result": roof(598.0)},
             {**_grid_row(4, 1, 1.6, 2.6, 0.2, quantization="fp8", tok_s=650.0), "result": roof(598.0),
              "speedup_over_pinned_bf16": 4.33}]
-    study = eagle_8b.joined({"a": {"rows": rows, "rates": {}, "gpu": "H200", "date": "2026-12-05"}})
+    second = {**rows[0], "output_tok_s": 155.0}  # part b's own pinned baseline: one bar per weights and runner
+    study = eagle_8b.joined({"a": {"rows": rows, "rates": {}, "gpu": "H200", "date": "2026-12-05"},
+                             "b": {"rows": [second], "rates": {}}})
+    assert [r["output_tok_s"] for r in study["batch1"] if r["k"] is None] == [150.0, 270.0]  # part a's, then FP8
     got = {(r["weights"], r["k"]): r for r in eagle_8b.batch1_roofline(study)}
     assert set(got) == {("bf16", None), ("bf16", 2), ("fp8", None), ("fp8", 4)}  # batch 1 only
     assert got["bf16", 2]["ceiling_tok_s"] == 319.0 and got["bf16", 2]["share_of_ceiling"] == pytest.approx(232 / 319)
@@ -238,7 +252,7 @@ def test_batch_one_is_read_against_its_weights_ceiling_and_the_head_c_beside_the
 
     text = eagle_8b.eagle_lines(Shown(study, False, "recorded"), draft)
     assert "bf16 bandwidth ceiling is 319 tok/s: plain decoding reached 150 (47%), the head at k=2 232 (73%)" in text
-    assert "A head step costs c = 0.14 of a target step at batch 1; the 1B draft model's, 0.33." in text
+    assert "A head step costs c = 0.14 of a target step at batch 1; the 1B draft model's, 0.33 (two recordings" in text
     assert "4.33x over bf16; 109% of the FP8 ceiling, 598)" in text
 
 

@@ -169,6 +169,12 @@ def test_the_loop_split_over_processes_counts_what_one_process_counts():
     assert all(r["provenance"].endswith("2 processes") for r in two) and "processes" not in one[0]["provenance"]
     with pytest.raises(ValueError, match=SHAPE.format(owner="drafter_acceptance", field="workers")):
         acceptance.drafter_acceptance(("eagle",), workers=2, head=object())
+    plain, runs = acceptance._parallel_runs(("eagle",), (2,), 3, 8, 1, 2)  # prompt by prompt, in the prompts' order
+    plain1, runs1 = acceptance._prompt_runs(("eagle",), (2,), [0, 1, 2], 3, 8, 1)
+    assert plain == plain1 and [r.tokens for r in runs["eagle", 2]] == [r.tokens for r in runs1["eagle", 2]]
+    assert [[s.accepted for s in r.steps] for r in runs["eagle", 2]] == [[s.accepted for s in r.steps]
+                                                                          for r in runs1["eagle", 2]]
+    assert len({tuple(p) for p in plain}) == 3  # three different prompts: an order mix-up would show
 
 
 @pytest.mark.parametrize("call, owner, field", [

@@ -184,7 +184,7 @@ def plan(goal: Goal) -> dict[str, Any]:
         rows.append(_row("replicas", replicas, f"{replicas} engines of TP={t} with up to {cap} requests each carry "
                          f"the {goal.concurrency} in flight: {replicas * t} of {goal.max_gpus} GPUs",
                          "replicas share nothing, so their throughputs add (a model: lab 09's two-GPU rows)", MODEL))
-    rows += [_prefix_row(goal), _speculative_row(goal)]
+    rows += [_prefix_row(goal), _speculative_row(goal, cap, scheme)]
     return {"scheme": scheme, "t": t, "kv": kv, "max_num_seqs": cap, "replicas": replicas, "rows": rows}
 
 
@@ -261,12 +261,14 @@ def _eagle_at(concurrency: int) -> dict[str, Any] | None:
             "largest": max(best), "source": f"{where}; {v['label']}"}
 
 
-def _speculative_row(goal: Goal) -> dict[str, Any]:
-    """Lab 08's measurements at real size nearest the goal's load: the EAGLE head's grid first (a head step costs a
-    fraction of a draft model's), then the 1B draft model; each advised only where it paid there."""
-    batch = _nearest(goal.concurrency, SPEC_BATCHES)
+def _speculative_row(goal: Goal, per_engine: int | None = None, scheme: str = "bf16") -> dict[str, Any]:
+    """Lab 08's measurements at real size nearest each engine's load (`per_engine`: max_num_seqs, the goal's
+    concurrency where not given): the EAGLE head's grid first (a head step costs a fraction of a draft model's),
+    then the 1B draft model; each advised only where it paid there. Both were measured with bf16 weights."""
+    load = min(goal.concurrency, per_engine or goal.concurrency)
+    batch = _nearest(load, SPEC_BATCHES)
     base, draft = summary_of(f"spec-8b-baseline-b{batch}"), summary_of(f"spec-8b-draft_model-k4-b{batch}")
-    eagle = _eagle_at(goal.concurrency)
+    eagle = _eagle_at(load)
     if not (base and draft) and eagle is None:
         return _row("speculative_config", None, "lab 08's 8B runs are not recorded", "", "not measured")
     facts = reference_facts().get("speculative-8b", {})
@@ -275,31 +277,38 @@ def _speculative_row(goal: Goal) -> dict[str, Any]:
     ratio = draft["output_tok_s"] / base["output_tok_s"] if base and draft else None
     draft_text = (f"a 1B draft at k=4 {'paid' if ratio > 1 else 'did not pay'} at batch {batch} (x{ratio:.2f})"
                   if ratio is not None else "the 1B draft is not recorded")
-    draft_evidence = (f"draft model: output tok/s {base['output_tok_s']:,.0f} without, {draft['output_tok_s']:,.0f} with "
-                      f"(x{ratio:.2f})" + (f", acceptance set to the embedded pair's length {length:.2f}" if length
-                                           else "") if ratio is not None else "")
+    draft_evidence = (f"draft model: x{ratio:.2f} over its own baseline ({base['output_tok_s']:,.0f} -> "
+                      f"{draft['output_tok_s']:,.0f} tok/s)" + (f", acceptance set to the embedded pair's length "
+                                                                f"{length:.2f}" if length else "")
+                      if ratio is not None else "")
     draft_source = f"{draft['label']}; {facts.get('label', '')}".rstrip("; ") if draft else ""
+    weights = "" if scheme == "bf16" else (f"; measured with bf16 weights, and the advice is {scheme}: lighter "
+                                           "weights make a target step cheaper, so the head's share of it grows "
+                                           "(lab 08's FP8 part measures that)")
     if eagle is not None:
         run, b = eagle["run"], eagle["batch"]
-        beyond = goal.concurrency > eagle["largest"]  # the gain falls with batch: never carried past the grid
+        beyond = load > eagle["largest"]  # the gain falls with batch: never carried past the grid
         pays = run["speedup"] > 1 and not beyond
-        why = (f"on the synthetic 8B an EAGLE head at k={run['k']} (the best of k {', '.join(map(str, eagle['ks']))}) "
-               f"{'paid' if run['speedup'] > 1 else 'did not pay'} at batch {b}, the nearest measured to "
-               f"{goal.concurrency} in flight: x{run['speedup']:.2f}, its step costing c = {run['implied_c']:.2f} of "
-               "the target's" + (f", but {goal.concurrency} in flight is beyond the largest batch measured, where the "
-                                 "gain falls with batch: not advised without a run there" if beyond else "") + "; "
-               f"{draft_text} (lab 08). Its acceptance was set to the trained embedded head's: a head trained for "
-               "your model accepts differently, so measure it (lab 08's loop, then vLLM's counters)")
-        evidence = (f"EAGLE: output tok/s {eagle['base']['output_tok_s']:,.0f} without, {run['output_tok_s']:,.0f} "
-                    f"with, mean acceptance length {run['mean_acceptance_length']:.2f}, bf16 weights (step {run['step']})"
-                    + (f"; {draft_evidence}" if draft_evidence else ""))
+        c = f", its step costing c = {run['implied_c']:.2f} of the target's" if run.get("implied_c") is not None else ""
+        why = (f"on the synthetic 8B an EAGLE head at k={run['k']} (of k {', '.join(map(str, eagle['ks']))}) "
+               f"{'paid' if run['speedup'] > 1 else 'did not pay'} at batch {b}, the nearest measured to {load} in "
+               f"flight per engine: x{run['speedup']:.2f}{c}" + (
+                   f", but {load} in flight is beyond the largest batch measured, where the gain falls with batch: "
+                   "not advised without a run there" if beyond else "") + f"; {draft_text} (lab 08){weights}. Its "
+               "acceptance was set to the trained embedded head's: a head trained for your model accepts "
+               "differently, so measure it (lab 08's loop, then vLLM's counters)")
+        length_text = (f", mean acceptance length {run['mean_acceptance_length']:.2f}"
+                       if run.get("mean_acceptance_length") is not None else "")
+        evidence = (f"EAGLE: x{run['speedup']:.2f} over its own baseline ({eagle['base']['output_tok_s']:,.0f} -> "
+                    f"{run['output_tok_s']:,.0f} tok/s){length_text}, bf16 weights (step {run['step']})"
+                    + (f"; {draft_evidence} (another recording, its own baseline)" if draft_evidence else ""))
         setting = {"method": "eagle", "num_speculative_tokens": run["k"]} if pays else (
             {"method": "draft_model", "num_speculative_tokens": 4} if ratio and ratio > 1 and not beyond else None)
         return _row("speculative_config", setting, why, evidence, eagle["source"] + (
             f"; draft model: {draft_source}" if draft_source else ""))
     return _row("speculative_config", {"method": "draft_model", "num_speculative_tokens": 4} if ratio > 1 else None,
-                f"{draft_text}, the nearest measured to {goal.concurrency} in flight (lab 08), on the synthetic 8B",
-                draft_evidence, draft_source)
+                f"{draft_text}, the nearest measured to {load} in flight per engine (lab 08), on the synthetic 8B"
+                + weights, draft_evidence, draft_source)
 
 
 def advise(goal: Goal) -> list[dict[str, Any]]:

@@ -115,11 +115,14 @@ def eagle_runs(part: str, *, batches: Sequence[int] = BATCHES, n_prompts: int = 
     ks = PARTS[validate.choice("eagle_runs", "part", part, tuple(PARTS))]["ks"]
     if rates is not None:
         rates = check_rates(ks, rates)  # refused before the 16 GB checkpoint is made
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:  # measured rates: the loop runs while checkpoints are made
+    pool = concurrent.futures.ThreadPoolExecutor(1)  # measured rates: the loop runs while checkpoints are made
+    try:
         measuring = None if rates is not None else pool.submit(head_rates, ks, workers=loop_workers())
         target = target or synthetic_spec(TARGET)
         head = head or synthetic_eagle(TARGET)
         rates = rates if measuring is None else check_rates(ks, measuring.result())
+    finally:  # a failure or an interrupt returns at once: the loop's processes end on their own, nothing waits on them
+        pool.shutdown(wait=False, cancel_futures=True)
     runs = part_settings(part, rates, head, target.path)  # every refusal before an engine starts
     failures: list[dict[str, Any]] = []
     t0 = time.time()
@@ -165,7 +168,9 @@ def joined(parts: dict[str, dict[str, Any]]) -> dict[str, Any]:
     rates = {k: v for got in parts.values() for k, v in got.get("rates", {}).items()}
     study = {"rows": rows, "rates": rates, "parts": sorted(parts), "missing": sorted(set(PARTS) - set(parts)),
              "label": LABEL, "gpu": sorted({got.get("gpu") for got in parts.values()} - {None}),
-             "dates": sorted({got.get("date") for got in parts.values()} - {None})}
+             "dates": sorted({got.get("date") for got in parts.values()} - {None}),
+             "max_new_tokens": sorted({(got.get("workload") or {}).get("max_new_tokens") for got in parts.values()}
+                                      - {None})}
     return {**study, "batch1": batch1_roofline(study)}  # batch 1 against the ceilings, for the lines and figure
 
 
@@ -195,14 +200,23 @@ def surface(study: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+TIE = 0.01  # speedups within 1% of the batch's best are one result: one run each, baselines part by more
+
+
 def best_k(study: dict[str, Any]) -> list[dict[str, Any]]:
-    """Per batch: the k with the highest measured speedup (pinned, bf16), that speedup, and whether it pays."""
-    by_batch: dict[int, dict] = {}
+    """Per batch (pinned, bf16): the smallest k whose measured speedup is within TIE of the best (a larger k that
+    is no faster only drafts more), that speedup, whether it pays, and the ks tied with it."""
+    by_batch: dict[int, list[dict]] = {}
     for r in head_rows(study):
-        if r["batch"] not in by_batch or r["speedup"] > by_batch[r["batch"]]["speedup"]:
-            by_batch[r["batch"]] = r
-    return [{"batch": b, "best_k": r["k"], "speedup": r["speedup"], "implied_c": r.get("implied_c"),
-             "pays": r["speedup"] > 1} for b, r in sorted(by_batch.items())]
+        by_batch.setdefault(r["batch"], []).append(r)
+    out = []
+    for b, rs in sorted(by_batch.items()):
+        top = max(r["speedup"] for r in rs)
+        tied = sorted((r for r in rs if r["speedup"] >= top * (1 - TIE)), key=lambda r: r["k"])
+        r = tied[0]
+        out.append({"batch": b, "best_k": r["k"], "speedup": r["speedup"], "implied_c": r.get("implied_c"),
+                    "pays": r["speedup"] > 1, "tied_ks": [x["k"] for x in tied]})
+    return out
 
 
 def stops_paying(study: dict[str, Any]) -> int | None:
@@ -221,7 +235,7 @@ def _ceiling(row: dict[str, Any]) -> float | None:
     if result is None:
         try:
             result = load_reference(row["step"])[0]
-        except (KeyError, ValueError):  # a row without a step, or a step not in this recording
+        except (KeyError, ValueError, OSError):  # no step, a step not recorded, no reference files
             return None
     ceiling = (getattr(result, "roofline", None) or {}).get("ceiling_tok_s")
     return float(ceiling) if isinstance(ceiling, (int, float)) else None
@@ -232,7 +246,12 @@ def batch1_roofline(study: dict[str, Any]) -> list[dict[str, Any]]:
     tok/s, the ceiling of its weights and its share of it. Plain decoding reads every weight once per token, so it
     cannot pass its ceiling; a verify pass reads them once for up to k + 1 tokens, so speculation can (a share over
     1). The ceiling is the baseline's of the same weights at batch 1 (bf16 or FP8: FP8 halves the Linears' bytes)."""
-    ones = [r for r in study["rows"] if r["batch"] == 1]
+    ones, seen = [], set()
+    for r in (r for r in study["rows"] if r["batch"] == 1):  # every part has its pinned baseline: the first is kept
+        key = (r["method"], r["k"], r.get("quantization"), r["pinned"])
+        if r["method"] != "baseline" or key not in seen:
+            ones.append(r)
+            seen.add(key)
     ceilings: dict[str, float] = {}
     for r in ones:
         w = r.get("quantization") or "bf16"
@@ -252,7 +271,8 @@ def head_against_draft(study: dict[str, Any], draft: dict[str, Any] | None) -> l
     synthetic study's implied c, k=4) where both were measured: why one pays and the other does not."""
     head = {r["batch"]: r["batch_c"] for r in surface(study) if r["batch_c"] is not None}
     drafts = {r["batch"]: r["implied_c"] for r in (draft or {}).get("rows", [])
-              if r.get("method") == "draft_model" and r.get("implied_c") is not None}
+              if r.get("method") == "draft_model" and r.get("implied_c") is not None and r.get("pinned", True)
+              and not r.get("quantization")}
     return [{"batch": b, "head_c": head[b], "draft_model_c": drafts[b]} for b in sorted(head) if b in drafts]
 
 
@@ -266,7 +286,9 @@ def eagle_lines(shown: Shown, draft: dict[str, Any] | None = None) -> str:
     ks = sorted({r["k"] for r in head_rows(v)})
     text = (f"EAGLE head on the synthetic 8B (pinned, bf16; k {', '.join(map(str, ks))} recorded), best k per batch: "
             if ks else "EAGLE head on the synthetic 8B: ") + ", ".join(
-        f"batch {r['batch']}: k={r['best_k']} {r['speedup']:.2f}x" for r in best) + ". "
+        f"batch {r['batch']}: k={r['best_k']} {r['speedup']:.2f}x" + (
+            f" (k {', '.join(map(str, r['tied_ks']))} within {TIE:.0%})" if len(r["tied_ks"]) > 1 else "")
+        for r in best) + ". "
     stop = stops_paying(v)
     text += (f"From batch {stop} no k pays. " if stop is not None else
              ("It pays at every batch measured. " if best else "No EAGLE rows yet. "))
@@ -279,9 +301,12 @@ def eagle_lines(shown: Shown, draft: dict[str, Any] | None = None) -> str:
                  f"{top['output_tok_s']:,.0f} ({top['share_of_ceiling']:.0%}). ")
     pair = head_against_draft(v, draft)
     if pair:
+        tokens = "/".join(map(str, v.get("max_new_tokens") or [])) or "?"
+        theirs = ((draft or {}).get("workload") or {}).get("max_new_tokens") or "?"
         text += ("A head step costs c = " + ", ".join(f"{r['head_c']:.2f}" for r in pair) + " of a target step at batch "
                  + ", ".join(str(r["batch"]) for r in pair) + "; the 1B draft model's, " + ", ".join(
-                     f"{r['draft_model_c']:.2f}" for r in pair) + ". ")
+                     f"{r['draft_model_c']:.2f}" for r in pair) + f" (two recordings, each over its own baseline: "
+                 f"{tokens}- and {theirs}-token outputs, prefill inside both). ")
     fp8 = head_rows(v, quantization="fp8")
     if fp8:
         one = [r for r in fp8 if r["batch"] == 1]

@@ -276,7 +276,8 @@ def loop_acceptance(n_prompts: int = 64, max_new_tokens: int = 64, ks: Sequence[
 def loop_workers() -> int:
     """Processes for the loop beside a starting engine: half this machine's cores (the engine's compile has the
     rest), at most 8, at least 1."""
-    return max(1, min(8, (os.cpu_count() or 1) // 2))
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(8, cores // 2))  # the cores this process may use (a container's share), not the host's
 
 
 def cross_check(rows: Sequence[dict[str, Any]], loop: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -320,13 +321,16 @@ def measure_grid(batches: Sequence[int], ks: Sequence[int], methods: Sequence[st
     drafters = [m for m in methods if m in MODEL_DRAFTERS] or ["draft_model"]
     loop_ks = sorted({k for m in methods if m in MODEL_DRAFTERS for k in ks}) or sorted(ks)
     failed: list[dict[str, Any]] = []
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+    pool = concurrent.futures.ThreadPoolExecutor(1)
+    try:
         loop_future = pool.submit(loop_acceptance, n_prompts, max_new_tokens, loop_ks, drafters=drafters,
                                   workers=loop_workers())
         rows = vllm_spec_runs(methods, ks, batches, prompt_lookup=prompt_lookup, n_prompts=n_prompts,
                               max_new_tokens=max_new_tokens, store=store, failures=failed,
                               after_start=loop_future.result)
         loop = loop_future.result()
+    finally:  # an engine's failure or an interrupt surfaces at once, not after the loop has finished
+        pool.shutdown(wait=False, cancel_futures=True)
     results = [r.pop("result") for r in rows]
     return {"rows": rows, "loop": loop, "cross_check": cross_check(rows, loop), "results": results, "failed": failed,
             "workload": {"name": "journey", "requests": n_prompts, "max_new_tokens": max_new_tokens},
