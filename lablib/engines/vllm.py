@@ -20,6 +20,7 @@ import atexit
 import contextlib
 import importlib.util
 import multiprocessing as mp
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -33,11 +34,14 @@ from ..results.record import RequestRecord
 from .base import OnRecord, PreparedRequest
 from .hf import progress_bar
 from .process import children, environ, kill_tree
-from .vllm_worker import worker_main
+from .vllm_worker import spare_main, worker_main
 
 SETTLE_S = 60.0  # how long close() waits for the GPU to return to its baseline
 SETTLE_SLACK = 256 * 2**20  # bytes above baseline still counted as "back"
 
+
+SPARE_ENV = "LABLIB_VLLM_SPARE"  # "1": each engine's start also makes the next engine's worker (`Spare`)
+SPARE_WAIT_S = 120.0  # how long a started engine waits for its spare's imports before it says ready
 
 nvml_used = nvml_memory  # this module's name for it: the engine tests replace it with a fake GPU's
 RUNNER_ENV = "VLLM_USE_V2_MODEL_RUNNER"  # vLLM 0.26 reads its model runner from here (VLLMConfig.model_runner_v2)
@@ -46,6 +50,62 @@ RUNNER_ENV = "VLLM_USE_V2_MODEL_RUNNER"  # vLLM 0.26 reads its model runner from
 def runner_env(v2: bool | None) -> contextlib.AbstractContextManager[None]:
     """VLLM_USE_V2_MODEL_RUNNER set to 1/0 (None: unset, vLLM decides) while a worker is spawned; restored after."""
     return environ(RUNNER_ENV, None if v2 is None else "1" if v2 else "0")
+
+
+class Spare:
+    """The next engine's worker, made while this one starts (LABLIB_VLLM_SPARE=1; off by default).
+
+    Every engine's worker is a fresh spawned process that imports vLLM before vLLM's own start begins: 20-31 s of
+    each engine's start on the H200's host (lab 08's recorded startup_wall_s - startup_s). A lab that starts engines
+    one after another pays it every time. With a spare, an engine's `start` spawns the next worker beside its own
+    start (the minute when nothing is measured), waits for its imports before it says ready (so they never run
+    beside a measurement), and the next `start` hands that worker its engine instead of spawning one. One spare at
+    a time, per process; one not taken is ended when Python exits."""
+
+    current: "Spare | None" = None
+
+    def __init__(self) -> None:
+        ctx = mp.get_context("spawn")
+        self.conn, child = ctx.Pipe()
+        self.log_path = tempfile.NamedTemporaryFile(prefix="lablib-vllm-spare-", suffix=".log", delete=False).name
+        self.proc = ctx.Process(target=spare_main, args=(child, self.log_path), name="lablib-vllm-spare", daemon=False)
+        self.proc.start()  # not a daemon: once it is an engine's worker it has vLLM's engine core as a child
+        self.import_s: float | None = None
+        atexit.register(self.end)
+
+    @classmethod
+    def make(cls) -> None:
+        """Start one for the next engine, where asked for (SPARE_ENV) and none is alive."""
+        if os.environ.get(SPARE_ENV) == "1" and not (cls.current and cls.current.proc.is_alive()):
+            cls.current = Spare()
+
+    @classmethod
+    def take(cls) -> "Spare | None":
+        """The spare, imported and alive, for the engine starting now (None: spawn one as usual)."""
+        spare, cls.current = cls.current, None
+        if spare is None or not spare.ready(0) or not spare.proc.is_alive():
+            if spare is not None:
+                spare.end()
+            return None
+        atexit.unregister(spare.end)  # the engine that takes it owns it now
+        return spare
+
+    def ready(self, timeout_s: float) -> bool:
+        """Whether it has imported vLLM, waiting up to timeout_s for it."""
+        if self.import_s is None and self.proc.is_alive() and self.conn.poll(timeout_s):
+            try:
+                kind, *rest = self.conn.recv()
+            except EOFError:
+                return False
+            if kind != "spare_ready":
+                return False
+            self.import_s = rest[0]
+        return self.import_s is not None
+
+    def end(self) -> None:
+        if self.proc.is_alive():
+            kill_tree(self.proc.pid)
+            self.proc.join(10)
 
 
 def preflight(spec: ModelSpec, config: VLLMConfig) -> dict[str, Any]:
@@ -149,14 +209,25 @@ class VLLMEngine:
             if self.spec.source == "embedded" and self.config.speculative_config:
                 kwargs["speculative_config"] = {"model": str(embedded_path("draft")), **self.config.speculative_config}
             t0 = time.perf_counter()
-            self._proc = ctx.Process(target=worker_main, args=(child, self.spec.path, tok_path, kwargs, self.log_path,
-                                                               synthetic), name="lablib-vllm", daemon=False)
-            self._proc.start()
+            spare = Spare.take()
+            if spare is not None:  # a worker that imported vLLM while the engine before this one started
+                self._proc, self._conn = spare.proc, spare.conn
+                env = {k: v for k, v in os.environ.items() if k.startswith("VLLM_")}  # runner_env's setting too
+                self._conn.send(("start", self.spec.path, tok_path, kwargs, self.log_path, synthetic, env))
+            else:
+                self._proc = ctx.Process(target=worker_main, args=(child, self.spec.path, tok_path, kwargs,
+                                                                   self.log_path, synthetic), name="lablib-vllm",
+                                         daemon=False)
+                self._proc.start()
+            Spare.make()  # the next engine's worker imports beside this start, never beside a measurement
         atexit.register(self._at_exit)  # the worker is not a daemon (it has children): end it when Python exits
         kind, payload = self._receive(self.start_timeout_s, expect=("ready",))
         self._descendants = children(self._proc.pid)
+        if Spare.current is not None:
+            Spare.current.ready(SPARE_WAIT_S)  # its imports end before this engine's first measurement
         self.facts.update({**payload, "startup_wall_s": time.perf_counter() - t0, "context": payload.get("max_model_len"),
-                           "vram_baseline_bytes": self.baseline[0] if self.baseline else None, "started": True})
+                           "vram_baseline_bytes": self.baseline[0] if self.baseline else None, "started": True,
+                           "worker": "spare" if spare is not None else "spawned"})
         return self
 
     def _at_exit(self) -> None:

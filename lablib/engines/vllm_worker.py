@@ -175,3 +175,30 @@ def worker_main(conn: Any, model: str, tokenizer: str | None, llm_kwargs: dict[s
             conn.send(("error", f"{type(e).__name__}: {e}", traceback.format_exc()))
     del llm
     gc.collect()
+
+
+def spare_main(conn: Any, log_path: str) -> None:
+    """A worker made before its engine is asked for (`VLLMEngine`'s spare, LABLIB_VLLM_SPARE=1): it imports vLLM
+    now, while the engine before it starts (20-30 s of every engine's start on the H200's host), says so
+    ("spare_ready"), then waits for its engine: ("start", model, tokenizer, llm_kwargs, log_path,
+    skip_tokenizer_init, env). `env` is every VLLM_* variable as the engine's caller has it (None: unset), applied
+    before vLLM reads them (it reads them when an engine starts, not at import); then it is that engine's worker."""
+    _redirect_output(log_path)
+    try:
+        t0 = time.monotonic()
+        import vllm  # deferred: vllm (imported ahead of its engine: the point of a spare)
+
+        conn.send(("spare_ready", time.monotonic() - t0))
+        msg = conn.recv()
+    except EOFError:  # its owner ended without using it
+        return
+    except BaseException as e:
+        conn.send(("error", f"{type(e).__name__}: {e}", traceback.format_exc()))
+        return
+    if msg[0] != "start":
+        return
+    _, model, tokenizer, llm_kwargs, engine_log, skip_tokenizer_init, env = msg
+    for key in [k for k in os.environ if k.startswith("VLLM_") and k not in env]:
+        del os.environ[key]
+    os.environ.update({k: v for k, v in env.items() if v is not None})
+    worker_main(conn, model, tokenizer, llm_kwargs, engine_log, skip_tokenizer_init)

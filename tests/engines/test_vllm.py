@@ -16,6 +16,7 @@ import os
 import shutil
 import sys
 import time
+from pathlib import Path
 
 import psutil
 import pynvml
@@ -487,3 +488,31 @@ def test_preflight_counts_the_gpus_of_one_node_when_the_engine_spans_several(wit
     with pytest.raises(ValueError, match=r"VLLMConfig\.node_rank=1: allowed 0 in VLLMEngine .* Fix: on that machine "
                        r"start `vllm serve MODEL --headless --nnodes 2 --node-rank 1 --master-addr 10\.0\.0\.1"):
         VLLMEngine(spec, other)  # node 1 runs vLLM's workers only: no engine here to send requests to
+
+
+def test_a_spare_worker_imports_beside_one_start_and_serves_the_next_engine(start, monkeypatch):
+    """LABLIB_VLLM_SPARE=1: the first engine's start also makes the next worker; the second engine takes it (no new
+    spawn), with the model runner its caller set (vLLM reads it when the engine starts), and decodes as a spawned
+    worker does. Without the variable nothing is spared."""
+    monkeypatch.setenv(vllm_engine.SPARE_ENV, "1")
+    monkeypatch.setattr(vllm_engine.Spare, "current", None)
+    first = start(VLLMConfig(max_num_seqs=2))
+    spare = vllm_engine.Spare.current
+    assert first.facts["worker"] == "spawned" and spare is not None and spare.import_s is not None  # imported
+    first.close()
+    with vllm_engine.runner_env(False):
+        second = start(VLLMConfig(max_num_seqs=2))
+    assert second.facts["worker"] == "spare" and second._proc.pid == spare.proc.pid
+    assert "fake-vllm: VLLM_USE_V2_MODEL_RUNNER=0" in Path(second.log_path).read_text()  # set after the import
+    assert vllm_engine.RUNNER_ENV not in os.environ
+    got = [r.output_tokens for r in second.generate(_requests([3, 2]))]
+    assert got == [3, 2] and 0 < second.facts["startup_s"] < second.facts["startup_wall_s"]
+    third_spare = vllm_engine.Spare.current  # the second start made the next one: ended at exit if never taken
+    second.close()
+    assert third_spare is not None and third_spare.proc.pid != spare.proc.pid
+    third_spare.end()
+    assert not third_spare.proc.is_alive()
+    monkeypatch.delenv(vllm_engine.SPARE_ENV)
+    monkeypatch.setattr(vllm_engine.Spare, "current", None)
+    plain = start(VLLMConfig(max_num_seqs=2))
+    assert plain.facts["worker"] == "spawned" and vllm_engine.Spare.current is None

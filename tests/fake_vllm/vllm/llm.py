@@ -176,6 +176,9 @@ class LLM:
         message = os.environ.get("FAKE_VLLM_FAIL_START")
         if message:
             raise RuntimeError(message)
+        # what vLLM reads when an engine starts (its model runner), in the engine's log: a spare worker must carry it
+        print(f"fake-vllm: VLLM_USE_V2_MODEL_RUNNER={os.environ.get('VLLM_USE_V2_MODEL_RUNNER')}", file=sys.stderr,
+              flush=True)
         unknown = sorted(set(kwargs) - ENGINE_ARGS)
         if unknown:
             raise TypeError(f"EngineArgs.__init__() got an unexpected keyword argument {unknown[0]!r}")
