@@ -37,7 +37,7 @@ def test_a_step_that_reads_the_loop_is_refused_until_the_loop_ran(lab):
 
 def test_the_checks_cell_names_the_steps_that_did_not_run(lab):
     assert lab.missing() == sorted(["assisted", "batch_model", "drafter_acceptance", "harness_runs", "loop",
-                                    "sampling", "vllm"])
+                                    "ngram_texts", "sampling", "vllm"])
     lab.hf = {"all_identical": True}
     with pytest.raises(ValueError, match="run every step above first") as e:
         checks.checks(lab)
