@@ -127,6 +127,14 @@ def counters_consistent(c: SpecCounters, k: int, every_draft_k: bool = True) -> 
     return not broken, "; ".join(broken) or "consistent"
 
 
+def length_gap_stderr(ref: dict[str, Any], num_drafts: int) -> float:
+    """The standard error of the gap between a loop's mean acceptance length (`ref`: an `AcceptanceReport.row()`)
+    and another count of the same drafting over `num_drafts` drafts (vLLM's): the loop's own standard error and the
+    loop's per-step spread over sqrt(num_drafts), since the other count's per-step counts are not kept."""
+    spread = ref["length_stderr"] * math.sqrt(ref["num_drafts"])  # the loop's per-step std of accepted counts
+    return math.sqrt(ref["length_stderr"] ** 2 + spread**2 / num_drafts)
+
+
 MODEL_DRAFTERS = ("draft_model", "eagle")  # vLLM's names of the drafters that run a forward per draft token
 
 def drafter_acceptance(drafters: Sequence[str] = MODEL_DRAFTERS, n_prompts: int = 8, max_new_tokens: int = 32,

@@ -17,7 +17,8 @@ facts' keys.
 """
 from __future__ import annotations
 
-import concurrent.futures
+import contextlib
+import statistics
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -30,7 +31,7 @@ from ...results.reference import NotRecorded, load_reference, recorded_facts
 from ...session import Shown, live_or_recorded
 from .acceptance import drafter_acceptance
 from .synthetic import LABEL, TARGET
-from .vllm_runs import Setting, loop_workers, vllm_spec_runs
+from .vllm_runs import Setting, beside, loop_workers, vllm_spec_runs
 
 KEY = "speculative-eagle-8b"  # facts[f"{KEY}-{part}"], one per part; scripts/record_reference.py --steps KEY-<part>
 TAG = "8b-eagle"
@@ -115,14 +116,11 @@ def eagle_runs(part: str, *, batches: Sequence[int] = BATCHES, n_prompts: int = 
     ks = PARTS[validate.choice("eagle_runs", "part", part, tuple(PARTS))]["ks"]
     if rates is not None:
         rates = check_rates(ks, rates)  # refused before the 16 GB checkpoint is made
-    pool = concurrent.futures.ThreadPoolExecutor(1)  # measured rates: the loop runs while checkpoints are made
-    try:
-        measuring = None if rates is not None else pool.submit(head_rates, ks, workers=loop_workers())
+    # measured rates: the loop runs while the checkpoints are made (`beside`: a failure never waits on it)
+    with contextlib.nullcontext() if rates is not None else beside(head_rates, ks, workers=loop_workers()) as measuring:
         target = target or synthetic_spec(TARGET)
         head = head or synthetic_eagle(TARGET)
         rates = rates if measuring is None else check_rates(ks, measuring.result())
-    finally:  # a failure or an interrupt returns at once: the loop's processes end on their own, nothing waits on them
-        pool.shutdown(wait=False, cancel_futures=True)
     runs = part_settings(part, rates, head, target.path)  # every refusal before an engine starts
     failures: list[dict[str, Any]] = []
     t0 = time.time()
@@ -189,8 +187,8 @@ def surface(study: dict[str, Any]) -> list[dict[str, Any]]:
         by_batch.setdefault(r["batch"], []).append(r)
     out = []
     for b, rs in sorted(by_batch.items()):
-        cs = sorted(r["implied_c"] for r in rs if r.get("implied_c") is not None)
-        c = cs[len(cs) // 2] if len(cs) % 2 else (sum(cs[len(cs) // 2 - 1:len(cs) // 2 + 1]) / 2 if cs else None)
+        cs = [r["implied_c"] for r in rs if r.get("implied_c") is not None]
+        c = statistics.median(cs) if cs else None
         for r in rs:
             e = r.get("mean_acceptance_length")
             out.append({"batch": b, "k": r["k"], "set_length": r.get("set_length"), "counted_length": e,
@@ -292,7 +290,7 @@ def eagle_lines(shown: Shown, draft: dict[str, Any] | None = None) -> str:
     stop = stops_paying(v)
     text += (f"From batch {stop} no k pays. " if stop is not None else
              ("It pays at every batch measured. " if best else "No EAGLE rows yet. "))
-    roof = [r for r in batch1_roofline(v) if r["pinned"] and r["weights"] == "bf16" and r["share_of_ceiling"]]
+    roof = [r for r in v["batch1"] if r["pinned"] and r["weights"] == "bf16" and r["share_of_ceiling"]]
     base = next((r for r in roof if r["k"] is None), None)
     top = max((r for r in roof if r["k"] is not None), key=lambda r: r["output_tok_s"], default=None)
     if base and top:
@@ -310,7 +308,7 @@ def eagle_lines(shown: Shown, draft: dict[str, Any] | None = None) -> str:
     fp8 = head_rows(v, quantization="fp8")
     if fp8:
         one = [r for r in fp8 if r["batch"] == 1]
-        fp8_ceiling = next((r["ceiling_tok_s"] for r in batch1_roofline(v) if r["weights"] == "fp8"
+        fp8_ceiling = next((r["ceiling_tok_s"] for r in v["batch1"] if r["weights"] == "fp8"
                             and r["ceiling_tok_s"]), None)
         text += "".join(f"FP8 weights with the head at batch 1, k={r['k']}: {r['output_tok_s']:,.0f} tok/s ("
                         + (f"{r['speedup']:.2f}x over FP8 alone, " if r["speedup"] is not None else

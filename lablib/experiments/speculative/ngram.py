@@ -32,7 +32,7 @@ from ... import validate
 from ...config import DATA_DIR
 from ...hardware.device import torch_threads
 from ...workloads import load_workload
-from .acceptance import acceptance_report, counters_consistent
+from .acceptance import acceptance_report, counters_consistent, length_gap_stderr
 from .loops import SpeculativeRun, Step, greedy, load_pair, provenance
 
 LOOKUP = (2, 5)  # vLLM's prompt_lookup_min / prompt_lookup_max as lab 08 runs them
@@ -204,8 +204,7 @@ def cross_check(rows: Sequence[dict[str, Any]], vllm_rows: Sequence[dict[str, An
             if (v.get("method") != "ngram" or v.get("k") != r["k"] or v.get("mean_acceptance_length") is None
                     or list(v.get("prompt_lookup") or ()) != list(r["lookup"])):
                 continue
-            spread = r["length_stderr"] * r["num_drafts"] ** 0.5  # the replay's per-step std of accepted counts
-            se = (r["length_stderr"] ** 2 + spread ** 2 / v["num_drafts"]) ** 0.5
+            se = length_gap_stderr(r, v["num_drafts"])
             gap = v["mean_acceptance_length"] - r["measured_length"]
             out.append({"k": r["k"], "batch": v["batch"], "vllm_length": v["mean_acceptance_length"],
                         "replay_length": r["measured_length"], "gap": gap, "stderr": se, "gap_in_stderrs": gap / se,
@@ -255,3 +254,9 @@ def copy_pays_more(rows: Sequence[dict[str, Any]]) -> bool:
     return bool(ks) and all(by["copy-edit", k]["drafted_share"] > by["journey", k]["drafted_share"] and
                             (by["copy-edit", k]["tokens_per_step"] or 0) > (by["journey", k]["tokens_per_step"] or 0)
                             for k in ks)
+
+
+def agrees_with_vllm(rows: Sequence[dict[str, Any]], grid: dict[str, Any]) -> bool:
+    """Lab 08's live claim: the grid has n-gram runs on the replay's requests, each within 3 standard errors."""
+    checked = against_grid(rows, grid)
+    return bool(checked) and all(x["within_3_stderrs"] for x in checked)

@@ -15,12 +15,14 @@ made for another target, min_p/logit_bias) is refused before an engine starts (`
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
 import math
 import os
 import re
+import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,7 +44,7 @@ from ...results.reference import recorded_facts
 from ...results.store import keep_if_recording
 from ...session import Shown, live_label, live_or_recorded, stand_ins
 from ...workloads import load_workload
-from .acceptance import MODEL_DRAFTERS, counters_consistent, drafter_acceptance
+from .acceptance import MODEL_DRAFTERS, counters_consistent, drafter_acceptance, length_gap_stderr
 
 LAB = lab_id("08")
 STEP = "speculative"  # the recording step: scripts/record_reference.py --steps speculative calls record.record
@@ -280,6 +282,17 @@ def loop_workers() -> int:
     return max(1, min(8, cores // 2))  # the cores this process may use (a container's share), not the host's
 
 
+@contextlib.contextmanager
+def beside(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Iterator[concurrent.futures.Future]:
+    """fn(*args, **kwargs) in a thread while the block runs (CPU work beside an engine's start or a checkpoint's
+    making); yields its future. Leaving the block never waits for it: an error or an interrupt surfaces at once."""
+    pool = concurrent.futures.ThreadPoolExecutor(1)
+    try:
+        yield pool.submit(fn, *args, **kwargs)
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+
+
 def cross_check(rows: Sequence[dict[str, Any]], loop: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """vLLM's mean acceptance length per model-drafter run against the loop's on the same prompts (same drafter, k).
 
@@ -297,8 +310,7 @@ def cross_check(rows: Sequence[dict[str, Any]], loop: Sequence[dict[str, Any]]) 
         ref = by_key.get((r["method"], r["k"]))
         if r["method"] not in MODEL_DRAFTERS or r.get("mean_acceptance_length") is None or ref is None:
             continue
-        spread = ref["length_stderr"] * math.sqrt(ref["num_drafts"])  # the loop's per-step std of accepted counts
-        se = math.sqrt(ref["length_stderr"] ** 2 + spread**2 / r["num_drafts"])
+        se = length_gap_stderr(ref, r["num_drafts"])
         gap = r["mean_acceptance_length"] - ref["measured_length"]
         out.append({"name": r["name"], "drafter": r["method"], "batch": r["batch"], "k": r["k"],
                     "vllm_length": r["mean_acceptance_length"],
@@ -321,16 +333,12 @@ def measure_grid(batches: Sequence[int], ks: Sequence[int], methods: Sequence[st
     drafters = [m for m in methods if m in MODEL_DRAFTERS] or ["draft_model"]
     loop_ks = sorted({k for m in methods if m in MODEL_DRAFTERS for k in ks}) or sorted(ks)
     failed: list[dict[str, Any]] = []
-    pool = concurrent.futures.ThreadPoolExecutor(1)
-    try:
-        loop_future = pool.submit(loop_acceptance, n_prompts, max_new_tokens, loop_ks, drafters=drafters,
-                                  workers=loop_workers())
+    with beside(loop_acceptance, n_prompts, max_new_tokens, loop_ks, drafters=drafters,
+                workers=loop_workers()) as loop_future:
         rows = vllm_spec_runs(methods, ks, batches, prompt_lookup=prompt_lookup, n_prompts=n_prompts,
                               max_new_tokens=max_new_tokens, store=store, failures=failed,
                               after_start=loop_future.result)
         loop = loop_future.result()
-    finally:  # an engine's failure or an interrupt surfaces at once, not after the loop has finished
-        pool.shutdown(wait=False, cancel_futures=True)
     results = [r.pop("result") for r in rows]
     return {"rows": rows, "loop": loop, "cross_check": cross_check(rows, loop), "results": results, "failed": failed,
             "workload": {"name": "journey", "requests": n_prompts, "max_new_tokens": max_new_tokens},
@@ -457,11 +465,7 @@ def engine_time_line(rows: Sequence[dict[str, Any]]) -> str:
     engines = {r["name"]: r for r in rows if r.get("startup_wall_s") is not None and r.get("startup_s") is not None}
     if not engines:
         return ""
-
-    def median(xs: list[float]) -> float:
-        xs = sorted(xs)
-        return (xs[(len(xs) - 1) // 2] + xs[len(xs) // 2]) / 2
-
+    median = statistics.median
     spawn = median([r["startup_wall_s"] - r["startup_s"] for r in engines.values()])
     start = median([r["startup_s"] for r in engines.values()])
     closes = [r["close_s"] for r in engines.values() if r.get("close_s") is not None]
