@@ -70,7 +70,7 @@ from typing import Any
 
 from .. import validate
 from ..workloads import Workload, load_workload
-from .spec import check_model_dir
+from .spec import check_model_dir, embedded_path
 
 OWNER = "quantize"
 ROOT = Path(__file__).resolve().parents[2]  # the project root: the worker runs as `-m lablib.models.quantize_worker`
@@ -225,6 +225,32 @@ def _calibration(scheme: Scheme, calibration: str | Workload | None, num_samples
     return calibration.head(num_samples)
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")  # any one: transformers can build it
+
+
+def _tokenizer_dir(model_dir: Path, cfg: dict[str, Any]) -> Path:
+    """Where the worker's tokenizer comes from: the model's own folder, or, for a synthetic checkpoint (no tokenizer:
+    random weights read ids, not text), the embedded target's, whose ids are valid in any larger vocabulary (as
+    `prompt_tokenizer` feeds a synthetic model). A folder with neither is refused: transformers would build an
+    empty tokenizer from the config alone, the calibration texts would become empty id lists, and llm-compressor
+    would fail inside the worker with a float 'indices' tensor."""
+    if any((model_dir / f).is_file() for f in TOKENIZER_FILES):
+        return model_dir
+    if (model_dir / "synthetic.json").is_file():
+        embedded = embedded_path("target")
+        vocab = json.loads((embedded / "config.json").read_text())["vocab_size"]
+        if vocab > int(cfg.get("vocab_size") or 0):
+            raise validate.refuse(OWNER, "model_dir", str(model_dir), f"a synthetic checkpoint whose vocabulary "
+                                  f"holds the embedded tokenizer's {vocab} ids (this one's vocab_size is "
+                                  f"{cfg.get('vocab_size')})", "copy a tokenizer of this vocabulary into the folder "
+                                  f"(one of {', '.join(TOKENIZER_FILES)}).")
+        return embedded
+    raise validate.refuse(OWNER, "model_dir", str(model_dir), f"a model folder with its tokenizer (one of "
+                          f"{', '.join(TOKENIZER_FILES)}; the quantizer tokenizes its calibration texts and saves the "
+                          "tokenizer beside the quantized weights)", "copy the tokenizer files the model came with "
+                          "into the folder (AutoTokenizer.from_pretrained(hub_id).save_pretrained(folder)).")
+
+
 QUANT_PYTHON, QUANT_SITE = "LABLIB_QUANT_PYTHON", "LABLIB_QUANT_SITE"  # where the quantization environment is
 QUANT_VENV = ROOT / ".venv-quant"  # what `scripts/setup.sh quant` makes beside a vLLM .venv
 
@@ -295,8 +321,9 @@ def plan(model_dir: str | Path, out_dir: str | Path, scheme: str, *, group_size:
                               "ignore fewer modules, e.g. ignore=('lm_head',).")
     group_size = _check_group_size(spec, group_size, widths)
     cal = _calibration(spec, calibration, num_samples)
+    tokenizer_dir = _tokenizer_dir(model_dir, cfg)
     return {"model_dir": str(model_dir), "out_dir": str(out_dir), "scheme": spec.name, "scheme_details": spec.row(),
-            "group_size": group_size,
+            "group_size": group_size, "tokenizer_dir": str(tokenizer_dir),
             "ignore": list(ignore), "targets": len(widths), "source_dtype": cfg.get("dtype") or cfg.get("torch_dtype"),
             "calibration": None if cal is None else {"workload": cal.label, "samples": len(cal),
                                                      "tokens": cal.total_prompt_tokens},

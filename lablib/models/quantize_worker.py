@@ -100,7 +100,7 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
     workarounds = _no_accelerator_workarounds()
     from llmcompressor import oneshot  # deferred: llmcompressor
 
-    tokenizer = AutoTokenizer.from_pretrained(job["model_dir"])
+    tokenizer = AutoTokenizer.from_pretrained(job.get("tokenizer_dir") or job["model_dir"])
     model = AutoModelForCausalLM.from_pretrained(job["model_dir"], dtype="auto")
     recipe = build_recipe(job["scheme_details"]["method"], job["group_size"], job["ignore"])
     kwargs: dict[str, Any] = {}
@@ -108,8 +108,12 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
         from datasets import Dataset  # deferred: datasets
 
         ids = [tokenizer(t, truncation=True, max_length=job["max_seq_length"])["input_ids"] for t in job["texts"]]
+        if not all(ids):
+            raise ValueError(f"the tokenizer from {job.get('tokenizer_dir') or job['model_dir']} turned "
+                             f"{sum(not i for i in ids)} of {len(ids)} calibration texts into no ids: it is empty. "
+                             "Fix: copy the model's own tokenizer files into its folder.")
         data = Dataset.from_dict({"input_ids": ids, "attention_mask": [[1] * len(i) for i in ids]})
-        kwargs = {"dataset": data, "num_calibration_samples": len(ids), "max_seq_length": job["max_seq_length"],
+        kwargs = {"dataset": data, "processor": tokenizer, "num_calibration_samples": len(ids), "max_seq_length": job["max_seq_length"],
                   "shuffle_calibration_samples": False}
     t0 = time.perf_counter()
     oneshot(model=model, recipe=recipe, **kwargs)

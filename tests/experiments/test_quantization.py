@@ -636,7 +636,7 @@ def test_the_checkpoint_step_keeps_what_it_made_when_cut_short_and_a_rerun_reuse
     from lablib.experiments.quantization import checkpoints, speed_runs
     from lablib.models import embedded_path
 
-    monkeypatch.setattr(speed_runs, "_gpu_source", lambda model, work: embedded_path("target"))
+    monkeypatch.setattr(speed_runs, "synthetic_spec", lambda model: type("S", (), {"path": str(embedded_path())})())
     real_quantize, made = checkpoints.quantize, []
 
     def quantize(model_dir, folder, scheme, **k):

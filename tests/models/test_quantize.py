@@ -114,6 +114,55 @@ def test_ignoring_every_linear_or_a_bad_ignore_is_refused(tmp_path, no_worker):
     refused("ignore", q.quantize, TARGET, tmp_path / "out", "fp8-dynamic", ignore=("",))
 
 
+def tokenizerless(tmp_path: Path, synthetic: bool, vocab: int | None = None) -> Path:
+    """The embedded target's config and weights without its tokenizer files; `synthetic`: marked as lablib's synthetic
+    checkpoints are (synthetic.json), which carry no tokenizer."""
+    model = tmp_path / ("synthetic" if synthetic else "bare")
+    model.mkdir()
+    for f in ("config.json", "model.safetensors"):
+        shutil.copy(TARGET / f, model / f)
+    if vocab is not None:
+        cfg = json.loads((model / "config.json").read_text())
+        (model / "config.json").write_text(json.dumps({**cfg, "vocab_size": vocab}))
+    if synthetic:
+        (model / "synthetic.json").write_text(json.dumps({"architecture": "test", "label": "synthetic"}))
+    return model
+
+
+def test_a_folder_without_a_tokenizer_is_refused_before_the_worker(tmp_path, no_worker):
+    """Without this, transformers builds an empty Qwen2 tokenizer from config.json alone: every calibration text
+    becomes [] and llm-compressor fails in the worker on a float 'indices' tensor (seen on the H200, 2026-12-03)."""
+    msg = refused("model_dir", q.quantize, tokenizerless(tmp_path, False), tmp_path / "out", "gptq-w4a16")
+    assert "tokenizer.json" in msg and "save_pretrained" in msg
+    msg = refused("model_dir", q.quantize, tokenizerless(tmp_path, True, vocab=100), tmp_path / "out2", "fp8-dynamic")
+    assert "vocab_size is 100" in msg
+
+
+def test_a_synthetic_checkpoint_takes_the_embedded_tokenizer_and_its_own_folder_keeps_its_own(tmp_path):
+    assert q.plan(TARGET, tmp_path / "a", "gptq-w4a16")["tokenizer_dir"] == str(TARGET.resolve())
+    assert q.plan(tokenizerless(tmp_path, True), tmp_path / "b", "gptq-w4a16")["tokenizer_dir"] == str(TARGET)
+
+
+@pytest.mark.parametrize("name", sorted(__import__("lablib.models.architecture", fromlist=["x"]).architectures()))
+def test_every_shipped_synthetic_shape_plans_with_every_scheme(tmp_path, name, no_worker):
+    """Every check but the weights themselves, on each architecture the lab offers: its widths from the config (the
+    quantizer's *.bin fallback), its tokenizer the embedded one. The Qwen2.5-0.5B/1.5B and Llama-3.2-1B shapes
+    once failed inside the worker (no tokenizer); the group size must tile every width of every shape."""
+    from lablib.models.architecture import architectures
+
+    folder = tmp_path / name
+    folder.mkdir()
+    cfg = {k: v for k, v in architectures()[name].items() if not k.startswith("_")}
+    (folder / "config.json").write_text(json.dumps({**cfg, "dtype": "bfloat16"}))
+    (folder / "pytorch_model.bin").write_bytes(bytes(2048))  # the widths come from the config (no safetensors)
+    (folder / "synthetic.json").write_text(json.dumps({"architecture": name}))
+    for scheme in q.SCHEMES:
+        job = q.plan(folder, tmp_path / f"out-{scheme}", scheme, num_samples=2)
+        assert job["tokenizer_dir"] == str(TARGET)
+        if q.SCHEMES[scheme].grouped:
+            assert job["group_size"] == 128, (name, scheme)  # the standard size tiles every shipped shape
+
+
 @pytest.fixture
 def vllm_env(monkeypatch, tmp_path):
     """This process as in vLLM's environment: llm-compressor does not import, no quantization environment named
@@ -296,3 +345,17 @@ def test_a_real_gptq_w4a16_quantization_loads_back_and_scores_a_finite_perplexit
     ppl = perplexity(load_model(out), tok, [r.prompt for r in evaluation_set(2).requests])
     assert ppl.tokens == 2 * 511 and 1.0 < ppl.ppl < 100.0  # the bf16 model scores ~16.6 on these two
     refused("model_dir", q.quantize, out, tmp_path / "again", "fp8-dynamic")  # a quantized folder, for real
+
+
+def test_a_synthetic_checkpoint_without_a_tokenizer_quantizes_and_gets_the_embedded_one(tmp_path):
+    """The path every synthetic shape takes: calibrated on the embedded tokenizer's ids, saved with that tokenizer."""
+    pytest.importorskip("llmcompressor", reason="install lablib[quant]")
+    out = tmp_path / "gptq"
+    facts = q.quantize(tokenizerless(tmp_path, True), out, "gptq-w4a16", num_samples=2, threads=1)
+    assert facts["tokenizer_dir"] == str(TARGET) and facts["calibration"]["samples"] == 2
+    from transformers import AutoTokenizer
+
+    text = "def area(r):\n    return 3.14159 * r * r\n"
+    assert AutoTokenizer.from_pretrained(str(out))(text)["input_ids"] == \
+        AutoTokenizer.from_pretrained(str(TARGET))(text)["input_ids"]
+    assert json.loads((out / "config.json").read_text())["quantization_config"]["quant_method"] == "compressed-tensors"

@@ -8,7 +8,6 @@ elsewhere), is in `recording` beside the steps that record it, since a live run 
 from __future__ import annotations
 
 import re
-import shutil
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -18,7 +17,7 @@ from ...bench.offline import run
 from ...config import BenchConfig, lab_id, VLLMConfig
 from ...engines.vllm import VLLMEngine
 from ...hardware.roofline import decode_ceiling_tok_s, decode_weight_bytes, lookup_gpu
-from ...models import check_model_dir, embedded_path, load_tokenizer, ModelSpec, resolve_model, synthetic_spec
+from ...models import check_model_dir, load_tokenizer, ModelSpec, resolve_model, synthetic_spec
 from ...models.quantize import SCHEMES, read_facts
 from ...results.record import Result
 from ...results.store import ResultStore
@@ -39,21 +38,6 @@ KERNEL_LINE = re.compile(r"(?:Using|Selected) (\w+Kernel) for (\w+)")
 ENGINE_KNOBS = ("gpu_memory_utilization", "max_model_len")  # vllm_speed_runs' engine settings a speed row carries
 LOAD_LINE = re.compile(r"Model loading took ([\d.]+) GiB")
 KV_LINE = re.compile(r"Available KV cache memory: ([\d.]+) GiB")
-
-
-def _gpu_source(model: str, work_dir: Path) -> Path:
-    """The synthetic bf16 checkpoint (made if absent) seen through a folder of links with the embedded tokenizer
-    beside it: the quantizer tokenizes its calibration texts with it (ids valid in any real vocabulary)."""
-    spec = synthetic_spec(model)
-    src = work_dir / f"{model}-bf16"
-    src.mkdir(parents=True, exist_ok=True)
-    for f in Path(spec.path).iterdir():
-        if not (src / f.name).exists():
-            (src / f.name).symlink_to(f)
-    for f in embedded_path("target").glob("tokenizer*"):
-        if not (src / f.name).exists():
-            shutil.copy(f, src / f.name)
-    return src
 
 
 def prepare_checkpoints(schemes: Sequence[str] = SPEED_SCHEMES, *, model: str = SPEED_MODEL,
@@ -81,7 +65,7 @@ def prepare_checkpoints(schemes: Sequence[str] = SPEED_SCHEMES, *, model: str = 
     for s in schemes:
         validate.choice(OWNER, "schemes", s, list(SCHEMES) + list(VLLM_SWITCHES))
     work = Path(work_dir)
-    src = _gpu_source(model, work)
+    src = Path(synthetic_spec(model).path)  # no tokenizer of its own: the quantizer takes the embedded one
     rows = []
     for s in (s for s in schemes if s not in VLLM_SWITCHES):
         facts = reuse_or_quantize(src, work / model / s, s, num_samples, ("lm_head",), python, threads)
