@@ -70,6 +70,8 @@ class HFConfig:
     speculative: str = ""  # HF_SPECULATIVE: "" off, "draft" (draft_model proposes), "ngram" (prompt lookup), lab 08
     num_speculative_tokens: int = 4  # tokens proposed per verify step (k), when speculative is on
     draft_model: str = "embedded-draft"  # the draft for speculative="draft": it must share the target's vocabulary
+    compile: bool = False  # a static KV cache and the decode step compiled (torch.compile; CUDA graphs on a GPU): the
+    # transformers optimisation guide's recipe, naive or static mode only
 
     def __post_init__(self) -> None:
         validate.choice("HFConfig", "mode", self.mode, HF_MODES, "'naive' for one request at a time, 'static' to batch, "
@@ -84,6 +86,14 @@ class HFConfig:
                                   f"'' with mode={self.mode!r} (transformers' assisted generation runs one sequence "
                                   "at a time)", "mode='naive', or speculative=''.")
         validate.integer("HFConfig", "batch_size", self.batch_size, "use 1 for naive generate, 2-64 for static batching.")
+        if not isinstance(self.compile, bool):
+            raise validate.refuse("HFConfig", "compile", self.compile, "True or False", "compile=True for the static "
+                                  "cache and the compiled decode step, False for generate's defaults.")
+        if self.compile and (self.mode == "continuous" or self.speculative):
+            field, value = ("mode", self.mode) if self.mode == "continuous" else ("speculative", self.speculative)
+            raise validate.refuse("HFConfig", field, value, "mode 'naive' or 'static' with speculative='' when "
+                                  "compile=True (the static cache and the compiled step are generate's own path)",
+                                  "compile=False, or mode='static' without speculation.")
         if self.mode == "naive" and self.batch_size != 1:
             raise validate.refuse("HFConfig", "batch_size", self.batch_size, "1 with mode='naive' (naive generate runs "
                                   "one request at a time)", "mode='static' to batch, or batch_size=1.")
@@ -92,7 +102,7 @@ class HFConfig:
 
     @property
     def engine(self) -> str:
-        return f"hf-{self.mode}"
+        return f"hf-{self.mode}" + ("-compile" if self.compile else "")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

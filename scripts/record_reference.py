@@ -156,17 +156,23 @@ def step_big(out: Path, store: ResultStore, facts: dict, bench_cli: bool = True)
     log(out, f"vllm bench throughput rc={p.returncode}: {p.stdout[-400:]}")
 
 
-def step_hf_big(out: Path, store: ResultStore, facts: dict) -> None:
+def step_hf_big(out: Path, store: ResultStore, facts: dict, compile: bool = False) -> None:
+    """HF static batching of the journey in one batch of 64 on the synthetic 8B (sdpa); `compile`: again with the
+    static cache and the compiled decode step (journey.hf_compile_steps' rung), its compile time in the facts."""
     from lablib.models.synthetic import synthetic_spec
 
     spec = synthetic_spec(BIG)
     journey = load_workload("journey")
     for b in (64,):
-        eng = HFEngine(spec, HFConfig(mode="static", batch_size=b))
-        r = run(eng, journey, BenchConfig(progress=False), lab=LAB, step=f"hf-static-b{b}-8b-journey")
+        t0 = time.time()
+        eng = HFEngine(spec, HFConfig(mode="static", batch_size=b, compile=compile))
+        tail = "-compile" if compile else ""
+        r = run(eng, journey, BenchConfig(progress=False), lab=LAB, step=f"hf-static-b{b}{tail}-8b-journey")
         eng.close()
         store.append_recorded(r)
-        log(out, f"hf static b{b} 8b journey: {r.summary['output_tok_s']:.1f} tok/s wall {r.wall_s:.1f}s")
+        facts[f"hf-static-b{b}{tail}-8b-journey"] = {"step_s": round(time.time() - t0, 1),
+                                                     **({"compile": r.engine_facts["compile"]} if compile else {})}
+        log(out, f"hf static b{b}{tail} 8b journey: {r.summary['output_tok_s']:.1f} tok/s wall {r.wall_s:.1f}s")
 
 
 def keep_sweep(out: Path, store: ResultStore, facts: dict, key: str, rows: list[dict], results: list[Result]) -> None:
@@ -280,7 +286,8 @@ def _lab(lab: str, name: str = "record", **kw):
 
 
 
-STEPS = {"smoke": step_smoke, "startup": step_startup, "big": step_big, "big-lab": lambda o, s, f: step_big(o, s, f, bench_cli=False), "hf-big": step_hf_big, "sweep": step_sweep,
+STEPS = {"smoke": step_smoke, "startup": step_startup, "big": step_big, "big-lab": lambda o, s, f: step_big(o, s, f, bench_cli=False), "hf-big": step_hf_big,
+         "hf-compile-big": lambda o, s, f: step_hf_big(o, s, f, compile=True), "sweep": step_sweep,
          "knobs": step_knobs, "knobs-budget": lambda o, s, f: step_knobs(o, s, f, KNOBS_BUDGET), "serve": step_serve,
          "serve-wide": lambda o, s, f: step_serve(o, s, f, WIDE), "serve-check": step_serve_check,
          "serve-check-embedded": lambda o, s, f: step_serve_check(o, s, f, "embedded"), "prefix": step_prefix,

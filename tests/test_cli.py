@@ -21,14 +21,20 @@ def test_journey_writes_results_report_and_summary(tmp_path, capsys):
     out, err = capsys.readouterr()
     assert code == 0, err
     results = load_results(tmp)
-    steps = ["hf-naive", "hf-static-b2", "hf-static-b2-sdpa", "hf-continuous-b2", "hf-naive-ngram-k4",
-             "hf-naive-draft-k4"]
+    steps = ["hf-naive", "hf-static-b2", "hf-static-b2-sdpa", "hf-static-b2-compile", "hf-continuous-b2",
+             "hf-naive-ngram-k4", "hf-naive-draft-k4"]
     assert [r.step for r in results] == steps  # every CPU rung of the ladder, in its order
-    assert [r.config["batch_size"] for r in results] == [1, 2, 2, 2, 1, 1]
-    assert [r.config["mode"] for r in results] == ["naive", "static", "static", "continuous", "naive", "naive"]
+    assert [r.config["batch_size"] for r in results] == [1, 2, 2, 2, 2, 1, 1]
+    assert [r.config["mode"] for r in results] == ["naive", "static", "static", "static", "continuous", "naive",
+                                                   "naive"]
     # one change per side road: the speculative rungs keep naive generate's eager kernel
-    assert [r.config["attn_implementation"] for r in results] == ["eager", "eager", "sdpa", "sdpa", "eager", "eager"]
-    assert [r.config["speculative"] for r in results] == ["", "", "", "", "ngram", "draft"]
+    assert [r.config["attn_implementation"] for r in results] == ["eager", "eager", "sdpa", "sdpa", "sdpa", "eager",
+                                                                  "eager"]
+    assert [r.config["speculative"] for r in results] == ["", "", "", "", "", "ngram", "draft"]
+    assert [r.config["compile"] for r in results] == [False, False, False, True, False, False, False]
+    compiled = results[3].engine_facts["compile"]  # sized before the warm-up: one cache length, one compile
+    assert compiled["cache_lengths"] == 1 and compiled["max_cache_len"] == \
+        max(q.prompt_tokens for q in results[3].requests) + 8 and compiled["first_call_s"] > 0
     for r in results:
         assert r.summary["requests"] == 4 and r.summary["output_tokens"] == 32
         assert r.lab == "journey" and r.workload["requests"] == 4

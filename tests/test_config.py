@@ -64,13 +64,14 @@ def test_out_of_range_messages_say_what_is_allowed():
 
 
 @pytest.mark.parametrize("kwargs", [{}, {"mode": "naive", "batch_size": 1}, {"mode": "static", "batch_size": 1},
-                                    {"mode": "static", "batch_size": 64, "dtype": "bfloat16", "device": "cpu"}])
+                                    {"mode": "static", "batch_size": 64, "dtype": "bfloat16", "device": "cpu"},
+                                    {"mode": "static", "batch_size": 16, "compile": True}])
 def test_good_hf_configs(kwargs):
     c = HFConfig(**kwargs)
-    assert c.engine == f"hf-{c.mode}"
+    assert c.engine == f"hf-{c.mode}" + ("-compile" if c.compile else "")
     assert c.to_dict() == {**{"mode": "naive", "batch_size": 1, "dtype": "auto", "device": "auto",
                               "attn_implementation": "sdpa", "speculative": "", "num_speculative_tokens": 4,
-                              "draft_model": "embedded-draft"}, **kwargs}
+                              "draft_model": "embedded-draft", "compile": False}, **kwargs}
 
 
 def test_good_bench_configs():

@@ -231,8 +231,8 @@ def test_the_main_job_reports_its_live_rungs_beside_the_recorded_road(tmp_path, 
     assert code == 0, err
     table = rows((tmp_path / "r.html").read_text(encoding="utf-8"))
     live = [k for k, row in table.items() if row["measured"].startswith("live on this machine (")]
-    assert live == ["hf-naive", "hf-static-b2", "hf-static-b2-sdpa", "hf-continuous-b2", "hf-naive-ngram-k4",
-                    "hf-naive-draft-k4"]
+    assert live == ["hf-naive", "hf-static-b2", "hf-static-b2-sdpa", "hf-static-b2-compile", "hf-continuous-b2",
+                    "hf-naive-ngram-k4", "hf-naive-draft-k4"]
     assert list(table)[:3] == live[:3]  # labs 01 and 02's rungs, then lab 02's rung's H200 recording
     summary = json.loads(out.strip().splitlines()[-1])
     if not mode()["live"]:  # no vLLM here: the road's vLLM rungs are the H200's, each after its own rung

@@ -128,6 +128,8 @@ def run(engine: Engine, workload: Workload, bench: BenchConfig = BenchConfig(), 
     try:
         engine.start()
         torch.manual_seed(bench.seed)
+        if hasattr(engine, "size_for"):  # an engine of fixed shapes (HF compiled) sizes them for this run first
+            engine.size_for(requests)
         if bench.warmup_requests:
             warm = [PreparedRequest(f"warmup-{r.request_id}", r.prompt_ids, min(8, r.max_new_tokens))
                     for r in requests[:bench.warmup_requests]]

@@ -50,6 +50,9 @@ class Engine(Protocol):
         """Run every request; call on_record as each finishes; return records in request order."""
         ...
 
+    # Optional: `size_for(requests)`, called by bench.offline.run before the warm-up with the run's requests, lets an
+    # engine of fixed shapes (HFEngine with compile=True: a static cache) compile the shapes the run will use.
+
     def worker_pids(self) -> list[int]:
         """Processes outside this one that hold the model (the memory monitor watches them); [] for in-process."""
         ...

@@ -11,6 +11,13 @@ ones, and nothing new can join until the whole batch ends. Continuous batching (
 04) removes exactly that; transformers has its own ("continuous": a paged KV cache, a finished
 request's slot refilled at the next step), the Hugging Face path a user would pick instead of vLLM.
 
+Compiled (`HFConfig(compile=True)`, the transformers optimisation guide's recipe): the KV cache is allocated once
+at a fixed length (a static cache) so every decode step has the same shapes, and `generate` compiles that step
+with torch.compile (mode "reduce-overhead": on a GPU the step is replayed as a CUDA graph, one launch instead of
+hundreds). Fixed shapes are the price: the cache is sized for the longest request the run holds (`size_for`), the
+attention reads all of it each step, and every batch is padded to `batch_size` rows (the padding's tokens are
+computed and dropped). The first call compiles (tens of seconds); `facts["first_call_s"]` keeps it.
+
 Timing: a streamer receives every step's tokens as they leave the model (`.cpu()` inside
 `generate` synchronises the device), so each output token gets its own time stamp.
 Output lengths are exact (`ignore_eos`): EOS is not a stop token here, as in vLLM's
@@ -124,6 +131,7 @@ class HFEngine:
         self._gen_config.pad_token_id = self.tokenizer.pad_token_id
         self.draft = self._load_draft(config) if config.speculative == "draft" else None
         self._manager: Any = None  # mode="continuous": transformers' manager, made by the first generate call
+        self._cache_len: int | None = None  # compile=True: the static cache's length, grown only (a new length recompiles)
         self._calls = 0  # generate calls on it (request ids are unique per call)
         if config.speculative == "ngram":
             self._gen_config.prompt_lookup_num_tokens = config.num_speculative_tokens
@@ -140,6 +148,33 @@ class HFEngine:
         }
         if self.draft is not None:
             self.facts["draft"] = {"model": config.draft_model, **_sizes(self.draft)}
+        if config.compile:
+            self.facts["compile"] = self._static_cache()
+
+    def _static_cache(self) -> dict[str, Any]:
+        """compile=True: generate's static cache and its auto-compiled decode step (on a CPU too, where transformers
+        compiles only when asked: `_compile_all_devices`)."""
+        from transformers import CompileConfig  # deferred: transformers
+
+        compile_config = CompileConfig()  # fullgraph off, mode "reduce-overhead": transformers' defaults
+        if self.device != "cuda":
+            compile_config._compile_all_devices = True
+        self._gen_config.cache_implementation = "static"
+        self._gen_config.compile_config = compile_config
+        return {"cache": "static", "mode": compile_config.mode, "max_cache_len": None, "cache_lengths": 0,
+                "padded_rows": 0, "first_call_s": None}
+
+    def size_for(self, requests: list[PreparedRequest]) -> None:
+        """Before the warm-up: size the static cache (compile=True) for the longest request of the run to come, so
+        the warm-up compiles the very shapes the run decodes with; otherwise a no-op."""
+        if self.config.compile and requests:
+            self._grow_cache(max(len(r.prompt_ids) for r in requests) + max(r.max_new_tokens for r in requests))
+
+    def _grow_cache(self, length: int) -> None:
+        if self._cache_len is None or length > self._cache_len:
+            self._cache_len = length
+            self.facts["compile"]["max_cache_len"] = length
+            self.facts["compile"]["cache_lengths"] += 1  # each new length is another compile
 
     def _load_draft(self, config: HFConfig) -> Any:
         """The draft for assisted generation, proposing exactly k tokens a step (`exact_draft_length`)."""
@@ -168,6 +203,9 @@ class HFEngine:
             return self._continuous(requests, on_record, progress)
         b = self.config.batch_size
         self._steps = 0
+        if self.config.compile and requests:
+            self._grow_cache(max(max(len(r.prompt_ids) for r in requests[i:i + b]) +
+                                 max(r.max_new_tokens for r in requests[i:i + b]) for i in range(0, len(requests), b)))
         t0 = time.perf_counter()
         bar = progress_bar(len(requests), progress, self.name)
         records: list[RequestRecord] = []
@@ -183,6 +221,8 @@ class HFEngine:
         finally:
             if bar:
                 bar.close()
+        if self.config.compile and self.facts["compile"]["first_call_s"] is None:
+            self.facts["compile"]["first_call_s"] = round(time.perf_counter() - t0, 2)  # compiling included
         if self.config.speculative:  # this call's own counts (a warm-up call is not the run)
             tokens = sum(r.output_tokens for r in records)
             self.facts["last_run"] = {"speculative": {
@@ -193,13 +233,19 @@ class HFEngine:
     def _run_batch(self, batch: list[PreparedRequest], t0: float, torch: Any) -> list[RequestRecord]:
         width = max(len(r.prompt_ids) for r in batch)
         pad = self.tokenizer.pad_token_id
-        ids = [[pad] * (width - len(r.prompt_ids)) + list(r.prompt_ids) for r in batch]
-        mask = [[0] * (width - len(r.prompt_ids)) + [1] * len(r.prompt_ids) for r in batch]
+        rows = batch
+        if self.config.compile and len(batch) < self.config.batch_size:  # the compiled step's shape: batch_size rows
+            rows = batch + [batch[0]] * (self.config.batch_size - len(batch))
+            self.facts["compile"]["padded_rows"] += self.config.batch_size - len(batch)
+        ids = [[pad] * (width - len(r.prompt_ids)) + list(r.prompt_ids) for r in rows]
+        mask = [[0] * (width - len(r.prompt_ids)) + [1] * len(r.prompt_ids) for r in rows]
         n_max = max(r.max_new_tokens for r in batch)
         clock = _StepClock(t0)
         start = time.perf_counter() - t0
         gen = copy.copy(self._gen_config)
         gen.max_new_tokens = n_max
+        if self.config.compile:
+            gen.max_cache_len = self._cache_len
         with torch.inference_mode():
             out = self.model.generate(
                 input_ids=torch.tensor(ids, device=self.device), attention_mask=torch.tensor(mask, device=self.device),

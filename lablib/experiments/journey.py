@@ -61,6 +61,8 @@ class Step:
 
 # HF static batching of the whole journey in one batch of 64, on the synthetic 8B: the H200's HF rung.
 HF_RECORDED = ("hf-static-b64-8b-journey",)
+# the same with the static cache and the compiled decode step: scripts/record_reference.py --steps hf-compile-big
+HF_COMPILE_RECORDED = ("hf-static-b64-compile-8b-journey",)
 # vLLM with FP8 weights (lab 06's rung) on the synthetic 8B: scripts/record_reference.py --steps journey-fp8
 FP8_RECORDED = "vllm-fp8-8b-journey"
 # Prefix caching (lab 07) on the shared-prefix set, off and on, synthetic 8B: lab 07's on/off runs (prefix.on_off_runs)
@@ -72,7 +74,7 @@ SPEC_K = 4
 SPEC_RECORDED = {1: ("spec-baseline-b1", f"spec-eagle-k{SPEC_K}-b1"), 64: ("spec-baseline-b64", f"spec-eagle-k{SPEC_K}-b64")}
 LABS = ("01", "02", "03", "04", "05", "06", "07", "08", "09", "10")
 # A recorded rung's own baseline, where it is not its step's baseline's recording (other model, other batch).
-RECORDED_BASELINE = {PREFIX_RECORDED[True]: PREFIX_RECORDED[False], SPEC_RECORDED[1][1]: SPEC_RECORDED[1][0],
+RECORDED_BASELINE = {HF_COMPILE_RECORDED[0]: HF_RECORDED[0], PREFIX_RECORDED[True]: PREFIX_RECORDED[False], SPEC_RECORDED[1][1]: SPEC_RECORDED[1][0],
                      SPEC_RECORDED[64][1]: SPEC_RECORDED[64][0]}
 
 
@@ -94,6 +96,18 @@ def hf_steps(batch_sizes: list[int]) -> list[Step]:
                       lab="02", baseline=largest, recorded=HF_RECORDED,
                       why="the same batches with PyTorch's fused attention (sdpa) instead of eager's N x N scores"))
     return steps
+
+
+def hf_compile_steps(batch_sizes: list[int]) -> list[Step]:
+    """Lab 03's Hugging Face rung: the largest batch again with a static KV cache and the decode step compiled
+    (transformers' optimisation guide: cache_implementation="static", torch.compile), against the same batches with
+    sdpa and the default (growing) cache; the cache is sized for the run's longest request."""
+    b = max(batch_sizes)
+    mode, largest = (("static", b), f"hf-static-b{b}") if b > 1 else (("naive", 1), "hf-naive")
+    return [Step(f"{largest}-compile", lambda m: HFEngine(m, HFConfig(*mode, compile=True)), lab="03",
+                 baseline=f"{largest}-sdpa", recorded=HF_COMPILE_RECORDED, record_step="hf-compile-big",
+                 why="a KV cache allocated once at a fixed length, so every decode step has the same shapes and "
+                     "torch.compile fuses it (on a GPU, replays it as one CUDA graph): transformers' own recipe")]
 
 
 def hf_continuous_steps(batch_sizes: list[int]) -> list[Step]:
@@ -145,7 +159,7 @@ def ladder(batch_sizes: list[int]) -> list[Step]:
                  ("one request at a time: where speculation pays, latency at low load (lab 08)" if batch else
                   "every request at once: what it costs under load (lab 08)")))
 
-    return hf_steps(batch_sizes) + [
+    return hf_steps(batch_sizes) + hf_compile_steps(batch_sizes) + [
         Step("vllm", lambda m: VLLMEngine(m, VLLMConfig()), needs=gpu, lab="03", recorded=("vllm-8b-journey",),
              why="vLLM: paged KV cache, continuous batching, CUDA graphs (its own worker process)"),
         *hf_continuous_steps(batch_sizes),

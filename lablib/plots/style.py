@@ -93,6 +93,8 @@ def colour(name: str) -> str:
         return ATTENTION_VARIANTS[attention.group(1)]
     if name.startswith("hf-continuous"):  # transformers' continuous batching: one colour, apart from the static ramp
         return "#66a61e"
+    if re.match(r"hf-(naive|static)(-b\d+)?-compile\b", name):  # static cache + torch.compile: apart from both
+        return "#e6ab02"
     m = re.match(r"hf-static-b(\d+)\b", name)
     if m:
         b = max(1, int(m.group(1)))

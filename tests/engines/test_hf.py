@@ -176,6 +176,10 @@ def test_eager_and_sdpa_attention_give_the_same_tokens(naive, requests, naive_re
     ({"speculative": "eagle"}, r"HFConfig\.speculative='eagle': allowed '', 'draft', 'ngram'; Fix:"),
     ({"speculative": "draft", "num_speculative_tokens": 0}, r"HFConfig\.num_speculative_tokens=0: allowed .*1\.\.16; Fix:"),
     ({"attn_implementation": "flash"}, r"HFConfig\.attn_implementation='flash': allowed 'eager', 'sdpa', 'flex_attention'"),
+    ({"mode": "continuous", "batch_size": 4, "compile": True},
+     r"HFConfig\.mode='continuous': allowed mode 'naive' or 'static' with speculative='' when compile=True .*; Fix:"),
+    ({"speculative": "ngram", "compile": True}, r"HFConfig\.speculative='ngram': allowed mode 'naive' or 'static'"),
+    ({"compile": 1}, r"HFConfig\.compile=1: allowed True or False; Fix:"),
 ])
 def test_bad_hf_knobs_are_refused_before_any_model_loads(kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -233,5 +237,33 @@ def test_continuous_batching_refuses_a_request_longer_than_its_cache_before_maki
         with pytest.raises(ValueError, match=r"HFConfig\.mode='continuous': allowed requests of at most 16 tokens"):
             e.generate(requests[:2], progress=False)
         assert e._manager is None  # refused before the manager and its cache were made
+    finally:
+        e.close()
+
+
+def test_the_compiled_static_cache_keeps_the_greedy_tokens_pads_to_its_batch_and_compiles_once_per_length(
+        naive, requests, static_records):
+    """compile=True: transformers' static cache and auto-compiled decode step (on the CPU when asked). Sized before
+    the warm-up (`size_for`, as bench.offline.run calls it) the warm-up and the run share one cache length; a last
+    batch short of batch_size is padded with copies (computed, dropped); a later, longer call grows the cache."""
+    uneven, static_recs, _ = static_records
+    e = HFEngine(naive.spec, HFConfig("static", B, device="cpu", compile=True))
+    try:
+        assert e.name == "hf-static-compile" and e.facts["compile"]["cache_lengths"] == 0
+        run = uneven[:B + 1]  # two batches: the second holds one request and B - 1 copies
+        e.size_for(run)
+        longest = max(len(r.prompt_ids) for r in run) + NEW
+        e.generate(run[:1], progress=False)  # the warm-up
+        recs = e.generate(run, progress=False)
+        check_records(run, recs)
+        assert [r.output_ids for r in recs] == [r.output_ids for r in static_recs[:B + 1]]
+        facts = e.facts["compile"]
+        assert (facts["cache_lengths"], facts["max_cache_len"]) == (1, longest)
+        assert facts["padded_rows"] == (B - 1) + (B - 1) and facts["first_call_s"] > 0
+        i = max(range(len(run)), key=lambda j: len(run[j].prompt_ids))  # the longest prompt, twice the tokens
+        more = [dataclasses.replace(run[i], max_new_tokens=2 * NEW)]
+        assert e.generate(more, progress=False)[0].output_ids[:run[i].max_new_tokens] == recs[i].output_ids
+        assert (e.facts["compile"]["cache_lengths"], e.facts["compile"]["max_cache_len"]) == \
+            (2, len(run[i].prompt_ids) + 2 * NEW)
     finally:
         e.close()
