@@ -3,9 +3,11 @@
 The report (default reports/journey.html, one file that opens offline) shows the whole road:
 the rungs run here next to those recorded on the H200 (data/reference/), then the numbers.
 
-    lablab                          # embedded model, journey workload, every step this machine can run
+    lablab                          # journey workload, every step this machine can run: on a CPU the embedded
+                                    # model; on an NVIDIA GPU the largest synthetic shape it holds (8B from 40 GB)
     lablab --requests 16 --batch-sizes 1,8
-    lablab --model qwen2.5-0.5b     # a preset (needs the Hugging Face hub)
+    lablab --model embedded         # the 4.7M model on a GPU too (its speed numbers are launch overhead there)
+    lablab --model synthetic:llama-3.2-1b   # any synthetic shape; a preset (needs the hub) or a folder
 
 Torch computes the HF rungs on one thread, as the notebooks do (--threads to change it). The run checks that it
 had its core to itself: a share of it well under 1 means other work ran on the same cores, and the summary's `cpu`
@@ -22,8 +24,9 @@ import time
 from pathlib import Path
 
 from .config import BenchConfig
-from .experiments.journey import best_on_road, default_store, road, run_journey
+from .experiments.journey import best_on_road, default_batch_sizes, default_model, default_store, road, run_journey
 from .hardware.contention import ADVICE, CpuMeter
+from .hardware.tiers import tier_of
 
 
 def _int_list(text: str) -> list[int]:
@@ -35,10 +38,12 @@ def _int_list(text: str) -> list[int]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="lablab", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="embedded", help="embedded, a preset name, or a local model folder")
+    ap.add_argument("--model", default="auto", help="auto (a GPU's real-size synthetic shape, else embedded), "
+                    "embedded, synthetic:<architecture>, a preset name, or a local model folder")
     ap.add_argument("--workload", default="journey")
     ap.add_argument("--requests", type=int, default=None, help="use the first N requests (default: all)")
-    ap.add_argument("--batch-sizes", type=_int_list, default=[1, 4, 16], help="static batch sizes (default 1,4,16)")
+    ap.add_argument("--batch-sizes", type=_int_list, default=None,
+                    help="static batch sizes (default 1,4,16 on the embedded model, 1,64 at real size)")
     ap.add_argument("--max-new-tokens", type=int, default=None, help="override every request's output length")
     ap.add_argument("--results", type=Path, default=None,
                     help="folder for the JSONL results (default: the repository's results/, or $LABLIB_RESULTS)")
@@ -59,15 +64,20 @@ def main(argv: list[str] | None = None) -> int:
         if args.threads < 1:
             raise ValueError(f"--threads={args.threads}: allowed integers >= 1 (torch threads for the HF rungs). "
                              "Fix: --threads 1 on a shared CPU, or up to the cores of a machine of your own.")
+        model = default_model() if args.model == "auto" else args.model
+        batch_sizes = args.batch_sizes or default_batch_sizes(model)
+        tier = tier_of()
+        if tier is not None:
+            print("\n".join(tier.lines()), file=sys.stderr)
         bench = BenchConfig(max_new_tokens=args.max_new_tokens)
         store = default_store(args.results)
         meter = CpuMeter(args.threads)
-        results, skipped = run_journey(args.model, args.workload, args.requests, args.batch_sizes, store, bench,
+        results, skipped = run_journey(model, args.workload, args.requests, batch_sizes, store, bench,
                                        cpu_threads=args.threads, cpu=meter)
     except ValueError as e:
         print(f"lablab: {e}", file=sys.stderr)
         return 2
-    shown = road(results, args.batch_sizes)  # the live rungs and the H200's recorded ones, in the ladder's order
+    shown = road(results, batch_sizes)  # the live rungs and the H200's recorded ones, in the ladder's order
     cpu = meter.result()
     if cpu.contended:
         print(f"lablab: {ADVICE}: the HF rungs got {cpu.figures()}.", file=sys.stderr)

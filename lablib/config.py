@@ -64,7 +64,7 @@ class HFConfig:
     mode: str = "naive"  # "naive": batch of 1, request after request; "static": fixed batches of batch_size;
     # "continuous": up to batch_size requests decode together, a finished one's slot refilled at the next step
     batch_size: int = 1  # requests per batch (static), requests in flight (continuous)
-    dtype: str = "auto"  # weights dtype; "auto" = float32 on the CPU, bfloat16 on a GPU
+    dtype: str = "auto"  # weights dtype; "auto" = float32 on the CPU, bfloat16 on a GPU (float16 below 8.0: a T4)
     device: str = "auto"  # "auto" = "cuda" when a GPU is visible, else "cpu"
     attn_implementation: str = "sdpa"  # HF_ATTENTION; "eager" is the naive N x N kernel (lab 02)
     speculative: str = ""  # HF_SPECULATIVE: "" off, "draft" (draft_model proposes), "ngram" (prompt lookup), lab 08

@@ -11,6 +11,7 @@ a difference the real numbers make. The fake's numbers mean nothing, so the Chec
 has none, as on the real one-GPU machine). Lab 06's quantized checkpoints are the lab's own (results/quantized).
 
     python -m tests.rehearsal labs/08_speculative_decoding.ipynb   # each failing cell, its error
+    python -m tests.rehearsal --gpu T4 labs/03_kv_cache.ipynb      # another GPU (lablib.hardware.tiers)
 """
 from __future__ import annotations
 
@@ -32,9 +33,11 @@ pynvml.nvmlInit = lambda: None
 pynvml.nvmlShutdown = lambda: None
 pynvml.nvmlDeviceGetCount = lambda: 1
 pynvml.nvmlDeviceGetHandleByIndex = lambda i: f"gpu{{i}}"
-pynvml.nvmlDeviceGetName = lambda h: "NVIDIA H200"
-pynvml.nvmlDeviceGetCudaComputeCapability = lambda h: (9, 0)
-pynvml.nvmlDeviceGetMemoryInfo = lambda h: type("M", (), {{"used": _GiB, "free": 139 * _GiB, "total": 140 * _GiB}})()
+_GPU = {{gpu}}
+pynvml.nvmlDeviceGetName = lambda h: _GPU["name"]
+pynvml.nvmlDeviceGetCudaComputeCapability = lambda h: _GPU["capability"]
+pynvml.nvmlDeviceGetMemoryInfo = lambda h: type("M", (), {{"used": _GiB, "free": _GPU["memory_mib"] * 2**20 - _GiB,
+                                                          "total": _GPU["memory_mib"] * 2**20}})()
 import lablib.models.synthetic as _syn
 from pathlib import Path as _P
 
@@ -64,13 +67,22 @@ def _rehearsed(self, shown, claim, test, detail=None):  # the fake's numbers mea
 lablib.session.Checks.live = _rehearsed
 lablib.session.mode.cache_clear()
 print(lablib.session.mode()["banner"])
+from lablib.hardware.tiers import tier_of
+print("\\n".join(tier_of().lines()))
+import lablib.experiments.journey as _journey
+_journey.default_model = lambda: "embedded"  # HF at real size needs CUDA and real weights: the CPU climbs the embedded
 '''
 
 
 def rehearse(notebook: str | Path, workdir: str | Path, timeout: int = 1200,
-             not_live_ok: tuple[str, ...] = ()) -> list[dict[str, str]]:
+             not_live_ok: tuple[str, ...] = (), gpu: str = "H200") -> list[dict[str, str]]:
     """Run `notebook` live against the fakes; one entry per cell that raised (index, first line, error), and one per
     live claim that had no live data unless its text starts with one of `not_live_ok`.
+
+    `gpu`: the GPU NVML reports, a key of lablib.hardware.tiers.REHEARSAL_GPUS (T4, L4, A10G, A100-40, A100-80,
+    H100, H200): its name, memory and compute capability, so a lab's choices for that GPU run (the fake vLLM does
+    not check them against the hardware). The journey's default model stays the embedded one: HF rungs at real size
+    need CUDA and real weights.
 
     Its Results go to workdir/results and its synthetic checkpoints to workdir/synthetic; lab 06's quantized
     checkpoints are the lab's own folder (results/quantized: the same quantizations, reused where already made)."""
@@ -86,7 +98,12 @@ def rehearse(notebook: str | Path, workdir: str | Path, timeout: int = 1200,
     if not (work / "results" / "quantized").exists():
         (work / "results" / "quantized").symlink_to(shared, target_is_directory=True)
     nb = nbformat.read(path, as_version=4)
-    preamble = PREAMBLE.replace("{results}", str(work / "results")).replace("{synthetic}", str(work / "synthetic"))
+    from lablib.hardware.tiers import REHEARSAL_GPUS
+
+    if gpu not in REHEARSAL_GPUS:
+        raise ValueError(f"rehearse: gpu={gpu!r}: allowed {sorted(REHEARSAL_GPUS)}; Fix: pick one of them.")
+    preamble = PREAMBLE.replace("{results}", str(work / "results")).replace("{synthetic}", str(work / "synthetic")) \
+        .replace("{gpu}", repr(REHEARSAL_GPUS[gpu]))
     nb.cells.insert(0, nbformat.v4.new_code_cell(preamble))
     nb.cells.append(nbformat.v4.new_code_cell('print("REHEARSAL-NOT-LIVE", json.dumps(_REHEARSAL_NOT_LIVE))'))
     NotebookClient(nb, kernel_name="python3", timeout=timeout, allow_errors=True,
@@ -110,7 +127,10 @@ def rehearse(notebook: str | Path, workdir: str | Path, timeout: int = 1200,
 if __name__ == "__main__":
     import tempfile
 
-    for nb in sys.argv[1:]:
-        print(f"== {nb}")
-        for f in rehearse(nb, tempfile.mkdtemp(prefix="rehearsal-")):
+    args, gpu = sys.argv[1:], "H200"
+    if args[:1] == ["--gpu"]:
+        gpu, args = args[1], args[2:]
+    for nb in args:
+        print(f"== {nb} (fake {gpu})")
+        for f in rehearse(nb, tempfile.mkdtemp(prefix="rehearsal-"), gpu=gpu):
             print(f"cell {f['cell']}: {f['source']}\n    {f['error']}")

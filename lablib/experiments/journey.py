@@ -22,6 +22,7 @@ order. A later lab adds a rung (and its recording) here, and the report's pictur
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -32,6 +33,7 @@ from ..config import BenchConfig, HFConfig, VLLMConfig
 from ..engines.hf import HFEngine
 from ..engines.vllm import VLLMEngine
 from ..hardware.contention import CpuMeter
+from ..hardware.tiers import live_model
 from ..models import resolve_model
 from ..models.drafters import speculative_config
 from ..results.record import Result
@@ -57,6 +59,7 @@ class Step:
     workload: str = ""  # the rung's own workload ("": the journey's)
     baseline: str = ""  # the rung this one is measured against, on the same workload ("": the road before it)
     models: tuple[str, ...] = ()  # the only models it runs on (): any; e.g. the EAGLE head fits the embedded target
+    real_size_limit: int = 0  # on a real-size model, only the first N requests (0: all); naive generate's
 
 
 # HF static batching of the whole journey in one batch of 64, on the synthetic 8B: the H200's HF rung.
@@ -73,6 +76,10 @@ PREFIX_RECORDED = {False: f"prefix-off-{PREFIX_WORKLOAD}-llama-3.1-8b", True: f"
 SPEC_K = 4
 SPEC_RECORDED = {1: ("spec-baseline-b1", f"spec-eagle-k{SPEC_K}-b1"), 64: ("spec-baseline-b64", f"spec-eagle-k{SPEC_K}-b64")}
 LABS = ("01", "02", "03", "04", "05", "06", "07", "08", "09", "10")
+CPU_BATCHES = (1, 4, 16)  # the embedded model's HF rungs: batch sizes a CPU climbs in minutes
+REAL_SIZE_BATCHES = (1, 64)  # a real-size model's: naive, then the journey's 64 requests in one batch (HF's best)
+NAIVE_REAL_SIZE = 8  # naive generate at real size runs the first 8 requests: all 64, one weight read per token each,
+# would take most of the ladder's minutes (the H200 read 16 GB per token of the 8B: about 35 tok/s)
 # A recorded rung's own baseline, where it is not its step's baseline's recording (other model, other batch).
 RECORDED_BASELINE = {HF_COMPILE_RECORDED[0]: HF_RECORDED[0], PREFIX_RECORDED[True]: PREFIX_RECORDED[False], SPEC_RECORDED[1][1]: SPEC_RECORDED[1][0],
                      SPEC_RECORDED[64][1]: SPEC_RECORDED[64][0]}
@@ -84,7 +91,7 @@ def hf_steps(batch_sizes: list[int]) -> list[Step]:
     batch again with PyTorch's fused attention (sdpa), which carries the H200's HF recording (made with sdpa)."""
     eager = "eager"
     steps = [Step("hf-naive", lambda m: HFEngine(m, HFConfig(attn_implementation=eager)),
-                  why="HF generate, one request at a time")]
+                  why="HF generate, one request at a time", real_size_limit=NAIVE_REAL_SIZE)]
     for b in batch_sizes:
         if b > 1:
             steps.append(Step(f"hf-static-b{b}", lambda m, b=b: HFEngine(m, HFConfig("static", b,
@@ -207,12 +214,33 @@ def available(step: Step, model: Any = None) -> tuple[bool, str]:
 
 
 
-def run_journey(model: str = "embedded", workload: str = "journey", requests: int | None = None,
-                batch_sizes: list[int] = (1, 4, 16), store: ResultStore | None = None,
+def default_model() -> str:
+    """The model the journey climbs when none is named: on an NVIDIA GPU the largest synthetic shape it holds
+    (`hardware.tiers`: the 8B from 40 GB, the 3B on 16-24 GB), so speed is measured at real size; else embedded."""
+    return live_model("embedded")
+
+
+def is_real_size(model: Any) -> bool:
+    """Whether `model` is not the embedded 4.7M pair: a synthetic shape, a preset or a folder (speed at real size)."""
+    if isinstance(model, str) and model.startswith("synthetic:"):
+        return True  # without resolving it: that would make the checkpoint
+    return not _is_one_of(model, ("embedded",))
+
+
+def default_batch_sizes(model: Any) -> list[int]:
+    """The HF rungs' batch sizes: CPU_BATCHES on the embedded model, REAL_SIZE_BATCHES at real size."""
+    return list(REAL_SIZE_BATCHES if is_real_size(model) else CPU_BATCHES)
+
+
+def run_journey(model: str = "auto", workload: str = "journey", requests: int | None = None,
+                batch_sizes: list[int] | None = None, store: ResultStore | None = None,
                 bench: BenchConfig = BenchConfig(), lab: str = "journey",
                 log: Callable[[str], None] = print, cpu_threads: int | None = None, through: str | None = None,
                 cpu: CpuMeter | None = None) -> tuple[list[Result], list[dict[str, str]]]:
     """Run every available step on the workload; return the Results and the skipped steps.
+
+    `model="auto"`: `default_model()`; `batch_sizes=None`: `default_batch_sizes(model)`. At real size naive generate
+    runs the first NAIVE_REAL_SIZE requests only (its Result says so in its notes); every other rung all of them.
 
     `through` ("01".."10", None: all) keeps the rungs of the labs up to that one: lab 01 runs its own. A rung
     with its own workload (`Step.workload`) runs that, limited to `requests` too.
@@ -224,8 +252,12 @@ def run_journey(model: str = "embedded", workload: str = "journey", requests: in
     that compute in this process, so the caller can tell whether they had their core to themselves.
 
     The model, the settings and the workload are checked before any rung starts."""
+    if model == "auto":
+        model = default_model()
     if not hasattr(model, "path"):  # a name: a typo is refused here, not after a rung has started
         resolve_model(model)
+    if batch_sizes is None:
+        batch_sizes = default_batch_sizes(model)
     validate.integers("run_journey", "batch_sizes", batch_sizes,
                       "e.g. batch_sizes=[1, 4, 16] (from lablab: --batch-sizes 1,4,16).")
     if cpu_threads is not None:
@@ -245,8 +277,14 @@ def run_journey(model: str = "embedded", workload: str = "journey", requests: in
             continue
         log(f"run  {step.name}: {step.why}")
         own = load_workload(step.workload, limit=requests) if step.workload else wl
+        step_bench = bench
+        if step.real_size_limit and is_real_size(model) and len(own) > step.real_size_limit:
+            subset = f"the first {step.real_size_limit} of {len(own)} requests (real size: naive generate is slow)"
+            log(f"     {subset}")
+            own, step_bench = own.head(step.real_size_limit), dataclasses.replace(
+                bench, tags={**bench.tags, "subset": subset})
         with cpu.measure() if cpu is not None and step.needs == "cpu" else contextlib.nullcontext():
-            r = run_step(step, model, own, bench, lab=lab, store=store, threads=cpu_threads)
+            r = run_step(step, model, own, step_bench, lab=lab, store=store, threads=cpu_threads)
         s = r.summary
         log(f"     {s['output_tok_s']:.1f} output tok/s, TTFT p50 {latency_text(s['ttft_s']['p50'])}, "
             f"wall {r.wall_s:.1f} s")

@@ -14,6 +14,8 @@ from typing import Any, Callable
 
 from ..config import lab_id, VLLMConfig
 from ..engines.vllm import VLLMEngine
+from ..hardware.device import device_facts
+from ..hardware.fit import check_fit
 from ..mechanisms import (
     FragmentationReport,
     kv_bytes_per_token,
@@ -22,7 +24,7 @@ from ..mechanisms import (
     simulate_fragmentation,
 )
 from ..mechanisms.paging import AllocatorSnapshot
-from ..models import ModelSpec
+from ..models import ModelSpec, resolve_model
 from ..results.record import Result
 from ..results.store import ResultStore
 from ..results.reference import recorded_rows, reference_facts
@@ -41,7 +43,33 @@ def gpu_memory_utilization_sweep(values: list[float], model: str | ModelSpec = "
                         on_row=on_row)
 
 
-def gpu_memory_utilization_rows(values: list[float] = (0.1, 0.3, 0.5), force: bool | None = None,
+GMU_VALUES = (0.1, 0.3, 0.5)  # the sweep on the H200 (and its recording)
+
+
+def gmu_values(total_bytes: int | None = None, top: float = 0.5) -> list[float]:
+    """The sweep's gpu_memory_utilization values for this GPU (`total_bytes`: its memory; None: NVML's answer).
+
+    GMU_VALUES where the smallest holds the embedded engine (`check_fit`: the weights, the allowance for
+    activations and CUDA graphs, one full-length sequence of KV); on a smaller GPU (a T4's 15 GiB x 0.1 holds no
+    engine) the smallest multiple of 0.05 that does, then halfway, then `top`. No GPU: GMU_VALUES."""
+    if total_bytes is None:
+        sizes = device_facts().get("gpu_memory_bytes") or []
+        if not sizes:
+            return list(GMU_VALUES)
+        total_bytes = int(sizes[0])
+    spec = resolve_model("embedded")
+    fits = [g / 100 for g in range(5, int(top * 100) + 1, 5)
+            if check_fit(spec, VLLMConfig(gpu_memory_utilization=g / 100), total_bytes).fits]
+    if not fits:
+        raise ValueError(f"gmu_values: no gpu_memory_utilization up to {top} holds the embedded engine on "
+                         f"{total_bytes / 2**30:.1f} GiB. Fix: a GPU with more memory; the lab shows the H200's sweep.")
+    if fits[0] <= GMU_VALUES[0]:
+        return list(GMU_VALUES)
+    low = fits[0]
+    return sorted({low, round(round((low + top) / 2 / 0.05) * 0.05, 2), top})
+
+
+def gpu_memory_utilization_rows(values: list[float] = GMU_VALUES, force: bool | None = None,
                                 **kw: Any) -> Shown[list[dict[str, Any]]]:
     """Live sweep rows on a GPU with vLLM; otherwise the sweep recorded on the H200, every value (labelled)."""
     [VLLMConfig(gpu_memory_utilization=g) for g in values]  # refuse a bad value before anything starts
@@ -136,9 +164,11 @@ class KVLab(LabSteps):
         snaps = self.ran("snaps")
         return snaps[numerator * len(snaps) // denominator]
 
-    def gmu_sweep(self, values: list[float] = (0.1, 0.3, 0.5), chart: Any = None) -> Shown:
+    def gmu_sweep(self, values: list[float] | None = None, chart: Any = None) -> Shown:
         """One vLLM engine per gpu_memory_utilization, live or recorded (`gpu_memory_utilization_rows`); with a
-        `chart` (a `widgets.VRAMChart`) the GPU's memory is followed while it runs, a mark where each engine closed."""
+        `chart` (a `widgets.VRAMChart`) the GPU's memory is followed while it runs, a mark where each engine closed.
+        `values` None: `gmu_values()`, the ones this GPU holds (0.1, 0.3, 0.5 on the H200)."""
+        values = gmu_values() if values is None else values
         mark = None if chart is None else (lambda r: chart.mark(f"gmu={r['gpu_memory_utilization']} closed"))
         with chart if chart is not None else contextlib.nullcontext():
             self.sweep = gpu_memory_utilization_rows(list(values), store=self.store, on_row=mark)

@@ -148,8 +148,9 @@ def load_hf_model(spec: ModelSpec, device: str = "cpu", dtype: str = "auto", att
 
     from transformers.utils import logging as hf_logging  # deferred: transformers
 
-    if dtype == "auto":
-        dtype = "float32" if device == "cpu" else "bfloat16"
+    if dtype == "auto":  # a GPU without bf16 arithmetic (compute capability below 8.0: a T4) takes float16
+        dtype = "float32" if device == "cpu" else "bfloat16" if torch.cuda.is_bf16_supported(
+            including_emulation=False) else "float16"
     shown = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()  # a "Loading weights" bar per load: five in one lab cell said nothing
     try:

@@ -79,21 +79,30 @@ def test_preflight_without_a_gpu(with_fake_vllm, monkeypatch):
         preflight(resolve_model("embedded"), VLLMConfig())
 
 
-def test_preflight_bf16_on_a_turing_gpu_suggests_float16(with_fake_vllm, fake_gpu):
+def test_preflight_on_a_turing_gpu_lets_vllm_pick_float16_and_refuses_bf16_asked_for(with_fake_vllm, fake_gpu):
+    """vLLM 0.26 runs a bf16 checkpoint in float16 where bf16 is missing (dtype='auto': _resolve_auto_dtype falls
+    back); only an explicit dtype='bfloat16' would fail there."""
     fake_gpu(name="Tesla T4", cc=(7, 5), total=15 * GiB)
-    spec = resolve_model("embedded")  # a bfloat16 checkpoint: dtype='auto' means bf16
-    with pytest.raises(ValueError, match=r"VLLMConfig\(dtype='float16'\)") as e:
-        preflight(spec, VLLMConfig())
+    spec = resolve_model("embedded")  # a bfloat16 checkpoint
+    assert preflight(spec, VLLMConfig())["fits"] is True
+    with pytest.raises(ValueError, match=r"VLLMConfig\.dtype='bfloat16': allowed 'auto' or 'float16'.*Fix:") as e:
+        preflight(spec, VLLMConfig(dtype="bfloat16"))
     assert "Tesla T4" in str(e.value) and "7.5" in str(e.value)
     assert preflight(spec, VLLMConfig(dtype="float16"))["fits"] is True  # the suggested fix passes
 
 
-def test_preflight_fp8_needs_ada_or_hopper(with_fake_vllm, fake_gpu):
+def test_preflight_fp8_where_vllm_runs_it(with_fake_vllm, fake_gpu):
+    """FP8 weights from compute capability 7.5 (vLLM 0.26's Fp8Config minimum: FP8 Marlin, weights only, below 8.9);
+    an FP8 KV cache from 8.0 (FlashInfer; FlashAttention 3 on 9.0), refused on a T4."""
     spec = resolve_model("embedded")
     fake_gpu(name="NVIDIA A100-SXM4-80GB", cc=(8, 0), total=80 * GiB)
     for config in (VLLMConfig(kv_cache_dtype="fp8"), VLLMConfig(quantization="fp8")):
-        with pytest.raises(ValueError, match=r"fp8 needs compute capability 8\.9.*this GPU is 8\.0"):
-            preflight(spec, config)
+        assert preflight(spec, config)["fits"] is True
+    fake_gpu(name="Tesla T4", cc=(7, 5), total=15 * GiB)
+    assert preflight(spec, VLLMConfig(quantization="fp8"))["fits"] is True
+    with pytest.raises(ValueError, match=r"VLLMConfig\.kv_cache_dtype='fp8': allowed 'auto' on compute capability "
+                                         r"7\.5.*Fix: kv_cache_dtype='auto'"):
+        preflight(spec, VLLMConfig(kv_cache_dtype="fp8"))
     fake_gpu(name="NVIDIA H200", cc=(9, 0), total=140 * GiB)
     bf16, fp8 = preflight(spec, VLLMConfig()), preflight(spec, VLLMConfig(kv_cache_dtype="fp8"))
     assert fp8["kv_bytes_per_token"] * 2 == bf16["kv_bytes_per_token"] == spec.kv_bytes_per_token(2)

@@ -157,3 +157,33 @@ def test_vllm_gain_is_live_only_where_vllms_rung_ran_here():
     assert got.live and got.value == pytest.approx(20.0, rel=0.01)  # the faster HF rung: 0.2 s against 0.01 s
     missing = vllm_gain(ran[:2] + [run_of("vllm-8b-journey", "vllm", 0.01, provenance="recorded")])
     assert not missing.live and missing.value is None and "did not run here" in missing.label
+
+
+def test_the_default_model_is_the_gpus_real_size_shape_and_embedded_without_one(monkeypatch):
+    monkeypatch.setattr(jx, "live_model", lambda default: default)  # no GPU
+    assert jx.default_model() == "embedded" and jx.default_batch_sizes("embedded") == list(jx.CPU_BATCHES)
+    monkeypatch.setattr(jx, "live_model", lambda default: "synthetic:llama-3.1-8b")  # an H200
+    assert jx.default_model() == "synthetic:llama-3.1-8b"
+    assert jx.default_batch_sizes("synthetic:llama-3.1-8b") == list(jx.REAL_SIZE_BATCHES) == [1, 64]
+    assert jx.is_real_size("synthetic:llama-3.1-8b") and not jx.is_real_size("embedded")
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_at_real_size_naive_generate_runs_a_stated_subset_and_every_other_rung_all(tmp_path):
+    """A model folder that is not the embedded pair counts as real size (a copy of the embedded target here, so it
+    runs on this CPU): naive generate takes the first NAIVE_REAL_SIZE requests and says so; static batching all."""
+    import shutil
+
+    from lablib.config import BenchConfig
+    from lablib.models import embedded_path
+
+    folder = tmp_path / "model"
+    shutil.copytree(embedded_path("target"), folder)
+    assert jx.is_real_size(str(folder)) and jx.default_batch_sizes(str(folder)) == [1, 64]
+    n = jx.NAIVE_REAL_SIZE + 2
+    results, _ = jx.run_journey(str(folder), requests=n, batch_sizes=[1, 2], through="01", log=lambda _: None,
+                                bench=BenchConfig(max_new_tokens=2, progress=False))
+    naive, static = results
+    assert (naive.step, naive.workload["requests"]) == ("hf-naive", jx.NAIVE_REAL_SIZE)
+    assert naive.config["subset"].startswith(f"the first {jx.NAIVE_REAL_SIZE} of {n} requests")
+    assert (static.step, static.workload["requests"]) == ("hf-static-b2", n) and "subset" not in static.config
