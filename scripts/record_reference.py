@@ -298,7 +298,7 @@ STEPS = {"smoke": step_smoke, "startup": step_startup, "big": step_big, "big-lab
          "tp1": _lab("parallel"),
          "tp-scaling": _lab("parallel", "record_scaling"),
          **{name: _lab("parallel", "record_scaling", **part) for name, part in SCALING_PARTS.items()},
-         "attention": _lab("attention"),
+         "attention": _lab("attention"), "attention-sdpa": _lab("attention", "record_sdpa"),
          "quantization": _lab("quantization"),
          "quantization-prepare": _lab("quantization", "record_checkpoints"),
          "quantization-a": _lab("quantization", schemes=QUANT_A),

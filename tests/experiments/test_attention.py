@@ -355,3 +355,37 @@ def test_the_journeys_attention_rung_runs_both_kernels_and_keeps_the_tokens():
     assert "hf-static-b2-sdpa made" in line and "Greedy tokens in float32: 3 of 3 requests identical." in line
     with pytest.raises(ValueError, match=r"journey_rung\.batch=1: allowed integers 2\.\.64; Fix:"):
         study.journey_rung(batch=1)
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_sdpa_backends_run_each_kernel_twice_and_say_which_pays_per_new_shape():
+    """On this CPU: eager, PyTorch's choice and two forced SDPA kernels, each twice on the same batch (the same greedy
+    tokens as eager, float32); a CUDA-only kernel is reported as not available, not dropped."""
+    from lablib.experiments.attention.sdpa_cost import first_pass_cost, sdpa_backends, sdpa_lines
+
+    shown = sdpa_backends(batch=2, requests=2, max_new_tokens=4,
+                          backends=["eager", "sdpa", "sdpa-math", "sdpa-flash", "sdpa-efficient"])
+    rows = shown.value["rows"]
+    ran = [(r["backend"], r["pass"]) for r in rows if r["status"] == "ok"]
+    assert ran == [(b, n) for b in ("eager", "sdpa", "sdpa-math", "sdpa-flash") for n in (1, 2)]
+    gone = [r for r in rows if r["backend"] == "sdpa-efficient"]
+    assert len(gone) == 1 and gone[0]["status"].startswith("not available: ")
+    assert shown.value["identical"] == {"eager": True, "sdpa": True, "sdpa-math": True, "sdpa-flash": True}
+    assert all(r["output_tok_s"] > 0 and r["ttft_p50_s"] > 0 for r in rows if r["status"] == "ok")
+    assert "MATH" in shown.value["priority"] and set(first_pass_cost(rows)) == {"eager", "sdpa", "sdpa-math", "sdpa-flash"}
+    line = sdpa_lines(shown)
+    assert "sdpa-efficient: not available" in line and "PyTorch's SDPA order here: " in line
+
+
+def test_first_pass_cost_reads_each_backends_two_passes():
+    from lablib.experiments.attention.sdpa_cost import first_pass_cost, sdpa_lines
+    from lablib.session import Shown
+
+    rows = [{"backend": "sdpa", "pass": 1, "status": "ok", "wall_s": 3.0, "output_tok_s": 10.0},
+            {"backend": "sdpa", "pass": 2, "status": "ok", "wall_s": 0.2, "output_tok_s": 150.0},
+            {"backend": "eager", "pass": 1, "status": "ok", "wall_s": 0.21, "output_tok_s": 143.0},
+            {"backend": "eager", "pass": 2, "status": "ok", "wall_s": 0.2, "output_tok_s": 150.0}]
+    assert first_pass_cost(rows) == pytest.approx({"sdpa": 15.0, "eager": 1.05})
+    value = {"rows": rows, "priority": ["CUDNN_ATTENTION", "FLASH_ATTENTION"], "cudnn_enabled": True, "batch": 8,
+             "requests": 8, "max_new_tokens": 32}
+    assert "Paid on first meeting a shape (over 2x): sdpa." in sdpa_lines(Shown(value, False, "recorded"))

@@ -1,7 +1,8 @@
 """Lab 02's GPU recording step `attention` (scripts/record_reference.py calls it; the notebook never does).
 
 What the lab's GPU cells show on a machine without one: the full microbenchmark, HF prefill per attention kernel on
-the synthetic 8B shape at every length up to 32k (`HF_RECORD_LENS`), and vLLM's backends once they are wired.
+the synthetic 8B shape at every length up to 32k (`HF_RECORD_LENS`), and vLLM's backends once they are wired; and
+step `attention-sdpa` (`record_sdpa`): PyTorch's SDPA backends one by one, twice each, on the embedded model.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from ...bench.attention import run_attention_bench
 from ...models.synthetic import synthetic_spec
 from ...results.store import ResultStore
 from .backends import vllm_sweep_live, wired
+from .sdpa_cost import sdpa_backends
 from .study import BIG, HF_RECORD_LENS, KEY, RECORD_BENCH, hf_prefill
 
 
@@ -43,3 +45,12 @@ def record(out_dir: str | Path, store: ResultStore, facts: dict[str, Any],
         got["vllm_backends"] = {"rows": rows, "provenance": {"device": results[0].hardware.get("gpu") if results else None,
                                                               "date": datetime.date.today().isoformat()}}
         (out / "attention-vllm.json").write_text(json.dumps(got["vllm_backends"], default=str))
+
+
+def record_sdpa(out_dir: str | Path, store: ResultStore, facts: dict[str, Any]) -> None:
+    """Step `attention-sdpa`: facts["attention"]["sdpa_backends"] = `sdpa_backends` on the embedded model (lab 10's
+    sdpa rung's batch of 8, 32 tokens), every backend twice, with the device and date; also attention-sdpa.json."""
+    shown = sdpa_backends()
+    got = {**shown.value, "provenance": {"label": shown.label, "date": datetime.date.today().isoformat()}}
+    facts.setdefault(KEY, {})["sdpa_backends"] = got
+    (Path(out_dir) / "attention-sdpa.json").write_text(json.dumps(got, default=str))
