@@ -35,9 +35,11 @@ from ..engines.vllm import VLLMEngine
 from ..hardware.contention import CpuMeter
 from ..hardware.tiers import live_model
 from ..models import resolve_model
-from ..models.drafters import speculative_config
+from ..models.architecture import architectures
+from ..models.drafters import speculative_config, synthetic_eagle_config
+from ..models.synthetic import synthetic_eagle, synthetic_folder
 from ..results.record import Result
-from ..results.reference import load_reference, reference_steps
+from ..results.reference import load_reference, recorded_facts, reference_steps
 from ..results.store import ResultStore
 from ..session import live_label, mode, Shown
 from ..stats import latency_text
@@ -75,6 +77,11 @@ PREFIX_RECORDED = {False: f"prefix-off-{PREFIX_WORKLOAD}-llama-3.1-8b", True: f"
 # lab 08's runs (speculative.record), each beside the baseline of the same batch.
 SPEC_K = 4
 SPEC_RECORDED = {1: ("spec-baseline-b1", f"spec-eagle-k{SPEC_K}-b1"), 64: ("spec-baseline-b64", f"spec-eagle-k{SPEC_K}-b64")}
+# At real size (a synthetic Llama shape): a random-weight EAGLE-1 head of the target's shape, vLLM's synthetic
+# rejection sampler set to the trained embedded head's per-position rates as issue 31's part a recorded them
+# (scripts/record_reference.py --steps speculative-eagle-8b-a), at that part's best k at batch 1.
+EAGLE_REAL_K = 2
+EAGLE_RATES_STEP = "speculative-eagle-8b-a"
 LABS = ("01", "02", "03", "04", "05", "06", "07", "08", "09", "10")
 CPU_BATCHES = (1, 4, 16)  # the embedded model's HF rungs: batch sizes a CPU climbs in minutes
 REAL_SIZE_BATCHES = (1, 64)  # a real-size model's: naive, then the journey's 64 requests in one batch (HF's best)
@@ -166,6 +173,14 @@ def ladder(batch_sizes: list[int]) -> list[Step]:
                  ("one request at a time: where speculation pays, latency at low load (lab 08)" if batch else
                   "every request at once: what it costs under load (lab 08)")))
 
+    def real_size_eagle() -> Step:
+        return Step(f"vllm-eagle-synthetic-k{EAGLE_REAL_K}-b1", lambda m: VLLMEngine(m, VLLMConfig(
+            max_num_seqs=1, speculative_config=real_size_eagle_config(m))), needs=gpu, lab="08", baseline="vllm-b1",
+            models=SYNTHETIC_LLAMAS, record_step=EAGLE_RATES_STEP,
+            why=f"at real size an EAGLE head of the target's shape (random weights) proposes {EAGLE_REAL_K} tokens a "
+                "step, one request at a time; synthetic acceptance: the speed is real, the acceptance rate is set to "
+                "the trained embedded head's (lab 08)")
+
     return hf_steps(batch_sizes) + hf_compile_steps(batch_sizes) + [
         Step("vllm", lambda m: VLLMEngine(m, VLLMConfig()), needs=gpu, lab="03", recorded=("vllm-8b-journey",),
              why="vLLM: paged KV cache, continuous batching, CUDA graphs (its own worker process)"),
@@ -181,16 +196,36 @@ def ladder(batch_sizes: list[int]) -> list[Step]:
              recorded=SPEC_RECORDED[1][:1], record_step="speculative",
              why="vLLM one request at a time (live: max_num_seqs=1 at vLLM's defaults; its recording is lab 08's "
                  "baseline, V1 runner and async off, waves of one request): the baseline of the next rung"),
-        eagle(1), eagle(None)]
+        eagle(1), eagle(None), real_size_eagle()]
+
+
+SYNTHETIC_LLAMAS = tuple(f"synthetic:{n}" for n, a in architectures().items() if a.get("model_type") == "llama")
+
+
+def _path_of(model: Any) -> str:
+    """The folder `model` names, without making a synthetic checkpoint that is not there yet."""
+    if isinstance(model, str) and model.startswith("synthetic:"):
+        return str(synthetic_folder(model.split(":", 1)[1]))
+    return str(getattr(model, "path", None) or resolve_model(model).path)
 
 
 def _is_one_of(model: Any, names: tuple[str, ...]) -> bool:
     """Whether `model` (a name, an alias or a ModelSpec) is the checkpoint one of `names` resolves to."""
     try:
-        path = getattr(model, "path", None) or resolve_model(model).path
-        return any(str(resolve_model(n).path) == str(path) for n in names)
+        path = _path_of(model)
+        return any(_path_of(n) == path for n in names)
     except ValueError:
         return False
+
+
+def real_size_eagle_config(model: Any) -> dict[str, Any]:
+    """The speculative_config of the real-size EAGLE rung for a synthetic Llama `model`: its synthetic head (made on
+    first use) and the rates recorded in EAGLE_RATES_STEP at EAGLE_REAL_K; NotRecorded names the step if absent."""
+    name = model if isinstance(model, str) else model.name
+    rates = recorded_facts(EAGLE_RATES_STEP, EAGLE_RATES_STEP)["rates"][str(EAGLE_REAL_K)]["rates"]
+    arch = name.split(":", 1)[1]
+    target = model.path if hasattr(model, "path") else resolve_model(model).path  # made here if absent: it runs next
+    return synthetic_eagle_config(EAGLE_REAL_K, rates, synthetic_eagle(arch), target)
 
 
 def available(step: Step, model: Any = None) -> tuple[bool, str]:

@@ -9,6 +9,7 @@ methods; lab 10's ladder runs the EAGLE head (`lablib.experiments.journey`).
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -92,3 +93,21 @@ def speculative_config(method: str, k: int, *, prompt_lookup_min: int | None = N
                               f"; this one has {dv}", "vLLM scores the draft's token ids with the target: use a "
                               "draft trained on the target's tokenizer (the embedded draft, data/models/draft).")
     return {"method": "draft_model", "num_speculative_tokens": k, "model": str(draft_path)}
+
+
+def synthetic_eagle_config(k: int, rates: Sequence[float], head: Any, target: Any) -> dict[str, Any]:
+    """vLLM's speculative_config for an EAGLE head at k with vLLM 0.26's synthetic rejection sampler at `rates` (one
+    per drafted position, each in [0, 1], non-increasing: what vLLM accepts), refused here before an engine starts.
+    For a random-weight head of real size: its cost is real, the acceptance is set."""
+    rates = check_rate_list(k, rates)
+    spec = speculative_config("eagle", k, draft=head, target=target)
+    return {**spec, "rejection_sample_method": "synthetic", "synthetic_acceptance_rates": rates}
+
+
+def check_rate_list(k: int, rates: Sequence[float]) -> list[float]:
+    """k rates, each in [0, 1], non-increasing: what vLLM 0.26 takes as synthetic_acceptance_rates."""
+    rates = [float(r) for r in rates]
+    if len(rates) != k or not all(0.0 <= r <= 1.0 for r in rates) or any(b > a for a, b in zip(rates, rates[1:])):
+        raise validate.refuse("eagle_config", "rates", rates, f"{k} rates (one per drafted position) in [0, 1], "
+                              "non-increasing", "take them from head_rates(ks) at the same k.")
+    return rates

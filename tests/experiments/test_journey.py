@@ -30,7 +30,8 @@ def test_every_rung_names_its_lab_in_the_ladders_order_and_baselines_come_first(
             assert names.index(s.baseline) < i and base.workload == s.workload, s.name
     assert {s.name: s.lab for s in steps if s.lab in ("02", "07", "08")} == {
         "hf-static-b16-sdpa": "02", "vllm-prefix-off": "07", "vllm-prefix-on": "07", "hf-naive-ngram-k4": "08",
-        "hf-naive-draft-k4": "08", "vllm-b1": "08", "vllm-eagle-k4-b1": "08", "vllm-eagle-k4": "08"}
+        "hf-naive-draft-k4": "08", "vllm-b1": "08", "vllm-eagle-k4-b1": "08", "vllm-eagle-k4": "08",
+        f"vllm-eagle-synthetic-k{jx.EAGLE_REAL_K}-b1": "08"}
     assert {s.workload for s in steps if s.lab == "07"} == {jx.PREFIX_WORKLOAD}
 
 
@@ -187,3 +188,35 @@ def test_at_real_size_naive_generate_runs_a_stated_subset_and_every_other_rung_a
     assert (naive.step, naive.workload["requests"]) == ("hf-naive", jx.NAIVE_REAL_SIZE)
     assert naive.config["subset"].startswith(f"the first {jx.NAIVE_REAL_SIZE} of {n} requests")
     assert (static.step, static.workload["requests"]) == ("hf-static-b2", n) and "subset" not in static.config
+
+
+def test_at_real_size_the_speculative_rung_is_a_synthetic_eagle_head_at_the_recorded_rates(tmp_path, monkeypatch):
+    """The 8B ladder's speculative rung: the embedded pair's EAGLE rungs are skipped on a synthetic Llama and the
+    real-size one runs there only, its head made for the target's shape, its acceptance the rates recorded in
+    EAGLE_RATES_STEP at EAGLE_REAL_K (vLLM's synthetic sampler); checked without making the 16 GB target."""
+    import json
+
+    import lablib.models.synthetic as syn
+    from lablib.models import ModelSpec
+    from lablib.results.reference import recorded_facts
+
+    steps = {s.name: s for s in jx.ladder([1, 64])}
+    real = steps[f"vllm-eagle-synthetic-k{jx.EAGLE_REAL_K}-b1"]
+    assert real.baseline == "vllm-b1" and "synthetic acceptance" in real.why
+    ok, why = jx.available(real, "embedded")
+    assert not ok and why.startswith("it runs on synthetic:llama-") and "not 'embedded'" in why
+    ok, why = jx.available(steps["vllm-eagle-k4-b1"], "synthetic:llama-3.2-1b")
+    assert not ok and "embedded" in why
+    assert jx._is_one_of("synthetic:llama-3.2-1b", real.models) and not jx._is_one_of("synthetic:qwen2.5-7b", real.models)
+    monkeypatch.setattr(syn, "ROOT", tmp_path)  # the head is made here; the target is its config alone
+    target = tmp_path / "llama-3.2-1b"
+    target.mkdir()
+    cfg = {k: v for k, v in syn.architectures()["llama-3.2-1b"].items() if not k.startswith("_")}
+    (target / "config.json").write_text(json.dumps({**cfg, "dtype": "bfloat16"}))
+    spec = ModelSpec("synthetic:llama-3.2-1b", str(target), "synthetic", cfg)
+    c = jx.real_size_eagle_config(spec)
+    want = recorded_facts(jx.EAGLE_RATES_STEP, jx.EAGLE_RATES_STEP)["rates"][str(jx.EAGLE_REAL_K)]["rates"]
+    assert (c["method"], c["num_speculative_tokens"]) == ("eagle", jx.EAGLE_REAL_K)
+    assert c["rejection_sample_method"] == "synthetic" and c["synthetic_acceptance_rates"] == want
+    assert c["model"] == str(tmp_path / "llama-3.2-1b-eagle")
+    assert not list(target.glob("*.safetensors"))  # the target was not made

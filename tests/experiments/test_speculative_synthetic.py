@@ -91,19 +91,20 @@ def test_the_set_length_comes_from_this_sessions_loop_then_the_shipped_one(monke
 # ---------------------------------------------------------------------------------------------------------------
 
 from lablib.experiments.speculative import eagle_8b  # noqa: E402
+from lablib.models.drafters import synthetic_eagle_config  # noqa: E402
 from lablib.models.eagle import eagle_path  # noqa: E402
 
 RATES = {1: {"rates": [0.6], "length": 1.6}, 4: {"rates": [0.6, 0.4, 0.25, 0.15], "length": 2.4}}
 
 
 def test_the_eagle_config_sets_vllms_synthetic_rates_and_refuses_rates_vllm_would():
-    c = eagle_8b.eagle_config(4, RATES[4]["rates"], eagle_path(), TARGET.path)
+    c = synthetic_eagle_config(4, RATES[4]["rates"], eagle_path(), TARGET.path)
     assert c["method"] == "eagle" and c["num_speculative_tokens"] == 4 and c["model"] == str(eagle_path())
     assert c["rejection_sample_method"] == "synthetic" and c["synthetic_acceptance_rates"] == [0.6, 0.4, 0.25, 0.15]
     assert "synthetic_acceptance_length" not in c  # vLLM 0.26 takes exactly one of the two
     for bad in ([0.6, 0.4, 0.25], [0.6, 0.7, 0.2, 0.1], [1.2, 0.4, 0.2, 0.1]):  # short, rising, out of [0, 1]
         with pytest.raises(ValueError, match=r"eagle_config\.rates=.*: allowed 4 rates .* non-increasing; Fix:"):
-            eagle_8b.eagle_config(4, bad, eagle_path(), TARGET.path)
+            synthetic_eagle_config(4, bad, eagle_path(), TARGET.path)
 
 
 def test_each_part_starts_with_the_pinned_bf16_baseline_and_names_every_engine_apart():

@@ -25,7 +25,7 @@ from typing import Any
 
 from ... import validate
 from ...mechanisms.speculative import implied_draft_cost
-from ...models.drafters import speculative_config
+from ...models.drafters import check_rate_list, synthetic_eagle_config
 from ...models.synthetic import synthetic_eagle, synthetic_spec
 from ...results.reference import NotRecorded, load_reference, recorded_facts
 from ...session import Shown, live_or_recorded
@@ -57,14 +57,6 @@ def head_rates(ks: Sequence[int] = KS, n_prompts: int = 32, max_new_tokens: int 
             for r in rows}
 
 
-def eagle_config(k: int, rates: Sequence[float], head: Any, target: Any) -> dict[str, Any]:
-    """vLLM's speculative_config for the EAGLE head at k with the synthetic sampler at `rates` (one per position,
-    each in [0, 1], non-increasing: what vLLM 0.26 accepts), refused here before an engine starts."""
-    rates = check_rate_list(k, rates)
-    spec = speculative_config("eagle", k, draft=head, target=target)
-    return {**spec, "rejection_sample_method": "synthetic", "synthetic_acceptance_rates": rates}
-
-
 def check_rates(ks: Sequence[int], rates: dict[Any, dict[str, Any]]) -> dict[int, dict[str, Any]]:
     """`rates` keyed by int k (a recording's JSON keys are strings), one entry of k valid rates for each of `ks`."""
     rates = {int(k): v for k, v in rates.items()}
@@ -77,21 +69,12 @@ def check_rates(ks: Sequence[int], rates: dict[Any, dict[str, Any]]) -> dict[int
     return rates
 
 
-def check_rate_list(k: int, rates: Sequence[float]) -> list[float]:
-    """k rates, each in [0, 1], non-increasing: what vLLM 0.26 takes as synthetic_acceptance_rates."""
-    rates = [float(r) for r in rates]
-    if len(rates) != k or not all(0.0 <= r <= 1.0 for r in rates) or any(b > a for a, b in zip(rates, rates[1:])):
-        raise validate.refuse("eagle_config", "rates", rates, f"{k} rates (one per drafted position) in [0, 1], "
-                              "non-increasing", "take them from head_rates(ks) at the same k.")
-    return rates
-
-
 def part_settings(part: str, rates: dict[Any, dict[str, Any]], head: Any, target: Any) -> list[Setting]:
     """The engines of one part, the pinned bf16 baseline first (every speedup in the part is over it)."""
     validate.choice("part_settings", "part", part, tuple(PARTS))
     p = PARTS[part]
     rates = check_rates(p["ks"], rates)
-    spec = {k: eagle_config(k, rates[k]["rates"], head, target) for k in p["ks"]}
+    spec = {k: synthetic_eagle_config(k, rates[k]["rates"], head, target) for k in p["ks"]}
     tag = f"{TAG}-{part}"  # each part's own steps: its pinned baseline is recorded apart from the other parts'
     out = [Setting("baseline", None, None, True, tag)]
     if p.get("pinned", True):
