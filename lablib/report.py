@@ -3,8 +3,8 @@
 The page reads top to bottom as a newcomer needs it:
 0. one sentence, computed from the Results, of what this machine measured and what the H200 recorded; and, where
    the run shared its CPU with other work (`hardware.contention`), a warning with the figures;
-1. one picture of the whole road (`plots.journey.whole_road`): output tok/s per rung, log scale,
-   the rungs run live on this machine next to those recorded on the H200, each bar labelled;
+1. one picture of the road (`plots.journey.ladder_figure`): each model up the ladder in a panel of its own, live
+   here or recorded on the H200, output tok/s per rung on a log scale, each bar's factor over the one before;
 2. why the live rungs look the way they do here (on a CPU, naive generate can match static
    batching), in sentences whose every number is computed from the Results on the page;
 3. every rung in numbers a person reads (tok/s, seconds, ms, GiB, GB/s, % of roofline);
@@ -25,7 +25,7 @@ from typing import Any
 from . import plots
 from .experiments.journey import best_on_road, side_roads
 from .hardware.contention import ADVICE, CpuShare
-from .plots.journey import model_name, tok_s_text, where, whole_road
+from .plots.journey import ladder_figure, model_name, tok_s_text, where
 from .results.record import Result
 from .stats import latency_text
 
@@ -253,7 +253,7 @@ def write_report(results: list[Result], path: str | Path, title: str = "LLM infe
     live = [r for r in results if r.provenance == "live"]
     places = list(dict.fromkeys(where(r) for r in results))
     counts = ", ".join(f"{sum(where(r) == p for r in results)} {p}" for p in places)
-    figs = [whole_road(results)]
+    figs = [ladder_figure(results)]
     if live:
         figs += [plots.throughput_vs_batch(live), plots.latency_cdf(live, "ttft"), plots.latency_cdf(live, "tpot"),
                  plots.phase_breakdown(live), plots.memory_timeline(live)]

@@ -12,7 +12,7 @@ from plotly.offline import get_plotlyjs
 from lablib.experiments.journey import road
 from lablib.plots.journey import tok_s_text
 from lablib.hardware.contention import ADVICE, CpuShare
-from lablib.plots.journey import model_name
+from lablib.plots.journey import ladder_panels, model_name
 from lablib.report import headline, idle_slot_fraction, rung_rows, write_report
 from lablib.results import RequestRecord, Result
 from lablib.results.reference import load_reference
@@ -79,14 +79,15 @@ def test_recorded_h200_rungs_labelled_recorded_and_live_rungs_live(page):
     for r in results:
         want = LIVE if r.provenance == "live" else f"recorded on NVIDIA H200, {r.recorded_at[:10]}"
         assert table[r.step]["measured"] == want
-        assert f'"name":"{want}"' in html  # the whole-road figure's legend says it too: one entry per place
+    for p in ladder_panels(results):  # the ladder figure's panels say it too: one model and place each
+        assert f'"text":"{p["title"]}"' in html
     assert table["vllm-8b-journey"]["output tok/s"] == f"{recorded[1].summary['output_tok_s']:,.0f}"
 
 
 def test_plotly_js_inlined_exactly_once_and_nothing_from_a_cdn(page):
     _, html = page
     assert html.count(PLOTLY_HEADER) == 1
-    assert html.count("Plotly.newPlot(") == 6  # the whole road and five figures of this machine's runs
+    assert html.count("Plotly.newPlot(") == 6  # the ladder and five figures of this machine's runs
     assert not re.search(r"<script[^>]*\bsrc=", html) and "<link" not in html  # no file fetched at all
     # plotly.js itself names cdn.plot.ly once, as the default topojsonURL of geo maps (which the page never draws)
     assert html.count("cdn.plot.ly") == get_plotlyjs().count("cdn.plot.ly") == 1
@@ -95,7 +96,7 @@ def test_plotly_js_inlined_exactly_once_and_nothing_from_a_cdn(page):
 
 def test_sections_in_order_whole_road_first(page):
     _, html = page
-    marks = ["The whole road", "<h2>Reading the road", "<h2>Every rung in numbers", "<h2>Steps not run",
+    marks = ["One model up the ladder", "<h2>Reading the road", "<h2>Every rung in numbers", "<h2>Steps not run",
              "<h2>This machine", "<h2>Provenance"]
     positions = [html.index(m) for m in marks]
     assert positions == sorted(positions)

@@ -1,23 +1,23 @@
-"""The journey's figures: the whole road (one bar per rung, live and recorded side by side) and the
-per-step throughput/TTFT pair.
+"""The journey's figures: one model up the ladder per panel, and the per-step throughput/TTFT pair.
 
-`whole_road` is the report's first picture. Its rungs span decades (a 4.7M-parameter model on
-two CPU cores next to an 8B model on an H200), so the throughput axis is logarithmic: equal
-steps along the axis are equal factors. Every bar says where it was measured: live on this machine
-(its CPU or GPU) or recorded on the H200 with the date, and which model and workload it ran,
-because bars of different models are a road, not a like-for-like race.
+`ladder_figure` is the report's first picture: each panel is one model measured in one place (live here, or
+recorded on the H200, with the dates), its rungs top to bottom, each bar labelled with its factor over the rung
+before and over naive generate, and its MBU. Bars of different models, or of live and recorded runs, never share a
+panel: a 4.7M model on two CPU cores beside an 8B on an H200 is a road, not a like-for-like race. Rungs span
+decades, so every throughput axis is logarithmic: equal steps along it are equal factors.
 """
 from __future__ import annotations
 
 import math
 import re
+from typing import Any
 
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from ..experiments import journey as jx
 from ..results.record import Result
-from .style import (PAGE_PX, colour, finish, is_synthetic, provenance, require_results, series_name, step_labels,
-                    trace_name)
+from .style import colour, finish, is_synthetic, provenance, require_results, series_name, step_labels
 
 
 def where(r: Result) -> str:
@@ -51,72 +51,6 @@ def tok_s_text(v: float) -> str:
 ROW_PX = 46  # height of one rung's row: its three-line tick label with room above and below
 
 
-def _ticks(results: list[Result]) -> list[str]:
-    ticks, seen = [], set()
-    for r in results:
-        wl = r.workload.get("name")
-        on = f"{r.summary['requests']} requests" + (f" of {wl}" if wl and wl != "journey" else "")  # a rung's own set
-        base = f"{r.step}<br><span style='font-size:10px'>{model_name(r)}<br>{on}</span>"
-        tick, n = base, 1
-        while tick in seen:
-            n += 1
-            tick = f"{base} #{n}"
-        seen.add(tick)
-        ticks.append(tick)
-    return ticks
-
-
-def whole_road(results: list[Result]) -> go.Figure:
-    """Output tok/s per rung, in the order given (`experiments.journey.road`) from top to bottom, on a log axis.
-
-    Horizontal bars: a rung's name, model and request count are its tick label (three lines, read across, never
-    turned on their side or cut), and the figure grows a row per rung. One bar per rung in the rung's own colour
-    (`style.colour`, the same in every figure); recorded bars are hatched. The legend, under the plot, names each
-    place the bars were measured once ("live on this machine (CPU: ...)", "recorded on NVIDIA H200, <date>"), solid
-    or hatched like its bars, and clicking it shows or hides them; every bar's hover repeats its place.
-    """
-    results = require_results(results, "whole_road")
-    ticks, mixed = _ticks(results), len({r.provenance for r in results}) > 1
-    fig = go.Figure()
-    places: dict[str, bool] = {}  # where -> recorded, in the order drawn
-    for i, r in enumerate(results):
-        x, place = r.summary["output_tok_s"], where(r)
-        places.setdefault(place, r.provenance == "recorded")
-        fig.add_bar(y=[ticks[i]], x=[x], orientation="h", name=trace_name(r, mixed=mixed), legendgroup=place,
-                    showlegend=False, text=[tok_s_text(x)], textposition="outside", cliponaxis=False,
-                    hovertemplate=f"{r.step}: %{{x:,.1f}} output tok/s<br>{model_name(r)}, "
-                                  f"{r.workload.get('name', '?')} workload, {r.summary['requests']} requests"
-                                  f"<br>{place}<extra></extra>",
-                    marker={"color": colour(r.step), "pattern": {"shape": "/" if r.provenance == "recorded" else ""}})
-    for place, recorded in places.items():  # the legend: each place once, not each rung (its tick label names it)
-        fig.add_bar(y=[None], x=[None], orientation="h", name=place, legendgroup=place, hoverinfo="skip",
-                    marker={"color": PLACE_COLOUR, "pattern": {"shape": "/" if recorded else ""}})
-    positive = [r.summary["output_tok_s"] for r in results if r.summary["output_tok_s"] > 0]
-    lo, hi = (math.log10(min(positive)), math.log10(max(positive))) if positive else (0.0, 1.0)
-    fig.update_yaxes(categoryorder="array", categoryarray=ticks, autorange="reversed",  # the first rung on top
-                     title_text="rung of the journey, in order (top to bottom)")
-    fig.update_xaxes(type="log", range=[math.floor(lo) - 0.1, hi + 0.45],  # room for the last bar's number
-                     title_text="output throughput (tok/s, log scale)")
-    fig.update_layout(barmode="overlay", legend={"groupclick": "togglegroup"})
-    finish(fig, "The whole road: output tokens per second at each rung (higher is better)",
-           provenance(results), synthetic=any(is_synthetic(r) for r in results), legend_below=True,
-           legend_width=bars_width(ticks))
-    fig.update_layout(legend={"xref": "container"},
-                      height=fig.layout.margin.t + fig.layout.margin.b + ROW_PX * len(results) + 40)
-    return fig
-
-
-PLACE_COLOUR = "#9e9e9e"  # a place's legend swatch: neutral, since every rung has its own colour
-
-
-def bars_width(ticks: list[str]) -> int:
-    """About how wide the bars' area is: the page less the right margin and the widest tick label (12 px rung name,
-    10 px lines under it). A horizontal legend wraps at this width, not the page's."""
-    widest = max(max(7 * len(lines[0]), 6 * max(map(len, lines[1:]), default=0))
-                 for lines in (re.sub(r"<(?!br>)[^>]+>", "", t).split("<br>") for t in ticks))
-    return PAGE_PX - 80 - widest - 10
-
-
 def journey(results: list[Result]) -> go.Figure:
     """Output tok/s per step on top, TTFT p50 and p99 (ms) below, steps in the given order."""
     results = require_results(results, "journey")
@@ -137,3 +71,100 @@ def journey(results: list[Result]) -> go.Figure:
     fig.update_layout(barmode="group")
     return finish(fig, "The journey: each optimisation step", provenance(results),
                   synthetic=any(is_synthetic(r) for r in results), height=650)
+
+
+SIDE_ROAD = re.compile(r"-(draft|ngram|eagle)")  # speculative rungs: each against its baseline, off the road
+
+
+def _before_of(results: list[Result]) -> dict[str, str]:
+    """Each rung's own baseline (`journey.ladder`'s Step.baseline, a recording's RECORDED_BASELINE)."""
+    steps = jx.ladder(jx.batch_sizes_of(results))
+    return {**{s.name: s.baseline for s in steps if s.baseline}, **jx.RECORDED_BASELINE}
+
+
+def ladder_panels(results: list[Result], workload: str = "journey") -> list[dict[str, Any]]:
+    """The road as one ladder per model and place: the runs of `workload` grouped by model and by live or recorded
+    (never interleaved), in the road's order. Per run: tok/s, the factor over the rung before (its own baseline where
+    it has one in the panel, else the nearest bar above that does not speculate: lab 08's rungs are side roads off
+    their own baselines), over naive generate (the panel's hf-naive, where it has one), MBU
+    (decode's share of the GPU's bandwidth; None where unknown: a CPU). Runs of other workloads are counted per panel, not drawn."""
+    before_of = _before_of(results)
+    panels: dict[tuple[str, bool], dict[str, Any]] = {}
+    for r in results:
+        key = (str(r.model.get("name")), r.provenance == "recorded")
+        p = panels.setdefault(key, {"model": key[0], "recorded": key[1], "runs": [], "other_workloads": []})
+        (p["runs"] if r.workload.get("name") == workload else p["other_workloads"]).append(r)
+    out = []
+    for p in panels.values():
+        if not p["runs"]:
+            continue
+        by_step = {r.step: r for r in p["runs"]}
+        naive = by_step.get("hf-naive")
+        rows = []
+        for i, r in enumerate(p["runs"]):
+            tok = r.summary["output_tok_s"]
+            road = [q for q in p["runs"][:i] if not SIDE_ROAD.search(q.step)]  # the bars above, speculation left out
+            base = by_step.get(before_of.get(r.step, "")) or (road[-1] if road else None)
+            rows.append({"step": r.step, "tok_s": tok, "before": base.step if base else None,
+                         "over_before": tok / base.summary["output_tok_s"] if base else None,
+                         "over_naive": tok / naive.summary["output_tok_s"] if naive and r is not naive and base is not
+                         naive else None,
+                         "mbu": mbu if isinstance(mbu := (r.roofline or {}).get("mbu"), (int, float)) else None,
+                         "requests": r.summary["requests"], "where": where(r),
+                         "subset": r.config.get("subset"), "result": r})
+        out.append({**p, "rows": rows, "title": f"{model_name(p['runs'][0])}: {_places(p['runs'])}"})
+    return out
+
+
+def _places(runs: list[Result]) -> str:
+    """Where a panel's runs were measured, each place once: "recorded on NVIDIA H200, 2026-11-29 and 2026-12-01"."""
+    places = list(dict.fromkeys(where(r) for r in runs))
+    heads = {p.rsplit(", ", 1)[0] for p in places}
+    if len(places) > 1 and len(heads) == 1 and all(p.startswith("recorded on ") for p in places):
+        return f"{heads.pop()}, {' and '.join(p.rsplit(', ', 1)[1] for p in places)}"
+    return "; ".join(places)
+
+
+def bar_text(row: dict[str, Any]) -> str:
+    """A ladder bar's label: tok/s, x over the rung before (named), x over naive, MBU."""
+    parts = [tok_s_text(row["tok_s"])]
+    if row["over_before"] is not None:
+        parts.append(f"x{row['over_before']:.2f} over {row['before']}")
+    if row["over_naive"] is not None:
+        parts.append(f"x{row['over_naive']:,.1f} over naive")
+    if row["mbu"] is not None:
+        parts.append(f"MBU {row['mbu']:.0%}" if row["mbu"] >= 0.01 else f"MBU {row['mbu']:.2%}")
+    return " · ".join(parts)
+
+
+def ladder_figure(results: list[Result]) -> go.Figure:
+    """One model up the ladder per panel (`ladder_panels`): its journey rungs top to bottom on a log axis, each bar
+    labelled with its factor over the rung before, over naive generate and its MBU; live and recorded runs, and
+    different models, in panels of their own, so no bar is read against another model's."""
+    results = require_results(results, "ladder_figure")
+    panels = ladder_panels(results)
+    if not panels:
+        raise ValueError("ladder_figure: no run of the journey workload. Fix: run_journey, or pass its Results.")
+    heights = [len(p["rows"]) for p in panels]
+    fig = make_subplots(rows=len(panels), cols=1, subplot_titles=[p["title"] for p in panels],
+                        row_heights=[h / sum(heights) for h in heights], vertical_spacing=0.32 / len(panels))
+    for i, p in enumerate(panels, start=1):
+        ys = [f"{row['step']}" + (" (subset)" if row["subset"] else "") for row in p["rows"]]
+        fig.add_bar(y=ys, x=[row["tok_s"] for row in p["rows"]], orientation="h", showlegend=False,
+                    text=[bar_text(row) for row in p["rows"]], textposition="outside", cliponaxis=False,
+                    marker={"color": [colour(row["step"]) for row in p["rows"]],
+                            "pattern": {"shape": "/" if p["recorded"] else ""}},
+                    hovertext=[f"{row['step']}: {row['requests']} requests{', ' + row['subset'] if row['subset'] else ''}"
+                               f"<br>{row['where']}" for row in p["rows"]], hoverinfo="text+x", row=i, col=1)
+        values = [row["tok_s"] for row in p["rows"] if row["tok_s"] > 0]
+        lo, hi = math.log10(min(values)), math.log10(max(values))
+        fig.update_xaxes(type="log", range=[math.floor(lo) - 0.1, hi + 1.3], row=i, col=1,  # room for the labels
+                         title_text="output tok/s (log scale)" if i == len(panels) else None)
+        fig.update_yaxes(autorange="reversed", row=i, col=1)
+    others = sum(len(p["other_workloads"]) for p in panels)
+    notes = [f"{others} rung(s) on workloads of their own (prefix caching's shared prefix, the server's longer run) "
+             "are not drawn: the side roads' table has them"] if others else []
+    finish(fig, "One model up the ladder: each rung's factor over the one before and over naive generate",
+           provenance(results), synthetic=any(is_synthetic(r) for r in results), notes=notes)
+    fig.update_layout(height=fig.layout.margin.t + fig.layout.margin.b + ROW_PX * sum(heights) + 60 * len(panels))
+    return fig

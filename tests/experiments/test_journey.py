@@ -97,15 +97,6 @@ def test_the_report_says_what_each_side_road_bought(tmp_path):
     assert "In throughput it did not pay here: lab 08 measures why." in page
 
 
-def test_a_rung_on_its_own_workload_says_so_under_its_bar():
-    from lablib.plots.journey import whole_road
-
-    fig = whole_road([run_of("hf-naive", "hf-naive", 2.0),
-                      run_of("vllm-prefix-on", "vllm", 0.8, workload=jx.PREFIX_WORKLOAD)])
-    ticks = list(fig.layout.yaxis.categoryarray)  # horizontal bars: the rungs are the y axis
-    assert ticks[0].endswith("4 requests</span>") and f"4 requests of {jx.PREFIX_WORKLOAD}" in ticks[1]
-
-
 def test_the_rungs_recorded_names_are_the_ones_labs_07_and_08_record():
     """The journey does not record its prefix and speculative rungs itself: lab 07's on/off runs and lab 08's
     sweep do, and these names must be the ones their own naming produces (a rename there would leave the road

@@ -1,25 +1,25 @@
-"""The whole-road figure: live rungs and the H200's recorded rungs side by side, in the journey's order,
-on a log throughput axis, every bar labelled with where it was measured."""
+"""The ladder figure: one model up the ladder per panel (live and recorded, and different models, never in one
+panel), in the journey's order, on a log throughput axis, each bar labelled with its factor over the rung before,
+over naive generate and its MBU."""
 import math
 
 import pytest
 
 from lablib.experiments import journey as jx
 from lablib.plots import style
-from lablib.plots.journey import ROW_PX, bars_width, where, whole_road
+from lablib.plots.journey import ROW_PX, bar_text, ladder_figure, ladder_panels, where
 from lablib.results import RequestRecord, Result
 from lablib.results.reference import load_reference, reference_steps
-from tests.plots import rules
 
 CPU = {"gpu": None, "cpu": "Test CPU 9000", "cpu_cores_logical": 2}
 LIVE = "live on this machine (CPU: Test CPU 9000, 2 cores)"
 
 
-def live_run(step: str, engine: str, batch: int, wall_s: float) -> Result:
+def live_run(step: str, engine: str, batch: int, wall_s: float, workload: str = "journey") -> Result:
     reqs = [RequestRecord(f"r{i}", prompt_tokens=10, output_tokens=8, start=0.0, first_token=0.1,
                           last_token=0.1 + 7 * 0.01) for i in range(4)]
     return Result(lab="test", step=step, engine=engine, config={"batch_size": batch}, model={"name": "embedded"},
-                  workload={"name": "journey", "requests": 4}, requests=reqs, wall_s=wall_s, hardware=CPU)
+                  workload={"name": workload, "requests": 4}, requests=reqs, wall_s=wall_s, hardware=CPU)
 
 
 @pytest.fixture
@@ -29,15 +29,9 @@ def live() -> list[Result]:
             live_run("hf-static-b2", "hf-static", 2, 0.3)]
 
 
-def bars(fig) -> list:
-    """The rungs' bars, one per rung (the legend's entries, one per place, are drawn with no data)."""
-    return [t for t in fig.data if t.y[0] is not None]
-
-
-def steps_of(fig) -> list[str]:
-    """The bars' rungs, top to bottom (the category order the y axis draws, reversed so the first is on top)."""
-    assert fig.layout.yaxis.autorange == "reversed"
-    return [tick.split("<br>")[0] for tick in fig.layout.yaxis.categoryarray]
+def panel_steps(fig) -> list[list[str]]:
+    """Each panel's bars, top to bottom."""
+    return [list(t.y) for t in fig.data]
 
 
 def test_road_follows_the_ladder_and_adds_each_rungs_recording(live):
@@ -50,18 +44,14 @@ def test_road_follows_the_ladder_and_adds_each_rungs_recording(live):
     assert expected[:3] == ["hf-naive", "hf-static-b2", "hf-static-b4"]  # live first, in ladder order
     assert [r.provenance for r in road] == ["live"] * 3 + ["recorded"] * (len(expected) - 3)
     assert {"vllm-8b-journey", "hf-static-b64-8b-journey"} <= set(expected)
-    fig = whole_road(road)
-    assert steps_of(fig) == expected
-    assert [y for t in bars(fig) for y in t.y] == list(fig.layout.yaxis.categoryarray)  # one bar per rung, in order
 
 
 def test_road_grows_with_a_new_rung(live, monkeypatch):
     ladder = jx.ladder
-    new = jx.Step("vllm-single", lambda m: None, needs="gpu+vllm", recorded=("vllm-8b-single",))
-    monkeypatch.setattr(jx, "ladder", lambda sizes: ladder(sizes) + [new])
-    fig = whole_road(jx.road(live, [1, 2, 4]))
-    assert steps_of(fig)[-1] == "vllm-8b-single"
-    assert len(fig.layout.yaxis.categoryarray) == len(jx.road(live, [1, 2, 4]))
+    on_ladder = {n for s in ladder([1, 2, 4]) for n in (s.name, *s.recorded)}
+    name = next(n for n in sorted(reference_steps()) if n not in on_ladder)  # a recording no rung names yet
+    monkeypatch.setattr(jx, "ladder", lambda sizes: ladder(sizes) + [jx.Step("new", lambda m: None, recorded=(name,))])
+    assert [r.step for r in jx.road(live, [1, 2, 4])][-1] == name
 
 
 def test_road_keeps_unknown_steps_and_never_doubles_a_recording(live):
@@ -72,41 +62,77 @@ def test_road_keeps_unknown_steps_and_never_doubles_a_recording(live):
     assert steps.count("vllm-8b-journey") == 1 and steps[-1] == "my-experiment"
 
 
-def test_log_axis_with_unit_and_bar_heights_from_the_data(live):
+def test_one_panel_per_model_and_place_in_the_roads_order(live):
+    """The live embedded rungs, the H200's 8B rungs and the H200's embedded rungs: three panels, none mixed."""
     road = jx.road(live, [1, 2, 4])
-    fig = whole_road(road)
-    assert fig.layout.xaxis.type == "log"  # horizontal bars: the rungs down the y axis, throughput along x
-    assert "tok/s" in fig.layout.xaxis.title.text and "log" in fig.layout.xaxis.title.text
-    drawn = {y.split("<br>")[0]: x for t in bars(fig) for x, y in zip(t.x, t.y)}
-    assert drawn == pytest.approx({r.step: r.summary["output_tok_s"] for r in road})
-    lo, hi = fig.layout.xaxis.range  # log10 units: every bar and its label fits
-    assert lo <= math.log10(min(drawn.values())) and hi > math.log10(max(drawn.values()))
-    labels = dict(zip(fig.layout.xaxis.tickvals, fig.layout.xaxis.ticktext))  # decades or 1-2-5, full-size labels
-    assert {10.0: "10", 100.0: "100", 1000.0: "1k"}.items() <= labels.items()
-    assert all(text[0] in "125" for text in labels.values())
+    panels = ladder_panels(road)
+    keys = [(p["model"], p["recorded"]) for p in panels]
+    assert len(set(keys)) == len(keys) and keys[0] == ("embedded", False)
+    assert ("synthetic:llama-3.1-8b", True) in keys and ("embedded", True) in keys
+    for p in panels:
+        assert {r.model.get("name") for r in p["runs"]} == {p["model"]}
+        assert {r.provenance == "recorded" for r in p["runs"]} == {p["recorded"]}
+        assert all(r.workload.get("name") == "journey" for r in p["runs"])
+        assert [r.step for r in p["runs"]] == [r.step for r in road if r in p["runs"]]  # the road's order
+    drawn = sum(len(p["runs"]) + len(p["other_workloads"]) for p in panels)
+    assert drawn == len(road)  # every run is in one panel: drawn, or counted under it
+    assert panels[0]["title"] == f"embedded: {LIVE}"
+    fig = ladder_figure(road)
+    assert panel_steps(fig) == [[r.step for r in p["runs"]] for p in panels]
+    assert [a.text for a in fig.layout.annotations][:len(panels)] == [p["title"] for p in panels]
 
 
-def test_every_bar_says_where_it_was_measured_in_its_rungs_colour(live):
+def test_each_bar_says_its_factor_over_the_rung_before_and_over_naive(live):
     road = jx.road(live, [1, 2, 4])
-    fig = whole_road(road)
-    assert len(bars(fig)) == len(road)
-    places = {}
-    for trace, r in zip(bars(fig), road):
-        want = LIVE if r.provenance == "live" else f"recorded on NVIDIA H200, {r.recorded_at[:10]}"
-        places.setdefault(want, r.provenance == "recorded")
-        assert trace.y[0].split("<br>")[0] == r.step
-        assert trace.legendgroup == want and trace.showlegend is False  # the legend lists places, not rungs
-        assert want in trace.hovertemplate
-        assert trace.name == r.step + (style.RECORDED_MARK if r.provenance == "recorded" else "")
-        assert trace.marker.color == style.colour(r.step)  # the rung's colour in every figure
-        assert trace.marker.pattern.shape == ("/" if r.provenance == "recorded" else "")
-    legend = rules.legend(fig)  # each place once, in the order drawn, hatched like its bars, toggling them
-    assert [(t.name, t.legendgroup, t.marker.pattern.shape) for t in legend] == [
-        (place, place, "/" if recorded else "") for place, recorded in places.items()]
-    assert fig.layout.legend.groupclick == "togglegroup"
+    rows = {row["step"]: row for row in ladder_panels(road)[0]["rows"]}
+    tok = {r.step: r.summary["output_tok_s"] for r in live}
+    assert rows["hf-naive"]["over_before"] is None and rows["hf-naive"]["over_naive"] is None
+    assert rows["hf-static-b2"]["before"] == "hf-naive" and rows["hf-static-b2"]["over_naive"] is None  # said once
+    assert rows["hf-static-b4"]["before"] == "hf-static-b2"
+    assert rows["hf-static-b4"]["over_before"] == pytest.approx(tok["hf-static-b4"] / tok["hf-static-b2"])
+    assert rows["hf-static-b4"]["over_naive"] == pytest.approx(tok["hf-static-b4"] / tok["hf-naive"])
+    text = bar_text(rows["hf-static-b4"])
+    assert text.startswith(f"{tok['hf-static-b4']:,.0f}") and "over hf-static-b2" in text and "over naive" in text
+    assert "MBU" not in text  # a CPU: no GPU bandwidth to share
+    eight = next(p for p in ladder_panels(road) if p["model"] == "synthetic:llama-3.1-8b")
+    vllm = next(row for row in eight["rows"] if row["step"] == "vllm-8b-journey")
+    assert vllm["before"] == "hf-static-b64-8b-journey" and vllm["over_naive"] is None  # no naive recorded there
+    assert vllm["mbu"] == pytest.approx(vllm["result"].roofline["mbu"]) and "MBU 57%" in bar_text(vllm)
+
+
+def test_a_side_road_is_measured_against_its_baseline_and_the_next_rung_skips_it():
+    runs = [live_run("hf-naive", "hf-naive", 1, 0.4), live_run("hf-naive-ngram-k4", "hf-naive", 1, 0.2),
+            live_run("hf-static-b4", "hf-static", 4, 0.1), live_run("hf-static-b4-sdpa", "hf-static", 4, 0.08),
+            live_run("vllm-prefix-on", "vllm", 1, 0.1, workload=jx.PREFIX_WORKLOAD)]
+    (panel,) = ladder_panels(runs)
+    before = {row["step"]: row["before"] for row in panel["rows"]}
+    assert before == {"hf-naive": None, "hf-naive-ngram-k4": "hf-naive", "hf-static-b4": "hf-naive",
+                      "hf-static-b4-sdpa": "hf-static-b4"}
+    assert [r.step for r in panel["other_workloads"]] == ["vllm-prefix-on"]
+    fig = ladder_figure(runs)
+    assert any("not drawn" in a.text for a in fig.layout.annotations)  # the rung on its own workload is named
+    subset = live_run("hf-naive", "hf-naive", 1, 0.4)
+    subset.config["subset"] = "the first 8 of 64 requests"
+    assert list(ladder_figure([subset]).data[0].y) == ["hf-naive (subset)"]
+
+
+def test_log_axes_bars_from_the_data_and_room_for_every_label(live):
+    road = jx.road(live, [1, 2, 4])
+    fig = ladder_figure(road)
+    panels = ladder_panels(road)
+    for i, (trace, p) in enumerate(zip(fig.data, panels), start=1):
+        axis = fig.layout[f"xaxis{'' if i == 1 else i}"]
+        assert axis.type == "log" and trace.orientation == "h"
+        assert list(trace.x) == pytest.approx([row["tok_s"] for row in p["rows"]])
+        lo, hi = axis.range
+        assert lo <= math.log10(min(trace.x)) and hi > math.log10(max(trace.x)) + 1  # the bar's label fits
+        assert list(trace.marker.color) == [style.colour(s) for s in trace.y]
+        assert trace.marker.pattern.shape == ("/" if p["recorded"] else "")
+    assert "tok/s" in fig.layout[f"xaxis{len(panels)}"].title.text
     title = fig.layout.title.text
-    assert "recorded on NVIDIA H200" in title and "live on this CPU" in title  # provenance, once, in the title
-    assert "synthetic weights" in title  # the H200 rungs ran the synthetic 8B
+    assert "recorded on NVIDIA H200" in title and "live on this CPU" in title and "synthetic weights" in title
+    rows = sum(len(p["rows"]) for p in panels)
+    assert fig.layout.height >= fig.layout.margin.t + fig.layout.margin.b + ROW_PX * rows
 
 
 def test_where_names_the_gpu_of_a_live_gpu_run():
@@ -117,22 +143,7 @@ def test_where_names_the_gpu_of_a_live_gpu_run():
 
 
 def test_no_results_is_a_clear_error():
-    with pytest.raises(ValueError, match="whole_road: no Results"):
-        whole_road([])
-
-
-def test_layout_leaves_room_for_every_label(live):
-    """Rungs read across on the y axis (never turned or cut), a row each; the legend, a place an entry, lies under
-    the x axis's title, in a bottom margin that holds its rows (`style.legend_rows`) as they wrap at the width the
-    bars have beside the tick labels (plotly wraps a legend at the plot's width, not the page's)."""
-    road = jx.road(live, [1, 2, 4])
-    fig = whole_road(road)
-    assert all(t.orientation == "h" for t in fig.data) and fig.layout.yaxis.automargin
-    assert fig.layout.legend.orientation == "h" and fig.layout.legend.xref == fig.layout.legend.yref == "container"
-    places = list(dict.fromkeys(t.legendgroup for t in bars(fig)))
-    assert len(rules.legend(fig)) == len(places) < len(road)  # compact: not one entry per rung
-    width = bars_width(list(fig.layout.yaxis.categoryarray))
-    assert 300 < width < style.LEGEND_WIDTH  # the widest rung's label takes a third of the page
-    assert style.legend_rows(fig, width) >= style.legend_rows(fig) >= 1
-    assert fig.layout.margin.b >= 60 + 24 * style.legend_rows(fig, width)
-    assert fig.layout.height >= fig.layout.margin.t + fig.layout.margin.b + ROW_PX * len(road)
+    with pytest.raises(ValueError, match="ladder_figure: no Results"):
+        ladder_figure([])
+    with pytest.raises(ValueError, match="ladder_figure: no run of the journey workload"):
+        ladder_figure([live_run("vllm-prefix-on", "vllm", 1, 0.1, workload=jx.PREFIX_WORKLOAD)])
