@@ -113,6 +113,23 @@ def tier_of(facts: dict[str, Any] | None = None) -> Tier | None:
         cannot=cannot)
 
 
+def tier_table(facts: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """One row per GPU an attendee may have (REHEARSAL_GPUS, NVML's figures), and this machine's first, if it has
+    one: the shape and dtype the live labs run there, each feature's way of running, what cannot run."""
+    here = tier_of(facts)
+    tiers = ([("this machine", here)] if here is not None else []) + [
+        (key, tier_of({"gpu": g["name"], "gpu_memory_bytes": [g["memory_mib"] * 2**20], "gpu_count": 1,
+                       "cuda_compute_capability": "{}.{}".format(*g["capability"])}))
+        for key, g in REHEARSAL_GPUS.items()]
+    return [{"gpu": key if key != "this machine" else f"this machine: {t.gpu}", "memory_gib": round(t.memory_bytes /
+             2**30, 1), "capability": "{}.{}".format(*t.capability), "model": t.model, "dtype": t.dtype,
+             "weights_gb": round(weight_bytes_16bit(t.model.split(":", 1)[1]) / 1e9, 1) if ":" in t.model else None,
+             "attention": t.attention.split(" (")[0] + (" (FA3)" if "3)" in t.attention else " (FA2)" if "2)" in
+                                                         t.attention else ""),
+             "fp8_weights": t.fp8_weights.split(":")[0], "fp8_kv_cache": t.fp8_kv_cache.split(" (")[0],
+             "cannot": "; ".join(t.cannot) or "-"} for key, t in tiers]
+
+
 def live_model(default: str = "embedded") -> str:
     """The model a live real-size run takes by default: this GPU's shape (tier_of), else `default` (no GPU)."""
     tier = tier_of()

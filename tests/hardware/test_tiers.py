@@ -41,3 +41,15 @@ def test_a_gpu_too_small_for_the_smallest_shape_says_so_and_takes_the_embedded_m
     t = tiers.tier_of(small)
     assert t.model == "embedded" and "real-size speed" in t.cannot and "llama-3.2-1b" in t.cannot["real-size speed"]
     assert tiers.shape_for(4 * 2**30) is None and tiers.shape_for(200 * 2**30) == tiers.SHAPES[0]
+
+
+def test_the_tier_table_has_every_gpu_and_this_machine_first_when_it_has_one():
+    rows = tiers.tier_table({"gpu": None})
+    assert [r["gpu"] for r in rows] == list(tiers.REHEARSAL_GPUS)
+    t4 = rows[0]
+    assert (t4["model"], t4["dtype"], t4["attention"], t4["fp8_weights"]) == (
+        "synthetic:llama-3.2-3b", "float16", "TRITON_ATTN", "W8A16")
+    assert t4["weights_gb"] == round(tiers.weight_bytes_16bit("llama-3.2-3b") / 1e9, 1)
+    here = tiers.tier_table(facts("H100", count=2))
+    assert here[0]["gpu"] == "this machine: NVIDIA H100 80GB HBM3" and here[0]["cannot"] == "-"
+    assert here[0]["attention"] == "FLASH_ATTN (FA3)" and len(here) == len(tiers.REHEARSAL_GPUS) + 1
