@@ -29,6 +29,7 @@ from typing import Any
 from ..config import VLLMConfig
 from ..hardware.device import nvml_memory, visible_gpus
 from ..hardware.fit import check_fit
+from ..hardware.tiers import vllm_refusal
 from ..models import ModelSpec, embedded_path, prompt_tokenizer, resolve_model
 from ..results.record import RequestRecord
 from .base import OnRecord, PreparedRequest
@@ -122,17 +123,10 @@ def preflight(spec: ModelSpec, config: VLLMConfig) -> dict[str, Any]:
     handle = pynvml.nvmlDeviceGetHandleByIndex(0)
     major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(handle)
     gpu_name = pynvml.nvmlDeviceGetName(handle)
-    if config.dtype == "bfloat16" and major < 8:  # "auto": vLLM 0.26 falls back to float16 itself (_resolve_auto_dtype)
-        raise ValueError(f"VLLMConfig.dtype='bfloat16': allowed 'auto' or 'float16' on this GPU ({gpu_name}, compute "
-                         f"capability {major}.{minor}: bfloat16 needs 8.0). Fix: VLLMConfig(dtype='auto') (vLLM then "
-                         "runs a bf16 checkpoint in float16) or dtype='float16'.")
-    if config.quantization == "fp8" and (major, minor) < (7, 5):
-        raise ValueError(f"VLLMConfig.quantization='fp8': allowed on compute capability 7.5 or newer (vLLM 0.26's "
-                         f"FP8 Marlin kernel; FP8 GEMMs from 8.9); this GPU is {major}.{minor}. Fix: quantization=None.")
-    if config.kv_cache_dtype.startswith("fp8") and major < 8:
-        raise ValueError(f"VLLMConfig.kv_cache_dtype={config.kv_cache_dtype!r}: allowed 'auto' on compute capability "
-                         f"{major}.{minor} (an FP8 KV cache needs FlashInfer, 8.0+, or FlashAttention 3, 9.0, in vLLM "
-                         "0.26; not verified on Triton's attention here). Fix: kv_cache_dtype='auto'.")
+    refusal = vllm_refusal((major, minor), gpu_name, dtype=config.dtype, quantization=config.quantization,
+                           kv_cache_dtype=config.kv_cache_dtype)
+    if refusal:
+        raise ValueError(refusal)
     if config.gpus > 1 and config.distributed_executor_backend != "ray":  # a Ray cluster may span more machines
         count = visible_gpus(pynvml.nvmlDeviceGetCount())
         nodes = f" over nnodes={config.nnodes} ({config.gpus_per_node} each)" if (config.nnodes or 1) > 1 else ""

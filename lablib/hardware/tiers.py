@@ -68,6 +68,31 @@ class Tier:
         return out
 
 
+def vllm_refusal(capability: tuple[int, int], gpu: str, *, dtype: str = "auto", quantization: str | None = None,
+                 kv_cache_dtype: str = "auto") -> str | None:
+    """Why vLLM 0.26 cannot run these settings on a GPU of `capability` (the message, naming the field, the allowed
+    values and the fix), or None where it can. The one rule `engines.vllm.preflight` and the labs' choices share."""
+    major, minor = capability
+    if dtype == "bfloat16" and major < 8:  # "auto": vLLM falls back to float16 itself (_resolve_auto_dtype)
+        return (f"VLLMConfig.dtype='bfloat16': allowed 'auto' or 'float16' on this GPU ({gpu}, compute capability "
+                f"{major}.{minor}: bfloat16 needs 8.0). Fix: VLLMConfig(dtype='auto') (vLLM then runs a bf16 "
+                "checkpoint in float16) or dtype='float16'.")
+    if quantization == "fp8" and (major, minor) < (7, 5):
+        return (f"VLLMConfig.quantization='fp8': allowed on compute capability 7.5 or newer (vLLM 0.26's FP8 Marlin "
+                f"kernel; FP8 GEMMs from 8.9); this GPU ({gpu}) is {major}.{minor}. Fix: quantization=None.")
+    if kv_cache_dtype.startswith("fp8") and major < 8:
+        return (f"VLLMConfig.kv_cache_dtype={kv_cache_dtype!r}: allowed 'auto' on compute capability {major}.{minor} "
+                f"({gpu}; an FP8 KV cache needs FlashInfer, 8.0+, or FlashAttention 3, 9.0, in vLLM 0.26; not "
+                "verified on Triton's attention here). Fix: kv_cache_dtype='auto'.")
+    return None
+
+
+def gpu_refusal(**settings: Any) -> str | None:
+    """`vllm_refusal` for this machine's first GPU (NVML); None without a GPU (nothing live to refuse)."""
+    tier = tier_of()
+    return None if tier is None else vllm_refusal(tier.capability, tier.gpu, **settings)
+
+
 def weight_bytes_16bit(architecture: str) -> int:
     """Bytes of a shape's weights in a 16-bit type (its parameter count x 2)."""
     return 2 * parameter_count(architectures()[architecture])

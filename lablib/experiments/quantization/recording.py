@@ -23,9 +23,11 @@ from .speed_runs import (
     BATCHES,
     GPU_WORK,
     SPEED_MODEL,
+    SPEED_SCHEMES,
     VLLM_SWITCHES,
     ENGINE_KNOBS,
     available_speed_schemes,
+    gpu_skips,
     base_model,
     fixed_name,
     kv_sentence,
@@ -101,6 +103,8 @@ def speed(force: bool | None = None, schemes: Sequence[str] | None = None, store
     def live() -> list[dict[str, Any]]:
         chosen = schemes if schemes is not None else available_speed_schemes(kw.get("model", SPEED_MODEL),
                                                                              kw.get("work_dir", GPU_WORK))
+        for scheme, why in gpu_skips(SPEED_SCHEMES if schemes is None else schemes).items():
+            print(f"Not run on this GPU: {scheme}: {why}")
         differs = differs_from_quant_a(chosen, kw) if store is not None else ["no store"]
         so_far: list[Result] = []
 

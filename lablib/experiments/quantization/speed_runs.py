@@ -17,6 +17,7 @@ from ...bench.offline import run
 from ...config import BenchConfig, lab_id, VLLMConfig
 from ...engines.vllm import VLLMEngine
 from ...hardware.roofline import decode_ceiling_tok_s, decode_weight_bytes, lookup_gpu
+from ...hardware.tiers import gpu_refusal
 from ...models import check_model_dir, load_tokenizer, ModelSpec, resolve_model, synthetic_spec
 from ...models.quantize import SCHEMES, read_facts
 from ...results.record import Result
@@ -238,6 +239,16 @@ def kv_sentence(rows: Sequence[dict[str, Any]] | None) -> str:
             f"{b['decode_tok_s']:,.0f} decode tok/s  [{b['provenance']}]")
 
 
+def gpu_skips(schemes: Sequence[str]) -> dict[str, str]:
+    """The vLLM switches among `schemes` this GPU cannot run (an FP8 KV cache on a T4), each with vLLM 0.26's reason
+    (`hardware.tiers.vllm_refusal`); nothing without a GPU."""
+    return {s: why for s in schemes if s in VLLM_SWITCHES and VLLM_SWITCHES[s]
+            and (why := gpu_refusal(**VLLM_SWITCHES[s]))}
+
+
 def available_speed_schemes(model: str = SPEED_MODEL, work_dir: str | Path = GPU_WORK) -> list[str]:
-    """The speed schemes that can run now: vLLM's switches on bf16, and every checkpoint prepare_checkpoints made."""
-    return [s for s in SPEED_SCHEMES if s in VLLM_SWITCHES or read_facts(Path(work_dir) / model / s) is not None]
+    """The speed schemes that can run now: vLLM's switches on bf16 this GPU takes (`gpu_skips` names the others), and
+    every checkpoint prepare_checkpoints made."""
+    skips = gpu_skips(SPEED_SCHEMES)
+    return [s for s in SPEED_SCHEMES if s not in skips and
+            (s in VLLM_SWITCHES or read_facts(Path(work_dir) / model / s) is not None)]
