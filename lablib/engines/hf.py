@@ -131,6 +131,7 @@ class HFEngine:
         self._gen_config.pad_token_id = self.tokenizer.pad_token_id
         self.draft = self._load_draft(config) if config.speculative == "draft" else None
         self._manager: Any = None  # mode="continuous": transformers' manager, made by the first generate call
+        self._continuous_len: int | None = None  # mode="continuous": the paged cache's length per request (size_for)
         self._cache_len: int | None = None  # compile=True: the static cache's length, grown only (a new length recompiles)
         self._calls = 0  # generate calls on it (request ids are unique per call)
         if config.speculative == "ngram":
@@ -166,9 +167,16 @@ class HFEngine:
 
     def size_for(self, requests: list[PreparedRequest]) -> None:
         """Before the warm-up: size the static cache (compile=True) for the longest request of the run to come, so
-        the warm-up compiles the very shapes the run decodes with; otherwise a no-op."""
-        if self.config.compile and requests:
+        the warm-up compiles the very shapes the run decodes with; size continuous batching's paged cache for it
+        (made by the warm-up, kept for the run); otherwise a no-op."""
+        if not requests:
+            return
+        longest = max(len(r.prompt_ids) + r.max_new_tokens for r in requests)
+        if self.config.compile:
             self._grow_cache(max(len(r.prompt_ids) for r in requests) + max(r.max_new_tokens for r in requests))
+        if self.config.mode == "continuous" and self._manager is None:
+            self._continuous_len = min(self.facts["context"], CONTINUOUS_MAX_LEN,
+                                       -(-longest // CONTINUOUS_BLOCK) * CONTINUOUS_BLOCK)
 
     def _grow_cache(self, length: int) -> None:
         if self._cache_len is None or length > self._cache_len:
@@ -267,9 +275,10 @@ class HFEngine:
         """transformers' continuous batching: every request queued at t=0, up to batch_size decoding together, each
         finished one's slot refilled at the next step, the KV cache in pages (`continuous_batching_context_manager`).
         The manager and its cache are made once, on the first call (the warm-up), and kept: a run times the decoding,
-        not the cache's allocation. The cache holds batch_size sequences of the longest length the model takes here
-        (its context, at most CONTINUOUS_MAX_LEN tokens); sized from memory instead, it zeroes most of a CPU's RAM."""
-        length = min(self.facts["context"], CONTINUOUS_MAX_LEN)
+        not the cache's allocation. The cache holds batch_size sequences of the run's longest request (`size_for`,
+        in whole pages), else of the longest length the model takes here (its context, at most CONTINUOUS_MAX_LEN
+        tokens); sized from memory instead, it zeroes most of a CPU's RAM."""
+        length = self._continuous_len or min(self.facts["context"], CONTINUOUS_MAX_LEN)
         long = [r.request_id for r in requests if len(r.prompt_ids) + r.max_new_tokens > length]
         if long:  # the cache was sized for `length`: a longer one would evict others or never be scheduled
             raise validate.refuse("HFConfig", "mode", "continuous", f"requests of at most {length} tokens (prompt and "
@@ -284,6 +293,7 @@ class HFEngine:
                                            block_size=CONTINUOUS_BLOCK, max_requests_per_batch=self.config.batch_size,
                                            max_batch_tokens=CONTINUOUS_STEP_TOKENS)
             self._manager = self.model.init_continuous_batching(generation_config=gen, continuous_batching_config=cfg)
+            self.facts["continuous_cache_len"] = length  # tokens per request slot of the paged cache
             self._manager.start()
         bar = progress_bar(len(requests), progress, self.name)
         self._calls += 1  # ids unique per call: a result left from an interrupted call is never taken for this one's

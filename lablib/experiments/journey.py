@@ -143,6 +143,7 @@ def speculative_hf_steps() -> list[Step]:
     return [Step(f"hf-naive-{how}-k{SPEC_K}", lambda m, how=how: HFEngine(m, HFConfig(
                      speculative=how, num_speculative_tokens=SPEC_K, attn_implementation="eager")),
                  lab="08", baseline="hf-naive", models=("embedded",) if how == "draft" else (),
+                 real_size_limit=NAIVE_REAL_SIZE,  # naive generate's requests: its baseline's
                  why=f"{'the embedded draft' if how == 'draft' else 'prompt lookup (n-gram)'} proposes {SPEC_K} "
                      "tokens, the target checks them in one pass (transformers' assisted generation)")
             for how in ("ngram", "draft")]

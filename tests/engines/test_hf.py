@@ -11,6 +11,7 @@ import pytest
 from lablib.bench.offline import prepare
 from lablib.config import BenchConfig, HFConfig
 from lablib.engines import HFEngine, PreparedRequest
+from lablib.engines import hf
 from lablib.workloads import load_workload
 
 torch = pytest.importorskip("torch")
@@ -213,7 +214,11 @@ def test_transformers_continuous_batching_keeps_the_greedy_tokens_and_never_runs
     e = HFEngine(naive.spec, HFConfig("continuous", 2, device="cpu"))
     try:
         uneven = [dataclasses.replace(r, max_new_tokens=NEW - 2 * (i % 3)) for i, r in enumerate(requests)]
+        e.size_for(uneven)  # as bench.offline.run does: the paged cache sized for the run's longest request
         e.generate(uneven[:1], progress=False)  # the warm-up makes the manager
+        longest = max(len(r.prompt_ids) + r.max_new_tokens for r in uneven)
+        assert e.facts["continuous_cache_len"] == -(-longest // hf.CONTINUOUS_BLOCK) * hf.CONTINUOUS_BLOCK < \
+            e.facts["context"]
         manager = e._manager
         seen = []
         recs = e.generate(uneven, on_record=seen.append, progress=False)
