@@ -28,6 +28,6 @@ def test_the_lab_runs_its_live_path_end_to_end(lab, tmp_path):
                                            ("06_quantization", ("the FP8 KV cache holds about twice",))])
 def test_a_t4_runs_the_labs_that_size_to_its_gpu_and_says_what_it_cannot(lab, not_here, tmp_path):
     """A T4 (15 GiB, compute capability 7.5): lab 03's gpu_memory_utilization sweep takes values this GPU holds
-    (0.1 of 15 GiB holds no engine), lab 06 leaves out the FP8 KV cache vLLM 0.26 has no kernel for there and
-    its check says why, instead of a cell failing late."""
+    (0.1 of 15 GiB holds no engine), lab 06 leaves out the FP8 KV cache (below compute capability 8.0 only vLLM
+    0.26's Triton attention declares it, unverified here) and its check says why, instead of a cell failing late."""
     assert rehearse(f"labs/{lab}.ipynb", tmp_path, not_live_ok=not_here, gpu="T4") == []

@@ -173,7 +173,7 @@ def run(engine: Engine, workload: Workload, bench: BenchConfig = BenchConfig(), 
         workload={"name": workload.name, "version": workload.version, "requests": len(requests)},
         requests=records, wall_s=wall, memory=mon.timeline(),
         roofline=roofline_for(records, wall, engine.facts, hardware.get("gpu"), engine.spec.architecture()),
-        engine_facts=dict(engine.facts), hardware=hardware, versions=library_versions(), notes=notes)
+        engine_facts=copy.deepcopy(engine.facts), hardware=hardware, versions=library_versions(), notes=notes)
     stored = store is not None and store.append(result)  # a Result of no requests is not stored
     if isinstance(interrupted, KeyboardInterrupt):
         engine.close()

@@ -153,17 +153,30 @@ class HFEngine:
             self.facts["compile"] = self._static_cache()
 
     def _static_cache(self) -> dict[str, Any]:
-        """compile=True: generate's static cache and its auto-compiled decode step (on a CPU too, where transformers
-        compiles only when asked: `_compile_all_devices`)."""
+        """compile=True: generate's auto-compiled decode step (on a CPU too, where transformers compiles only when
+        asked: `_compile_all_devices`) over one StaticCache the engine keeps (`_kv_cache`)."""
         from transformers import CompileConfig  # deferred: transformers
 
         compile_config = CompileConfig()  # fullgraph off, mode "reduce-overhead": transformers' defaults
         if self.device != "cuda":
             compile_config._compile_all_devices = True
-        self._gen_config.cache_implementation = "static"
         self._gen_config.compile_config = compile_config
         return {"cache": "static", "mode": compile_config.mode, "max_cache_len": None, "cache_lengths": 0,
                 "padded_rows": 0, "first_call_s": None}
+
+    def _kv_cache(self) -> Any:
+        """The StaticCache every compiled call decodes into: made once per length and emptied between calls, so its
+        tensors keep their addresses and a captured CUDA graph stays valid (cache_implementation="static" would make
+        a new cache each call)."""
+        from transformers import StaticCache  # deferred: transformers
+
+        cache = getattr(self, "_kv", None)
+        if cache is None or self._kv_len != self._cache_len:
+            self._kv, self._kv_len = StaticCache(config=self.model.config, max_cache_len=self._cache_len), \
+                self._cache_len
+        else:
+            cache.reset()
+        return self._kv
 
     def size_for(self, requests: list[PreparedRequest]) -> None:
         """Before the warm-up: size the static cache (compile=True) for the longest request of the run to come, so
@@ -182,7 +195,7 @@ class HFEngine:
         if self._cache_len is None or length > self._cache_len:
             self._cache_len = length
             self.facts["compile"]["max_cache_len"] = length
-            self.facts["compile"]["cache_lengths"] += 1  # each new length is another compile
+            self.facts["compile"]["cache_lengths"] += 1  # each new length: a new cache, compiled again
 
     def _load_draft(self, config: HFConfig) -> Any:
         """The draft for assisted generation, proposing exactly k tokens a step (`exact_draft_length`)."""
@@ -211,6 +224,8 @@ class HFEngine:
             return self._continuous(requests, on_record, progress)
         b = self.config.batch_size
         self._steps = 0
+        if self.config.compile:
+            self.facts["compile"]["padded_rows"] = 0  # this call's own
         if self.config.compile and requests:
             self._grow_cache(max(max(len(r.prompt_ids) for r in requests[i:i + b]) +
                                  max(r.max_new_tokens for r in requests[i:i + b]) for i in range(0, len(requests), b)))
@@ -252,12 +267,13 @@ class HFEngine:
         start = time.perf_counter() - t0
         gen = copy.copy(self._gen_config)
         gen.max_new_tokens = n_max
-        if self.config.compile:
-            gen.max_cache_len = self._cache_len
-        with torch.inference_mode():
+        extra = {"assistant_model": self.draft} if self.draft else {}
+        with torch.inference_mode():  # the cache's tensors are inference tensors: emptied in this mode too
+            if self.config.compile:
+                extra["past_key_values"] = self._kv_cache()
             out = self.model.generate(
                 input_ids=torch.tensor(ids, device=self.device), attention_mask=torch.tensor(mask, device=self.device),
-                generation_config=gen, streamer=clock, **({"assistant_model": self.draft} if self.draft else {}))
+                generation_config=gen, streamer=clock, **extra)
         done = time.perf_counter() - t0
         self._steps += clock.steps
         new = out[:, width:].tolist()

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -33,9 +34,10 @@ from ..config import BenchConfig, HFConfig, VLLMConfig
 from ..engines.hf import HFEngine
 from ..engines.vllm import VLLMEngine
 from ..hardware.contention import CpuMeter
-from ..hardware.tiers import live_model
+from ..hardware.oom import error_line, free_memory, is_out_of_memory
+from ..hardware.tiers import live_model, tier_of
 from ..models import resolve_model
-from ..models.architecture import architectures
+from ..models.architecture import architectures, kv_bytes_per_token, parameter_count, shape
 from ..models.drafters import speculative_config, synthetic_eagle_config
 from ..models.synthetic import synthetic_eagle, synthetic_folder
 from ..results.record import Result
@@ -107,7 +109,7 @@ def hf_steps(batch_sizes: list[int]) -> list[Step]:
     b = max(batch_sizes)
     mode, largest = (("static", b), f"hf-static-b{b}") if b > 1 else (("naive", 1), "hf-naive")
     steps.append(Step(f"{largest}-sdpa", lambda m: HFEngine(m, HFConfig(*mode, attn_implementation="sdpa")),
-                      lab="02", baseline=largest, recorded=HF_RECORDED,
+                      lab="02", baseline=largest, recorded=HF_RECORDED, real_size_limit=NAIVE_REAL_SIZE if b == 1 else 0,
                       why="the same batches with PyTorch's fused attention (sdpa) instead of eager's N x N scores"))
     return steps
 
@@ -120,6 +122,7 @@ def hf_compile_steps(batch_sizes: list[int]) -> list[Step]:
     mode, largest = (("static", b), f"hf-static-b{b}") if b > 1 else (("naive", 1), "hf-naive")
     return [Step(f"{largest}-compile", lambda m: HFEngine(m, HFConfig(*mode, compile=True)), lab="03",
                  baseline=f"{largest}-sdpa", recorded=HF_COMPILE_RECORDED, record_step="hf-compile-big",
+                 real_size_limit=NAIVE_REAL_SIZE if b == 1 else 0,
                  why="a KV cache allocated once at a fixed length, so every decode step has the same shapes and "
                      "torch.compile fuses it (on a GPU, replays it as one CUDA graph): transformers' own recipe")]
 
@@ -222,10 +225,11 @@ def _is_one_of(model: Any, names: tuple[str, ...]) -> bool:
 def real_size_eagle_config(model: Any) -> dict[str, Any]:
     """The speculative_config of the real-size EAGLE rung for a synthetic Llama `model`: its synthetic head (made on
     first use) and the rates recorded in EAGLE_RATES_STEP at EAGLE_REAL_K; NotRecorded names the step if absent."""
-    name = model if isinstance(model, str) else model.name
     rates = recorded_facts(EAGLE_RATES_STEP, EAGLE_RATES_STEP)["rates"][str(EAGLE_REAL_K)]["rates"]
-    arch = name.split(":", 1)[1]
     target = model.path if hasattr(model, "path") else resolve_model(model).path  # made here if absent: it runs next
+    name = model if isinstance(model, str) else model.name
+    arch = name.split(":", 1)[1] if name.startswith("synthetic:") else \
+        json.loads((Path(target) / "synthetic.json").read_text())["architecture"]  # a synthetic folder by its path
     return synthetic_eagle_config(EAGLE_REAL_K, rates, synthetic_eagle(arch), target)
 
 
@@ -263,9 +267,35 @@ def is_real_size(model: Any) -> bool:
     return not _is_one_of(model, ("embedded",))
 
 
-def default_batch_sizes(model: Any) -> list[int]:
-    """The HF rungs' batch sizes: CPU_BATCHES on the embedded model, REAL_SIZE_BATCHES at real size."""
-    return list(REAL_SIZE_BATCHES if is_real_size(model) else CPU_BATCHES)
+def default_batch_sizes(model: Any, workload: str = "journey") -> list[int]:
+    """The HF rungs' batch sizes: CPU_BATCHES on the embedded model; at real size 1 and `real_size_hf_batch`."""
+    if not is_real_size(model):
+        return list(CPU_BATCHES)
+    return [1, real_size_hf_batch(model, workload)]
+
+
+def real_size_hf_batch(model: Any, workload: str = "journey", memory_bytes: int | None = None) -> int:
+    """The static batch HF climbs at real size: the largest of 64, 32, 16, 8, 4 whose 16-bit weights, KV cache for
+    that many of the workload's longest requests, and eager attention's float32 scores of its longest prompt (two
+    copies: the scores and their softmax) fit in 90% of the GPU's memory (`memory_bytes`, NVML's by default;
+    64 where there is no GPU to ask). An estimate that leaves HF room, not vLLM's profiler."""
+    if memory_bytes is None:
+        tier = tier_of()
+        if tier is None:
+            return REAL_SIZE_BATCHES[-1]
+        memory_bytes = tier.memory_bytes
+    cfg = architectures()[model.split(":", 1)[1]] if isinstance(model, str) and model.startswith("synthetic:") else \
+        (model.config if hasattr(model, "config") else resolve_model(model).config)
+    a = shape(cfg)
+    wl = load_workload(workload)
+    prompt, longest = max(wl.prompt_lengths), max(p + r.max_new_tokens for p, r in zip(wl.prompt_lengths, wl.requests))
+    weights = 2 * parameter_count(cfg)
+    for b in (64, 32, 16, 8, 4):
+        kv = b * longest * kv_bytes_per_token(a["layers"], a["kv_heads"], a["head_dim"], 2)
+        scores = 2 * b * a["heads"] * prompt * prompt * 4
+        if weights + kv + scores <= 0.9 * memory_bytes:
+            return b
+    return 4
 
 
 def run_journey(model: str = "auto", workload: str = "journey", requests: int | None = None,
@@ -319,8 +349,18 @@ def run_journey(model: str = "auto", workload: str = "journey", requests: int | 
             log(f"     {subset}")
             own, step_bench = own.head(step.real_size_limit), dataclasses.replace(
                 bench, tags={**bench.tags, "subset": subset})
-        with cpu.measure() if cpu is not None and step.needs == "cpu" else contextlib.nullcontext():
-            r = run_step(step, model, own, step_bench, lab=lab, store=store, threads=cpu_threads)
+        try:
+            with cpu.measure() if cpu is not None and step.needs == "cpu" else contextlib.nullcontext():
+                r = run_step(step, model, own, step_bench, lab=lab, store=store, threads=cpu_threads)
+        except Exception as e:  # out of memory on this GPU: this rung is skipped, the road goes on
+            if not is_out_of_memory(e):
+                raise
+            free_memory(bool(mode()["gpu"]))
+            why = (f"out of memory on this machine ({error_line(e, 160)}): a smaller --batch-sizes, or a smaller "
+                   "--model")
+            skipped.append({"step": step.name, "why": why})
+            log(f"skip {step.name}: {why}")
+            continue
         s = r.summary
         log(f"     {s['output_tok_s']:.1f} output tok/s, TTFT p50 {latency_text(s['ttft_s']['p50'])}, "
             f"wall {r.wall_s:.1f} s")

@@ -13,8 +13,8 @@ What vLLM 0.26 does per compute capability, read from its source (the reason eac
 - FP8 weights (quantization/fp8.py: minimum capability 7.5): native FP8 GEMMs (W8A8) from 8.9 (Ada, Hopper); on 7.5
   to 8.6 the FP8 Marlin kernel keeps the weights in FP8 and computes in 16 bits (W8A16): the bytes halve, the
   arithmetic does not.
-- FP8 KV cache: FLASH_ATTN takes it only as FlashAttention 3 on 9.0; elsewhere vLLM picks FlashInfer (8.0+), and
-  on a T4 TRITON_ATTN.
+- FP8 KV cache: FLASH_ATTN takes it only as FlashAttention 3 on 9.0; elsewhere vLLM picks FlashInfer (8.0+). On a
+  T4 only TRITON_ATTN declares it, which this lab has not verified there, so the labs leave it out (`vllm_refusal`).
 - Tensor parallelism needs as many GPUs as its size.
 """
 from __future__ import annotations
@@ -73,6 +73,9 @@ def vllm_refusal(capability: tuple[int, int], gpu: str, *, dtype: str = "auto", 
     """Why vLLM 0.26 cannot run these settings on a GPU of `capability` (the message, naming the field, the allowed
     values and the fix), or None where it can. The one rule `engines.vllm.preflight` and the labs' choices share."""
     major, minor = capability
+    if (major, minor) < (7, 5):
+        return (f"VLLMConfig: allowed on compute capability 7.5 or newer (vLLM 0.26's minimum); this GPU ({gpu}) is "
+                f"{major}.{minor}. Fix: a newer GPU; the labs show the H200's recordings here.")
     if dtype == "bfloat16" and major < 8:  # "auto": vLLM falls back to float16 itself (_resolve_auto_dtype)
         return (f"VLLMConfig.dtype='bfloat16': allowed 'auto' or 'float16' on this GPU ({gpu}, compute capability "
                 f"{major}.{minor}: bfloat16 needs 8.0). Fix: VLLMConfig(dtype='auto') (vLLM then runs a bf16 "
@@ -123,18 +126,22 @@ def tier_of(facts: dict[str, Any] | None = None) -> Tier | None:
                                      "embedded model here, whose speed numbers are launch overhead")
     if cc < (7, 5):
         cannot["vLLM"] = f"vLLM 0.26 needs compute capability 7.5 or more (this GPU has {cc_text})"
+    elif cc < (8, 0):
+        cannot["FP8 KV cache"] = ("only TRITON_ATTN declares it below compute capability 8.0 in vLLM 0.26, not verified "
+                                  "here: the labs leave it out")
     if count < 2:
         cannot["tensor parallelism"] = f"needs 2 or more GPUs ({count} here): lab 09 shows the H200's recordings"
     bf16 = cc >= (8, 0)
     return Tier(
         gpu=facts["gpu"], memory_bytes=memory, capability=cc, count=count,
         model=f"synthetic:{shape}" if shape else "embedded", dtype="bfloat16" if bf16 else "float16",
-        attention=("FLASH_ATTN (FlashAttention 3)" if cc[0] == 9 else "FLASH_ATTN (FlashAttention 2)" if bf16
+        attention=("FLASH_ATTN (FlashAttention 3)" if cc[0] == 9 else "FLASHINFER (vLLM 0.26's first choice on 10.x)"
+                   if cc[0] == 10 else "FLASH_ATTN (FlashAttention 2)" if bf16
                    else "TRITON_ATTN (FlashAttention and FlashInfer need 8.0 in vLLM 0.26)"),
         fp8_weights=("W8A8: FP8 GEMMs on the tensor cores" if cc >= (8, 9) else
                      "W8A16: FP8 Marlin, weights in FP8, arithmetic in 16 bits (no FP8 tensor cores before 8.9)"),
         fp8_kv_cache=("FLASH_ATTN (FlashAttention 3)" if cc[0] == 9 else "FLASHINFER (FLASH_ATTN takes FP8 only "
-                      "as FlashAttention 3, on 9.0)" if bf16 else "TRITON_ATTN"),
+                      "as FlashAttention 3, on 9.0)" if bf16 else "left out here (only TRITON_ATTN declares it)"),
         cannot=cannot)
 
 
@@ -156,6 +163,12 @@ def tier_table(facts: dict[str, Any] | None = None) -> list[dict[str, Any]]:
 
 
 def live_model(default: str = "embedded") -> str:
-    """The model a live real-size run takes by default: this GPU's shape (tier_of), else `default` (no GPU)."""
+    """The model a live real-size run takes by default: this GPU's shape (tier_of), else `default`: no GPU, or one
+    torch cannot use (a CPU-only torch, CUDA_VISIBLE_DEVICES=""), where the HF rungs would run a real-size shape on
+    the CPU."""
     tier = tier_of()
-    return tier.model if tier is not None else default
+    if tier is None:
+        return default
+    import torch  # deferred: torch
+
+    return tier.model if torch.cuda.is_available() else default

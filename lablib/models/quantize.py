@@ -225,7 +225,8 @@ def _calibration(scheme: Scheme, calibration: str | Workload | None, num_samples
     return calibration.head(num_samples)
 
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")  # any one: transformers can build it
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "spiece.model", "sentencepiece.bpe.model")
+# any one: transformers can build the tokenizer from it
 
 
 def _tokenizer_dir(model_dir: Path, cfg: dict[str, Any]) -> Path:
@@ -244,7 +245,7 @@ def _tokenizer_dir(model_dir: Path, cfg: dict[str, Any]) -> Path:
                                   f"holds the embedded tokenizer's {vocab} ids (this one's vocab_size is "
                                   f"{cfg.get('vocab_size')})", "copy a tokenizer of this vocabulary into the folder "
                                   f"(one of {', '.join(TOKENIZER_FILES)}).")
-        return embedded
+        return embedded.resolve()
     raise validate.refuse(OWNER, "model_dir", str(model_dir), f"a model folder with its tokenizer (one of "
                           f"{', '.join(TOKENIZER_FILES)}; the quantizer tokenizes its calibration texts and saves the "
                           "tokenizer beside the quantized weights)", "copy the tokenizer files the model came with "

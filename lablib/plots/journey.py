@@ -76,9 +76,10 @@ def journey(results: list[Result]) -> go.Figure:
 SIDE_ROAD = re.compile(r"-(draft|ngram|eagle)")  # speculative rungs: each against its baseline, off the road
 
 
-def _before_of(results: list[Result]) -> dict[str, str]:
-    """Each rung's own baseline (`journey.ladder`'s Step.baseline, a recording's RECORDED_BASELINE)."""
-    steps = jx.ladder(jx.batch_sizes_of(results))
+def _before_of(runs: list[Result]) -> dict[str, str]:
+    """Each rung's own baseline (`journey.ladder`'s Step.baseline for the batch sizes these runs named, a recording's
+    RECORDED_BASELINE)."""
+    steps = jx.ladder(jx.batch_sizes_of(runs))
     return {**{s.name: s.baseline for s in steps if s.baseline}, **jx.RECORDED_BASELINE}
 
 
@@ -88,7 +89,6 @@ def ladder_panels(results: list[Result], workload: str = "journey") -> list[dict
     it has one in the panel, else the nearest bar above that does not speculate: lab 08's rungs are side roads off
     their own baselines), over naive generate (the panel's hf-naive, where it has one), MBU
     (decode's share of the GPU's bandwidth; None where unknown: a CPU). Runs of other workloads are counted per panel, not drawn."""
-    before_of = _before_of(results)
     panels: dict[tuple[str, bool], dict[str, Any]] = {}
     for r in results:
         key = (str(r.model.get("name")), r.provenance == "recorded")
@@ -99,6 +99,7 @@ def ladder_panels(results: list[Result], workload: str = "journey") -> list[dict
         if not p["runs"]:
             continue
         by_step = {r.step: r for r in p["runs"]}
+        before_of = _before_of(p["runs"])  # the panel's own batch sizes name its rungs
         naive = by_step.get("hf-naive")
         rows = []
         for i, r in enumerate(p["runs"]):
@@ -111,7 +112,8 @@ def ladder_panels(results: list[Result], workload: str = "journey") -> list[dict
                          naive else None,
                          "mbu": mbu if isinstance(mbu := (r.roofline or {}).get("mbu"), (int, float)) else None,
                          "requests": r.summary["requests"], "where": where(r),
-                         "subset": r.config.get("subset"), "result": r})
+                         "subset": r.config.get("subset"), "result": r,
+                         "naive_subset": bool(naive and naive.config.get("subset") and not r.config.get("subset"))})
         out.append({**p, "rows": rows, "title": f"{model_name(p['runs'][0])}: {_places(p['runs'])}"})
     return out
 
@@ -131,7 +133,7 @@ def bar_text(row: dict[str, Any]) -> str:
     if row["over_before"] is not None:
         parts.append(f"x{row['over_before']:.2f} over {row['before']}")
     if row["over_naive"] is not None:
-        parts.append(f"x{row['over_naive']:,.1f} over naive")
+        parts.append(f"x{row['over_naive']:,.1f} over naive" + (" (its subset)" if row.get("naive_subset") else ""))
     if row["mbu"] is not None:
         parts.append(f"MBU {row['mbu']:.0%}" if row["mbu"] >= 0.01 else f"MBU {row['mbu']:.2%}")
     return " · ".join(parts)

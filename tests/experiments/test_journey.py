@@ -211,3 +211,32 @@ def test_at_real_size_the_speculative_rung_is_a_synthetic_eagle_head_at_the_reco
     assert c["rejection_sample_method"] == "synthetic" and c["synthetic_acceptance_rates"] == want
     assert c["model"] == str(tmp_path / "llama-3.2-1b-eagle")
     assert not list(target.glob("*.safetensors"))  # the target was not made
+
+
+@pytest.mark.parametrize("gpu, batch", [("T4", 16), ("L4", 32), ("A10G", 32), ("A100-40", 32), ("A100-80", 64),
+                                        ("H100", 64), ("H200", 64)])
+def test_at_real_size_hf_batches_what_the_gpu_holds(gpu, batch):
+    """The tier's shape, its weights, KV for that many of the journey's longest requests and eager's scores of its
+    longest prompt within 90% of the GPU: 64 on 80 GB and up, fewer below, where a batch of 64 would not fit."""
+    from lablib.hardware.tiers import REHEARSAL_GPUS, shape_for
+
+    memory = REHEARSAL_GPUS[gpu]["memory_mib"] * 2**20
+    assert jx.real_size_hf_batch(f"synthetic:{shape_for(memory)}", memory_bytes=memory) == batch
+
+
+def test_a_rung_out_of_memory_is_skipped_with_the_reason_and_the_road_goes_on(monkeypatch):
+    torch = pytest.importorskip("torch")
+    ran = []
+
+    def run_step(step, model, wl, bench, **kw):
+        if step.name == "b":
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+        ran.append(step.name)
+        return run_of(step.name, "hf-naive", 1.0)
+
+    monkeypatch.setattr(jx, "run_step", run_step)
+    monkeypatch.setattr(jx, "ladder", lambda sizes: [jx.Step("a", None), jx.Step("b", None), jx.Step("c", None)])
+    results, skipped = jx.run_journey("embedded", requests=2, batch_sizes=[1], log=lambda _: None)
+    assert ran == ["a", "c"] and [r.step for r in results] == ["a", "c"]
+    assert skipped == [{"step": "b", "why": "out of memory on this machine (OutOfMemoryError: CUDA out of memory. "
+                                            "Tried to allocate 20.00 GiB): a smaller --batch-sizes, or a smaller --model"}]

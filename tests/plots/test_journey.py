@@ -147,3 +147,11 @@ def test_no_results_is_a_clear_error():
         ladder_figure([])
     with pytest.raises(ValueError, match="ladder_figure: no run of the journey workload"):
         ladder_figure([live_run("vllm-prefix-on", "vllm", 1, 0.1, workload=jx.PREFIX_WORKLOAD)])
+
+
+def test_a_factor_over_naive_run_on_a_subset_says_so():
+    naive = live_run("hf-naive", "hf-naive", 1, 0.4)
+    naive.config["subset"] = "the first 8 of 64 requests"
+    rows = ladder_panels([naive, live_run("hf-static-b4", "hf-static", 4, 0.2),
+                          live_run("hf-static-b64", "hf-static", 64, 0.1)])[0]["rows"]
+    assert "(its subset)" not in bar_text(rows[0]) and "x4.0 over naive (its subset)" in bar_text(rows[2])
