@@ -133,6 +133,8 @@ class HFEngine:
         self._manager: Any = None  # mode="continuous": transformers' manager, made by the first generate call
         self._continuous_len: int | None = None  # mode="continuous": the paged cache's length per request (size_for)
         self._cache_len: int | None = None  # compile=True: the static cache's length, grown only (a new length recompiles)
+        self._kv: Any = None  # compile=True: the StaticCache every call decodes into (`_kv_cache`), and its length
+        self._kv_len: int | None = None
         self._calls = 0  # generate calls on it (request ids are unique per call)
         if config.speculative == "ngram":
             self._gen_config.prompt_lookup_num_tokens = config.num_speculative_tokens
@@ -170,12 +172,11 @@ class HFEngine:
         a new cache each call)."""
         from transformers import StaticCache  # deferred: transformers
 
-        cache = getattr(self, "_kv", None)
-        if cache is None or self._kv_len != self._cache_len:
-            self._kv, self._kv_len = StaticCache(config=self.model.config, max_cache_len=self._cache_len), \
-                self._cache_len
+        if self._kv is None or self._kv_len != self._cache_len:
+            self._kv = StaticCache(config=self.model.config, max_cache_len=self._cache_len)
+            self._kv_len = self._cache_len
         else:
-            cache.reset()
+            self._kv.reset()
         return self._kv
 
     def size_for(self, requests: list[PreparedRequest]) -> None:

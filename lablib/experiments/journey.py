@@ -262,9 +262,7 @@ def default_model() -> str:
 
 def is_real_size(model: Any) -> bool:
     """Whether `model` is not the embedded 4.7M pair: a synthetic shape, a preset or a folder (speed at real size)."""
-    if isinstance(model, str) and model.startswith("synthetic:"):
-        return True  # without resolving it: that would make the checkpoint
-    return not _is_one_of(model, ("embedded",))
+    return not _is_one_of(model, ("embedded",))  # `_path_of` makes no synthetic checkpoint to compare
 
 
 def default_batch_sizes(model: Any, workload: str = "journey") -> list[int]:
@@ -306,7 +304,8 @@ def run_journey(model: str = "auto", workload: str = "journey", requests: int | 
     """Run every available step on the workload; return the Results and the skipped steps.
 
     `model="auto"`: `default_model()`; `batch_sizes=None`: `default_batch_sizes(model)`. At real size naive generate
-    runs the first NAIVE_REAL_SIZE requests only (its Result says so in its notes); every other rung all of them.
+    runs the first NAIVE_REAL_SIZE requests only (its Result's config says so: `subset`); every other rung all of
+    them.
 
     `through` ("01".."10", None: all) keeps the rungs of the labs up to that one: lab 01 runs its own. A rung
     with its own workload (`Step.workload`) runs that, limited to `requests` too.

@@ -74,15 +74,13 @@ def vllm_refusal(capability: tuple[int, int], gpu: str, *, dtype: str = "auto", 
     values and the fix), or None where it can. The one rule `engines.vllm.preflight` and the labs' choices share."""
     major, minor = capability
     if (major, minor) < (7, 5):
-        return (f"VLLMConfig: allowed on compute capability 7.5 or newer (vLLM 0.26's minimum); this GPU ({gpu}) is "
+        return (f"VLLMConfig: allowed on compute capability 7.5 or newer (vLLM 0.26's minimum, FP8 weights included: "
+                f"its FP8 Marlin kernel; FP8 GEMMs from 8.9); this GPU ({gpu}) is "
                 f"{major}.{minor}. Fix: a newer GPU; the labs show the H200's recordings here.")
     if dtype == "bfloat16" and major < 8:  # "auto": vLLM falls back to float16 itself (_resolve_auto_dtype)
         return (f"VLLMConfig.dtype='bfloat16': allowed 'auto' or 'float16' on this GPU ({gpu}, compute capability "
                 f"{major}.{minor}: bfloat16 needs 8.0). Fix: VLLMConfig(dtype='auto') (vLLM then runs a bf16 "
                 "checkpoint in float16) or dtype='float16'.")
-    if quantization == "fp8" and (major, minor) < (7, 5):
-        return (f"VLLMConfig.quantization='fp8': allowed on compute capability 7.5 or newer (vLLM 0.26's FP8 Marlin "
-                f"kernel; FP8 GEMMs from 8.9); this GPU ({gpu}) is {major}.{minor}. Fix: quantization=None.")
     if kv_cache_dtype.startswith("fp8") and major < 8:
         return (f"VLLMConfig.kv_cache_dtype={kv_cache_dtype!r}: allowed 'auto' on compute capability {major}.{minor} "
                 f"({gpu}; an FP8 KV cache needs FlashInfer, 8.0+, or FlashAttention 3, 9.0, in vLLM 0.26; not "
