@@ -176,6 +176,11 @@ class VLLMConfig:
     master_port: int | None = None  # node 0's rendezvous port, 1..65535; None: vLLM's default
     seed: int = 0
     attention_backend: str | None = None  # None: vLLM picks (FLASH_ATTN, i.e. FA3, on an H200); lab 02 sweeps it
+    # the KV cache's bytes, exactly (vLLM 0.26's kv_cache_memory_bytes): vLLM then skips its memory profiling and
+    # gpu_memory_utilization only gates the start (that much must be free); None: what gpu_memory_utilization leaves.
+    # Engines started together (`lablib.engines.together`) set it: profiling reads the whole GPU's free memory, which
+    # the other engines' starts change under it
+    kv_cache_memory_bytes: int | None = None
     num_gpu_blocks_override: int | None = None  # a KV pool of exactly this many 16-token blocks (one is vLLM's null
     # block), whatever gpu_memory_utilization leaves: lab 07's scarce-memory run; needs max_model_len to fit in it
     load_format: str | None = None  # LOAD_FORMATS; "dummy": vLLM draws random weights (a synthetic shape, no files)
@@ -209,6 +214,9 @@ class VLLMConfig:
             raise validate.refuse("VLLMConfig", "max_num_batched_tokens", self.max_num_batched_tokens,
                                   f">= max_num_seqs={self.max_num_seqs} (every running sequence needs a token per step)",
                                   "raise max_num_batched_tokens or lower max_num_seqs.")
+        validate.optional_integer("VLLMConfig", "kv_cache_memory_bytes", self.kv_cache_memory_bytes,
+                                  "the KV cache's size in bytes, e.g. 2 * 2**30, or None for what "
+                                  "gpu_memory_utilization leaves.")
         validate.optional_integer("VLLMConfig", "num_gpu_blocks_override", self.num_gpu_blocks_override,
                                   "a number of KV blocks (16 tokens each), or None for what the memory leaves.")
         if self.num_gpu_blocks_override is not None:

@@ -172,6 +172,10 @@ def fake_gpu(monkeypatch):
     monkeypatch.setattr(pynvml, "nvmlDeviceGetCudaComputeCapability", lambda h: gpu["cc"])
     monkeypatch.setattr(pynvml, "nvmlDeviceGetName", lambda h: gpu["name"])
     monkeypatch.setattr(pynvml, "nvmlDeviceGetCount", lambda: gpu["count"])
+    # NVML's per-process list: each live fake EngineCore holds CORE_BYTES (none where no marker is set)
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetComputeRunningProcesses", lambda h: [
+        type("Process", (), {"pid": pid, "usedGpuMemory": CORE_BYTES})()
+        for pid in (cores(gpu["marker"]) if gpu["marker"] else [])])
 
     def set_gpu(**kw):
         gpu.update(kw)

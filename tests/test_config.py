@@ -104,8 +104,8 @@ def test_llm_kwargs_leave_vllm_defaults_where_none():
     kw = VLLMConfig(max_model_len=2048, quantization="fp8", speculative_config=spec).llm_kwargs()
     assert kw["max_model_len"] == 2048 and kw["quantization"] == "fp8" and kw["speculative_config"] == spec
     assert set(kw) | {"max_num_batched_tokens", "attention_backend", "distributed_executor_backend",
-                      "num_gpu_blocks_override", "load_format", "nnodes", "node_rank", "master_addr",
-                      "master_port", "compilation_config", "async_scheduling",
+                      "num_gpu_blocks_override", "kv_cache_memory_bytes", "load_format", "nnodes", "node_rank",
+                      "master_addr", "master_port", "compilation_config", "async_scheduling",
                       "model_runner_v2"} == set(VLLMConfig().to_dict())  # the runner: an environment variable
     off = {"pass_config": {"fuse_allreduce_rms": False}}  # passed unchanged: vLLM 0.26's own key
     assert VLLMConfig(compilation_config=off).llm_kwargs()["compilation_config"] == off

@@ -33,6 +33,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import time
+from types import SimpleNamespace
 from typing import Any, Callable
 
 from ..config import BenchConfig
@@ -42,6 +43,7 @@ from ..hardware.memory import MemoryMonitor
 from ..results.record import PARTIAL, RequestRecord, Result
 from ..results.store import ResultStore
 from ..hardware.roofline import Roofline, decode_weight_bytes
+from ..models import prompt_tokenizer
 from ..models.architecture import DTYPE_BYTES
 from ..workloads import Workload
 
@@ -70,6 +72,13 @@ def prepare(workload: Workload, engine: Engine, bench: BenchConfig = BenchConfig
                 "max_new_tokens (BenchConfig), workload.head(n) to drop long requests, or a longer-context model.")
         out.append(PreparedRequest(r.id, tuple(ids), n))
     return out
+
+
+def longest_request(workload: Workload, spec: Any, bench: BenchConfig = BenchConfig()) -> int:
+    """The longest prompt + new tokens of `workload` as `prepare` makes them for `spec`'s tokenizer: what an engine's
+    KV cache must hold per request (`lablib.engines.together` sizes it so)."""
+    shim = SimpleNamespace(tokenizer=prompt_tokenizer(spec), spec=spec, facts={})
+    return max(len(r.prompt_ids) + r.max_new_tokens for r in prepare(workload, shim, bench))
 
 
 def roofline_for(records: list[RequestRecord], wall_s: float, facts: dict[str, Any], gpu: str | None,
@@ -150,6 +159,10 @@ def run(engine: Engine, workload: Workload, bench: BenchConfig = BenchConfig(), 
     mon = MemoryMonitor(bench.monitor_interval_s)
     for pid in engine.worker_pids():
         mon.watch_pid(pid)
+    others = engine.others() if hasattr(engine, "others") else []  # engines started with it, idle meanwhile
+    for other in others:
+        for pid in other.worker_pids():
+            mon.exclude_pid(pid)
     t0 = time.perf_counter()
     interrupted: BaseException | None = None
     with mon:
@@ -165,6 +178,9 @@ def run(engine: Engine, workload: Workload, bench: BenchConfig = BenchConfig(), 
     wall = time.perf_counter() - t0
     if mon.source == "rss":
         notes.append("memory is this process's resident set size (no NVIDIA GPU/NVML here)")
+    if others:
+        notes.append(f"{len(others)} other engine(s) started with this one sat idle while it ran: the GPU's used memory "
+                     "holds theirs (memory.others_bytes), the per-process memory does not")
     result = Result(
         lab=lab, step=step or engine.name, engine=engine.name,
         config={**_config_dict(engine.config), "ignore_eos": engine.facts.get("ignore_eos"), "bench_seed": bench.seed,

@@ -23,11 +23,12 @@ import multiprocessing as mp
 import os
 import tempfile
 import time
+import weakref
 from pathlib import Path
 from typing import Any
 
 from ..config import VLLMConfig
-from ..hardware.device import nvml_memory, visible_gpus
+from ..hardware.device import nvml_memory, nvml_process_bytes, visible_gpus
 from ..hardware.fit import check_fit
 from ..hardware.tiers import vllm_refusal
 from ..models import ModelSpec, embedded_path, prompt_tokenizer, resolve_model
@@ -45,6 +46,7 @@ SPARE_ENV = "LABLIB_VLLM_SPARE"  # "1": each engine's start also makes the next 
 SPARE_WAIT_S = 120.0  # how long a started engine waits for its spare's imports before it says ready
 
 nvml_used = nvml_memory  # this module's name for it: the engine tests replace it with a fake GPU's
+STARTED: "weakref.WeakSet[VLLMEngine]" = weakref.WeakSet()  # engines launched and not yet closed, in this process
 RUNNER_ENV = "VLLM_USE_V2_MODEL_RUNNER"  # vLLM 0.26 reads its model runner from here (VLLMConfig.model_runner_v2)
 
 
@@ -191,6 +193,17 @@ class VLLMEngine:
 
     def start(self) -> "VLLMEngine":
         """Spawn the worker and wait until vLLM is ready (a minute or more); a no-op once started."""
+        if self.facts.get("started"):
+            if not self._proc.is_alive():
+                raise RuntimeError("this vLLM engine is closed. Fix: make a new VLLMEngine.")
+            return self
+        return self.launch().wait_ready()
+
+    def launch(self) -> "VLLMEngine":
+        """Spawn the worker and hand it the engine's start (a second or two); `wait_ready` waits for vLLM.
+
+        Apart so that several engines can start at once (`lablib.engines.together`): each is launched in turn,
+        with its own environment (the model runner), then all are waited for."""
         if self._proc is not None:
             if not self._proc.is_alive():
                 raise RuntimeError("this vLLM engine is closed. Fix: make a new VLLMEngine.")
@@ -219,6 +232,17 @@ class VLLMEngine:
                 self._proc.start()
             Spare.make()  # the next engine's worker imports beside this start, never beside a measurement
         atexit.register(self._at_exit)  # the worker is not a daemon (it has children): end it when Python exits
+        self._t0, self._spare = t0, spare
+        STARTED.add(self)
+        return self
+
+    def wait_ready(self) -> "VLLMEngine":
+        """Wait until the launched worker's vLLM is ready; its start-up facts go into `facts`."""
+        if self.facts.get("started"):
+            return self
+        if self._proc is None:
+            self.launch()
+        t0, spare = self._t0, self._spare
         kind, payload = self._receive(self.start_timeout_s, expect=("ready",))
         self._descendants = children(self._proc.pid)
         if Spare.current is not None:
@@ -233,6 +257,20 @@ class VLLMEngine:
 
     def worker_pids(self) -> list[int]:
         return [self._proc.pid] if self._proc is not None and self._proc.is_alive() else []
+
+    def others(self) -> list["VLLMEngine"]:
+        """The other engines of this process whose workers are alive (engines started together, idle while this one
+        runs): a memory reading of the whole GPU holds theirs too."""
+        return [e for e in list(STARTED) if e is not self and e._proc is not None and e._proc.is_alive()]
+
+    def _pids(self) -> set[int]:
+        """The worker and every process under it (vLLM's engine core), as seen when it became ready and now."""
+        pids = {p.pid for p in self._descendants}
+        if self._proc is not None:
+            pids.add(self._proc.pid)
+            if self._proc.is_alive():
+                pids.update(p.pid for p in children(self._proc.pid))
+        return pids
 
     def _log_tail(self, n: int = 40) -> str:
         try:
@@ -318,9 +356,12 @@ class VLLMEngine:
 
     def close(self, force: bool = False) -> None:
         """End the worker (and vLLM's engine-core process under it), then wait for VRAM to return to baseline."""
-        if self._proc is None:  # never started: nothing holds the GPU
+        if self._proc is None or self.facts.get("closed"):  # never started, or closed: nothing holds the GPU
             return
         t0 = time.perf_counter()
+        others = self.others()
+        pids = self._pids()
+        held = nvml_process_bytes(pids) if others else None  # None: NVML names none of its processes
         if self._proc.is_alive() and not force:
             try:
                 self._conn.send(("close",))
@@ -336,8 +377,12 @@ class VLLMEngine:
             except Exception:
                 pass
         atexit.unregister(self._at_exit)
+        STARTED.discard(self)
         self.facts = getattr(self, "facts", {})
-        if self.baseline:
+        self.facts["closed"] = True
+        if others:  # engines started together still hold theirs: this one's own processes must hold nothing
+            self._settle_own(pids, held)
+        elif self.baseline:
             deadline = time.monotonic() + SETTLE_S
             used = nvml_used()
             while used and used[0] > self.baseline[0] + SETTLE_SLACK and time.monotonic() < deadline:
@@ -346,6 +391,24 @@ class VLLMEngine:
             self.facts["vram_after_close_bytes"] = used[0] if used else None
             self.facts["vram_back_to_baseline"] = bool(used and used[0] <= self.baseline[0] + SETTLE_SLACK)
         self.facts["close_s"] = time.perf_counter() - t0  # the worker's exit and VRAM's return, what the next start waits on
+
+    def _settle_own(self, pids: set[int], held: int | None) -> None:
+        """VRAM back while other engines are alive: none of this engine's processes on NVML's list. Where NVML named
+        none of them before the close (a container showing the host's pids), it cannot tell: None, and the last
+        engine of the group to close checks the whole GPU against the baseline they share."""
+        if not held:
+            self.facts["vram_back_to_baseline"] = None
+            self.facts["vram_check"] = "not per process here: the last engine started with it checks the GPU"
+            return
+        deadline = time.monotonic() + SETTLE_S
+        left = nvml_process_bytes(pids)
+        while left and time.monotonic() < deadline:
+            time.sleep(0.5)
+            left = nvml_process_bytes(pids)
+        used = nvml_used()
+        self.facts.update({"vram_after_close_bytes": used[0] if used else None, "vram_held_before_close_bytes": held,
+                           "vram_back_to_baseline": not left,
+                           "vram_check": "its own processes (other engines started with it were still up)"})
 
     def __enter__(self) -> "VLLMEngine":
         return self

@@ -53,6 +53,20 @@ def nvml_memory(index: int = 0) -> tuple[int, int, int] | None:
         return None
 
 
+def nvml_process_bytes(pids: set[int] | list[int], index: int = 0) -> int | None:
+    """GPU memory (bytes) NVML lists for these processes on GPU `index`; 0 where it lists none of them, None without
+    NVML or its per-process list (some containers and boards do not give one)."""
+    try:
+        import pynvml  # deferred: pynvml
+
+        pynvml.nvmlInit()
+        procs = pynvml.nvmlDeviceGetComputeRunningProcesses(pynvml.nvmlDeviceGetHandleByIndex(index))
+    except Exception:
+        return None
+    wanted = set(pids)
+    return int(sum(p.usedGpuMemory or 0 for p in procs if p.pid in wanted))
+
+
 def visible_gpus(count: int) -> int:
     """The GPUs a worker can use: `CUDA_VISIBLE_DEVICES`'s entries when it is set (NVML counts them all)."""
     env = os.environ.get("CUDA_VISIBLE_DEVICES")

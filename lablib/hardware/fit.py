@@ -85,14 +85,26 @@ def check_fit(spec: ModelSpec, config: VLLMConfig, total_bytes: int, free_bytes:
         weights = weights * stage // layers
     overhead = int(ACTIVATION_OVERHEAD + (0 if config.enforce_eager else GRAPH_OVERHEAD))
     kv = max(0, budget - weights - overhead - int(CONTEXT_OVERHEAD))
+    if config.kv_cache_memory_bytes is not None:  # vLLM takes exactly this, whatever gpu_memory_utilization leaves
+        kv = config.kv_cache_memory_bytes
     tokens = kv // kv_per_tok if kv_per_tok else 0
     fits = tokens >= max_len
     advice = ""
+    need = weights + overhead + int(CONTEXT_OVERHEAD) + kv
     if free_bytes is not None and config.gpu_memory_utilization * total_bytes > free_bytes + CONTEXT_OVERHEAD:
         advice = (f"gpu_memory_utilization={config.gpu_memory_utilization} asks for "
                   f"{config.gpu_memory_utilization * total_bytes / GiB:.1f} GiB but only {free_bytes / GiB:.1f} GiB "
                   "is free (another process holds the rest). Fix: lower gpu_memory_utilization, or free the GPU.")
         fits = False
+    elif config.kv_cache_memory_bytes is not None and free_bytes is not None and need > free_bytes:
+        advice = (f"kv_cache_memory_bytes={kv / GiB:.2f} GiB + weights {weights / GiB:.2f} GiB + overhead "
+                  f"{(overhead + CONTEXT_OVERHEAD) / GiB:.2f} GiB need {need / GiB:.1f} GiB, but only "
+                  f"{free_bytes / GiB:.1f} GiB is free. Fix: a smaller kv_cache_memory_bytes, or free the GPU.")
+        fits = False
+    elif not fits and config.kv_cache_memory_bytes is not None:
+        advice = (f"kv_cache_memory_bytes={kv / GiB:.2f} GiB holds {tokens:,} KV tokens, fewer than one sequence of "
+                  f"max_model_len={max_len:,}. Fix: at least {max_len * kv_per_tok / GiB:.2f} GiB, or a lower "
+                  "max_model_len.")
     elif not fits and weights + overhead + CONTEXT_OVERHEAD >= budget:
         advice = (f"{spec.name}: the weights alone ({weights / GiB:.2f} GiB per GPU at tensor_parallel_size="
                   f"{config.tensor_parallel_size}, pipeline_parallel_size={config.pipeline_parallel_size}) + overhead {overhead / GiB:.2f} GiB exceed the budget "

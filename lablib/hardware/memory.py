@@ -74,6 +74,9 @@ class MemoryMonitor:
         self.peak_bytes: int | None = None
         self.error: str | None = None  # why sampling stopped early, if it did
         self._extra_pids: set[int] = set()
+        self._excluded_roots: set[int] = set()
+        self._excluded: set[int] = set()  # the excluded roots and their children
+        self.others_bytes: int | None = None  # NVML's bytes of the excluded processes at the first sample
         self._pids: set[int] = set()  # this process, its children, watched pids and theirs
         self._pids_at = float("-inf")  # when _pids was last re-read
         self._procs: dict = {}  # pid -> psutil.Process, for RSS
@@ -85,6 +88,13 @@ class MemoryMonitor:
     def watch_pid(self, pid: int) -> None:
         """Also count process `pid` (and its children), e.g. a vLLM worker we did not spawn."""
         self._extra_pids.add(int(pid))
+        self._pids_at = float("-inf")
+
+    def exclude_pid(self, pid: int) -> None:
+        """Do not count process `pid` (nor its children) among ours: another engine of this process, idle while the
+        measured one runs (`lablib.engines.together`). The device's `used_bytes` still holds its memory;
+        `others_bytes` says how much that was when the monitor started."""
+        self._excluded_roots.add(int(pid))
         self._pids_at = float("-inf")
 
     @property
@@ -126,9 +136,14 @@ class MemoryMonitor:
         self._pids_at = now
         import psutil  # deferred: psutil
 
-        pids = {os.getpid(), *self._extra_pids}
-        for root in list(pids):
-            pids.update(child.pid for child in try_query(lambda: psutil.Process(root).children(recursive=True)) or [])
+        def tree(roots: set[int]) -> set[int]:
+            out = set(roots)
+            for root in roots:
+                out.update(c.pid for c in try_query(lambda: psutil.Process(root).children(recursive=True)) or [])
+            return out
+
+        self._excluded = tree(self._excluded_roots)
+        pids = tree({os.getpid(), *self._extra_pids}) - self._excluded
         self._procs = {pid: self._procs.get(pid) or try_query(psutil.Process, pid) for pid in pids}
         self._pids = pids
 
@@ -141,6 +156,8 @@ class MemoryMonitor:
             util = self._optional("util", nv.nvmlDeviceGetUtilizationRates, h)
             procs = self._optional("procs", nv.nvmlDeviceGetComputeRunningProcesses, h) or []
             ours = [p.usedGpuMemory or 0 for p in procs if p.pid in self._pids]
+            if self.others_bytes is None and self._excluded:
+                self.others_bytes = int(sum(p.usedGpuMemory or 0 for p in procs if p.pid in self._excluded))
             return used, (None if util is None else float(util.gpu)), (int(sum(ours)) if ours else None)
         # a child that exited since the last refresh reads as None and counts 0
         rss = sum(getattr(try_query(p.memory_info), "rss", 0) for p in self._procs.values() if p is not None)
@@ -226,7 +243,8 @@ class MemoryMonitor:
                 "util_percent": [p for _, _, p in self.samples],
                 "process_bytes": list(self.process_bytes),
                 "baseline_bytes": self.baseline_bytes, "peak_bytes": self.peak_bytes,
-                "peak_process_bytes": self.peak_process_bytes, "error": self.error}
+                "peak_process_bytes": self.peak_process_bytes, "error": self.error,
+                **({"others_bytes": self.others_bytes} if self._excluded_roots else {})}
 
 
 def monitor_overhead_s(n: int = 200, source: str = "auto") -> float:

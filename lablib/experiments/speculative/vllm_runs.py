@@ -28,9 +28,10 @@ from pathlib import Path
 from typing import Any
 
 from ... import validate
-from ...bench.offline import run
+from ...bench.offline import longest_request, run
 from ...config import BenchConfig, lab_id, VLLMConfig
-from ...engines.vllm import runner_env, VLLMEngine
+from ...engines.together import one_by_one
+from ...engines.vllm import runner_env
 from ...hardware.device import device_facts
 from ...mechanisms.speculative import (
     SpecCounters,
@@ -38,6 +39,7 @@ from ...mechanisms.speculative import (
     expected_tokens_per_step,
     implied_draft_cost,
 )
+from ...models import ModelSpec, resolve_model
 from ...models.drafters import METHODS, speculative_config
 from ...results.compare import first_divergence
 from ...results.reference import recorded_facts
@@ -149,6 +151,9 @@ def _row(s: Setting, batch: int, result: Any, facts: dict[str, Any], logged: dic
                            # where an engine's minutes go: spawn and imports, vLLM's own start, closing
                            "startup_wall_s": facts.get("startup_wall_s"), "startup_s": facts.get("startup_s"),
                            "close_s": facts.get("close_s"),
+                           # engines started at once with this one (1: alone), and how long their start took together
+                           "started_together": (facts.get("together") or {}).get("engines", 1),
+                           "group_start_s": (facts.get("together") or {}).get("group_start_s"),
                            "num_drafts": None, "num_draft_tokens": None, "num_accepted_tokens": None,
                            "accepted_per_pos": None, "mean_acceptance_length": None, "acceptance_rate": None,
                            "alpha": None, "formula_length": None, "counters_consistent": None,
@@ -184,8 +189,9 @@ def vllm_spec_runs(methods: Sequence[str] = METHODS, ks: Sequence[int] = (2, 4),
 
     One engine per setting (`settings`), started in its own worker with max_num_seqs = the largest batch, runs
     every batch size b as waves of b requests (`BenchConfig.max_concurrency`: b in flight, all arriving at t=0),
-    then closes
-    before the next: an engine start costs about a minute on the H200, so 4 batch sizes cost no extra starts.
+    then closes: an engine start costs about a minute on the H200, so 4 batch sizes cost no extra starts, and the
+    settings' engines start together, as many as the GPU and the host's cores hold
+    (`lablib.engines.together.one_by_one`), each measured while the others sit idle.
     The price: each wave is one call into the worker, whose round trip (milliseconds) lands between waves, in
     every setting alike; it lowers batch 1's tok/s a little and pulls its speedups slightly towards 1. And a
     wave waits for its slowest request where max_num_seqs=b would refill the freed slot: with every request's
@@ -220,30 +226,35 @@ def vllm_spec_runs(methods: Sequence[str] = METHODS, ks: Sequence[int] = (2, 4),
     bench = BenchConfig(warmup_requests=1, max_new_tokens=max_new_tokens, progress=False,
                         tags={"speculative": True})
     by_batch: dict[int, list[tuple[Setting, Any, dict[str, Any]]]] = {b: [] for b in batches}
-    for s in runs:  # one engine per setting serves every batch size: waves of b requests (BenchConfig.max_concurrency)
-        engine = None
-        done = []
-        try:  # the engine is built inside: its preflight (free VRAM) can refuse one setting and not the rest
-            engine = VLLMEngine(model, s.config(max(batches), gpu_memory_utilization))
-            with runner_env(None):  # the defaults baseline too is vLLM's own choice, whatever this shell exported;
-                engine.start()  # a pinned run's VLLMEngine.start sets VLLM_USE_V2_MODEL_RUNNER=0 inside it
-            if after_start is not None:
-                after_start()
-            for b in batches:
-                # b warm-up requests: kernels specialised on the batch size compile before the timed wave
-                done.append((b, run(engine, wl, dataclasses.replace(bench, max_concurrency=b, warmup_requests=b),
-                                    lab=lab, step=s.step(b), store=store)))
-        except Exception as e:  # one setting's engine failing keeps the others' runs (never the pinned baseline's)
-            if failures is None or s is runs[0]:
-                raise
-            failures.append({"name": s.name, "method": s.method, "k": s.k, "error": f"{type(e).__name__}: {e}",
-                             "batches_done": [b for b, _ in done], "log": getattr(engine, "log_path", None)})
-        finally:
-            if engine is not None:
-                engine.close()
+    spec = model if isinstance(model, ModelSpec) else resolve_model(model)
+    engines = one_by_one(spec, [s.config(max(batches), gpu_memory_utilization) for s in runs],
+                         longest_tokens=longest_request(wl, spec, bench))  # started together, measured one by one
+    ran = []
+    # the defaults baseline too is vLLM's own choice, whatever this shell exported; a pinned run's launch sets
+    # VLLM_USE_V2_MODEL_RUNNER=0 for its own worker
+    with runner_env(None), contextlib.closing(engines):
+        for s, engine in zip(runs, engines):  # one engine per setting serves every batch size: waves of b requests
+            done = []
+            try:  # a setting refused or failed at its start is handed over as its error: the others' runs go on
+                if isinstance(engine, Exception):
+                    raise engine
+                if after_start is not None:
+                    after_start()
+                for b in batches:
+                    # b warm-up requests: kernels specialised on the batch size compile before the timed wave
+                    done.append((b, run(engine, wl, dataclasses.replace(bench, max_concurrency=b, warmup_requests=b),
+                                        lab=lab, step=s.step(b), store=store)))
+            except Exception as e:  # one setting's engine failing keeps the others' runs (never the pinned baseline's)
+                if failures is None or s is runs[0]:
+                    raise
+                failures.append({"name": s.name, "method": s.method, "k": s.k, "error": f"{type(e).__name__}: {e}",
+                                 "batches_done": [b for b, _ in done], "log": getattr(engine, "log_path", None)})
+            ran.append((s, engine, done))
+    for s, engine, done in ran:  # after every close: the row says whether VRAM came back
+        facts = getattr(engine, "facts", {})
         logged = _log_facts(getattr(engine, "log_path", None), s)
-        for b, result in done:  # after close: the row says whether VRAM came back
-            by_batch[b].append((s, result, _row(s, b, result, engine.facts, logged)))
+        for b, result in done:
+            by_batch[b].append((s, result, _row(s, b, result, facts, logged)))
     rows = []
     for b, here in by_batch.items():
         base = here[0][1]  # the pinned baseline's Result: every speedup is over it

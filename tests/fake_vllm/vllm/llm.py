@@ -25,7 +25,7 @@ ENGINE_ARGS = {"gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens
                "attention_backend", "pipeline_parallel_size", "distributed_executor_backend",
                "disable_custom_all_reduce", "async_scheduling", "num_gpu_blocks_override",
                "load_format", "nnodes", "node_rank", "master_addr", "master_port",
-               "compilation_config"}  # all in vLLM 0.26's
+               "compilation_config", "kv_cache_memory_bytes"}  # all in vLLM 0.26's
 # vllm/engine/arg_utils.py EngineArgs
 
 # vLLM's EngineCore: prints what vLLM logs at start (to the inherited stderr), says ready, then waits.
@@ -200,6 +200,11 @@ class LLM:
         # many; num_gpu_blocks_override fixes the count whatever the dtype, as in vLLM
         kv_dtype = kwargs.get("kv_cache_dtype", "auto")
         budget = int(os.environ.get("FAKE_VLLM_GPU_BLOCKS") or 1234)
+        if kwargs.get("kv_cache_memory_bytes"):  # the pool given in bytes: blocks of 16 tokens of this model's K/V
+            heads = cfg["num_attention_heads"]
+            per_token = (2 * cfg["num_hidden_layers"] * cfg.get("num_key_value_heads", heads)
+                         * (cfg.get("head_dim") or cfg["hidden_size"] // heads) * 2)
+            budget = kwargs["kv_cache_memory_bytes"] // (kwargs.get("block_size", 16) * per_token)
         config = SimpleNamespace(
             cache_config=SimpleNamespace(num_gpu_blocks=kwargs.get("num_gpu_blocks_override")
                                          or budget * 2 // (1 if str(kv_dtype).startswith("fp8") else 2),

@@ -1,0 +1,186 @@
+"""Several vLLM engines started at once, then measured one at a time.
+
+A lab that compares engine settings needs one engine per setting, and an engine's start is long and mostly not GPU
+work: on the H200's host the worker's spawn and vLLM's imports took 20-30 s, torch.compile 10-20 s, then loading,
+profiling and capturing CUDA graphs (lab 08's grid of 8 engines: 95 s each, 12.5 minutes). `one_by_one` starts a
+group of engines at once, so the host's cores import and compile side by side, and then hands them to the caller in
+turn. Each is measured while the others sit idle (an idle engine waits on its queue: no kernel runs, no core spins)
+and is closed before the next is handed out. Nothing starts while something is measured: the next group starts only
+once the last engine of this one has closed.
+
+Memory. vLLM sizes its KV cache by profiling: the GPU's free memory, less what its own forward pass took. Beside
+other engines' starts that reading moves under it, so engines started together get their KV cache exactly
+(`VLLMConfig.kv_cache_memory_bytes`, which skips the profiling): room for max_num_seqs requests of the run's longest
+length, and for one of max_model_len (vLLM's start check), twice over where a drafter's layers share the pool. Their
+gpu_memory_utilization then only gates the start (that much must be free), so it is set to the engine's own need.
+How many start at once: as many as SHARE of the free memory holds (weights, KV and the fit check's overheads), one
+per CORES_PER_START of the host's cores, and at most `LABLIB_VLLM_TOGETHER` (1: one at a time, as before).
+
+An engine that fails to start beside the others is started again alone before its turn, with its own configuration
+where the memory left allows it; its facts say so (`facts["together"]`).
+"""
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import replace
+from typing import Any
+
+from ..config import VLLMConfig
+from ..hardware.fit import CONTEXT_OVERHEAD, check_fit
+from ..models import ModelSpec, resolve_model
+from . import vllm as engines_vllm
+from .vllm import VLLMEngine
+
+ENV = "LABLIB_VLLM_TOGETHER"  # most engines started at once; 1: one after another
+SHARE = 0.85  # of the GPU's free memory that engines started together may take between them
+CORES_PER_START = 2  # host cores one engine's start keeps busy (its worker's imports, then torch.compile)
+BLOCK = 16  # vLLM's KV block, in tokens
+
+
+def cap_from_env() -> int | None:
+    """`LABLIB_VLLM_TOGETHER` as a number (None where unset): refused unless a whole number >= 1."""
+    raw = os.environ.get(ENV)
+    if raw is None or raw.strip() == "":
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ValueError(f"{ENV}={raw!r}: allowed a whole number >= 1 (the most vLLM engines started at once). "
+                         f"Fix: {ENV}=1 to start them one after another, or unset it to let the memory decide.")
+    return value
+
+
+def kv_bytes_for(spec: ModelSpec, config: VLLMConfig, longest_tokens: int) -> int:
+    """The KV cache (bytes) an engine of `config` needs for the run: max_num_seqs requests of `longest_tokens` (in
+    whole blocks, with the tokens a speculative step drafts past the end) and one of max_model_len, plus vLLM's null
+    block; doubled with a drafter (a draft model's or an EAGLE head's KV per token is at most the target's)."""
+    per_token = spec.kv_bytes_per_token(1 if config.kv_cache_dtype.startswith("fp8") else 2)
+    spec_cfg = config.speculative_config or {}
+    per_seq = math.ceil((longest_tokens + int(spec_cfg.get("num_speculative_tokens", 0)) + 1) / BLOCK) * BLOCK
+    max_len = config.max_model_len or spec.architecture()["context"] or 2048
+    tokens = max(config.max_num_seqs * per_seq, math.ceil(max_len / BLOCK) * BLOCK) + BLOCK
+    return int(tokens * per_token * (2 if spec_cfg else 1))
+
+
+def together_config(spec: ModelSpec, config: VLLMConfig, longest_tokens: int, total_bytes: int) -> VLLMConfig:
+    """`config` for a start beside other engines: its KV cache given exactly (`kv_bytes_for`), and a
+    gpu_memory_utilization that asks to find free only what it will take (weights, KV, the fit check's overheads)."""
+    kv = config.kv_cache_memory_bytes or kv_bytes_for(spec, config, longest_tokens)
+    fit = check_fit(spec, replace(config, kv_cache_memory_bytes=kv), total_bytes)
+    need = fit.weight_bytes + fit.overhead_bytes + CONTEXT_OVERHEAD + kv
+    return replace(config, kv_cache_memory_bytes=kv, gpu_memory_utilization=min(1.0, math.ceil(100 * need / total_bytes) / 100))
+
+
+def _together_or_none(spec: ModelSpec, config: VLLMConfig, longest_tokens: int, total_bytes: int) -> VLLMConfig | None:
+    """`together_config`, or None where the model's shape is not known before a download (it then starts alone)."""
+    if not spec.config:
+        return None
+    return together_config(spec, config, longest_tokens, total_bytes)
+
+
+def footprint(config: VLLMConfig, total_bytes: int) -> int:
+    """What a together-started engine may take: the share of the GPU its gate asks to be free."""
+    return int(config.gpu_memory_utilization * total_bytes)
+
+
+def at_once(footprints: Sequence[int], free_bytes: int, cpus: int, cap: int | None = None) -> int:
+    """How many of the next engines start together: in order, as many as SHARE of `free_bytes` holds, one per
+    CORES_PER_START of `cpus`, at most `cap`; at least one (alone, an engine keeps its own configuration)."""
+    most = max(1, cpus // CORES_PER_START)
+    if cap is not None:
+        most = min(most, cap)
+    n, used = 0, 0
+    for f in footprints[:most]:
+        if used + f > SHARE * free_bytes:
+            break
+        n, used = n + 1, used + f
+    return max(1, n)
+
+
+def _alone(model: Any, config: VLLMConfig, fallback: VLLMConfig | None = None) -> VLLMEngine | Exception:
+    """One engine started by itself: `config`, or `fallback` where `config` is refused before the start (the
+    memory other engines still hold)."""
+    try:
+        engine = VLLMEngine(model, config)
+    except ValueError as e:
+        if fallback is None:
+            return e
+        return _alone(model, fallback)
+    try:
+        return engine.start()
+    except Exception as e:  # noqa: BLE001 - the caller is handed the error at this engine's turn
+        return e
+
+
+def one_by_one(model: str | ModelSpec, configs: Sequence[VLLMConfig], *, longest_tokens: int,
+               cap: int | None = None) -> Iterator[VLLMEngine | Exception]:
+    """For each of `configs`, in order: its engine started, or the exception that stopped it (refused before the
+    start, or failed to start). See the module: engines start in groups while nothing is measured; each is closed
+    when the next is asked for (and every one still open when the loop ends or breaks). `longest_tokens`: the run's
+    longest prompt + new tokens; `cap`: at most this many at once (default `LABLIB_VLLM_TOGETHER`, else the memory
+    and the cores decide)."""
+    spec = model if isinstance(model, ModelSpec) else resolve_model(model)
+    cap = cap if cap is not None else cap_from_env()
+    mem = engines_vllm.nvml_used()
+    together = [None if mem is None else _together_or_none(spec, c, longest_tokens, mem[2]) for c in configs]
+    i = 0
+    while i < len(configs):
+        mem = engines_vllm.nvml_used()
+        size = 1 if mem is None or len(configs) - i == 1 else at_once(  # one with no together config: alone
+            [mem[2] + 1 if c is None else footprint(c, mem[2]) for c in together[i:]], mem[1], os.cpu_count() or 1,
+            cap)
+        group = list(range(i, i + size))
+        got: dict[int, VLLMEngine | Exception] = {}
+        try:
+            if size == 1:
+                got[i] = _alone(spec, configs[i])
+            else:
+                got = _start_group(spec, {j: together[j] for j in group})
+                for j in group:
+                    if isinstance(got[j], Exception):  # again by itself: a port taken, memory moved under it
+                        error = got[j]
+                        got[j] = _alone(spec, configs[j], fallback=together[j])
+                        if isinstance(got[j], VLLMEngine):
+                            got[j].facts.setdefault("together", {})["alone_after"] = f"{type(error).__name__}: {error}"
+            for j in group:
+                try:
+                    yield got[j]
+                finally:
+                    if isinstance(got[j], VLLMEngine):
+                        got[j].close()
+        finally:  # the loop broke off: nothing started here is left holding the GPU
+            for e in got.values():
+                if isinstance(e, VLLMEngine):
+                    e.close()
+        i += size
+
+
+def _start_group(spec: ModelSpec, configs: dict[int, VLLMConfig]) -> dict[int, VLLMEngine | Exception]:
+    """Launch every engine (each spawn in turn: a worker inherits the environment of its own launch), then wait for
+    each to be ready; the GPU's memory before the first launch is every one's baseline."""
+    baseline = engines_vllm.nvml_used()
+    got: dict[int, VLLMEngine | Exception] = {}
+    t0 = time.perf_counter()
+    for j, config in configs.items():
+        try:
+            got[j] = VLLMEngine(spec, config).launch()
+        except Exception as e:  # noqa: BLE001 - refused or failed: it gets its turn alone
+            got[j] = e
+    for j, e in got.items():
+        if isinstance(e, VLLMEngine):
+            e.baseline = baseline
+            try:
+                e.wait_ready()
+            except Exception as err:  # noqa: BLE001 - the worker closed itself; the others go on
+                got[j] = err
+    wall = time.perf_counter() - t0
+    for e in got.values():
+        if isinstance(e, VLLMEngine):
+            e.facts["together"] = {"engines": len(configs), "group_start_s": wall,
+                                   "kv_cache_memory_bytes": e.config.kv_cache_memory_bytes}
+    return got

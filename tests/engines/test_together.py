@@ -1,0 +1,155 @@
+"""Engines started together (lablib.engines.together): the arithmetic, then the real workers on the fake vLLM.
+
+The fake GPU (conftest.fake_gpu) reports 8 GiB used for every live fake EngineCore, device-wide and per process, so
+the close checks and the memory monitor's exclusion of the idle engines run for real."""
+import pytest
+
+from lablib.bench.offline import run
+from lablib.config import BenchConfig, VLLMConfig
+from lablib.engines import together
+from lablib.engines.vllm import VLLMEngine
+from lablib.hardware.fit import CONTEXT_OVERHEAD, check_fit
+from lablib.models import resolve_model
+from lablib.workloads import load_workload
+from tests.fake_vllm_support import CORE_BYTES, GiB, cores, wait_gone
+
+
+def test_at_once_takes_what_the_memory_and_the_cores_hold():
+    gib = [10 * GiB] * 8
+    assert together.at_once(gib, 100 * GiB, cpus=16) == 8  # 80 GiB within 85% of 100
+    assert together.at_once(gib, 50 * GiB, cpus=16) == 4  # 85% of 50 GiB holds four
+    assert together.at_once(gib, 100 * GiB, cpus=6) == 3  # a start keeps two cores busy
+    assert together.at_once(gib, 100 * GiB, cpus=16, cap=2) == 2
+    assert together.at_once(gib, 5 * GiB, cpus=16) == 1  # none fits beside another: one, alone, as before
+    assert together.at_once([10 * GiB, 80 * GiB, 10 * GiB], 100 * GiB, cpus=16) == 1  # in order: stops at the big one
+
+
+def test_the_cap_comes_from_the_environment_and_bad_values_are_refused(monkeypatch):
+    monkeypatch.delenv(together.ENV, raising=False)
+    assert together.cap_from_env() is None
+    monkeypatch.setenv(together.ENV, "3")
+    assert together.cap_from_env() == 3
+    for bad in ("0", "-2", "two", "1.5"):
+        monkeypatch.setenv(together.ENV, bad)
+        with pytest.raises(ValueError, match=f"{together.ENV}='{bad}': allowed a whole number >= 1"):
+            together.cap_from_env()
+
+
+def test_the_kv_cache_holds_every_slot_at_the_longest_request_and_one_full_context():
+    spec = resolve_model("embedded")
+    per_token, context = spec.kv_bytes_per_token(2), spec.architecture()["context"]
+    # 64 slots of 1,061 tokens (1,060 + the one sampled past the end) in 67 blocks, vLLM's null block
+    assert together.kv_bytes_for(spec, VLLMConfig(max_num_seqs=64), 1060) == (64 * 67 * 16 + 16) * per_token
+    # one slot: a whole max_model_len request must fit (vLLM refuses to start otherwise)
+    assert together.kv_bytes_for(spec, VLLMConfig(max_num_seqs=1), 100) == (context + 16) * per_token
+    eagle = {"method": "eagle", "model": "head", "num_speculative_tokens": 4}
+    assert together.kv_bytes_for(spec, VLLMConfig(max_num_seqs=64, speculative_config=eagle), 1060) == \
+        2 * (64 * 67 * 16 + 16) * per_token  # the drafter's layers share the pool; k tokens past the end fit
+    assert together.kv_bytes_for(spec, VLLMConfig(max_num_seqs=64, kv_cache_dtype="fp8"), 1060) == \
+        (64 * 67 * 16 + 16) * spec.kv_bytes_per_token(1)
+
+
+def test_a_together_config_is_gated_on_its_own_need_and_the_fit_check_reads_its_kv():
+    spec = resolve_model("embedded")
+    cfg = together.together_config(spec, VLLMConfig(max_num_seqs=64, gpu_memory_utilization=0.3), 1060, 140 * GiB)
+    kv = together.kv_bytes_for(spec, VLLMConfig(max_num_seqs=64), 1060)
+    assert cfg.kv_cache_memory_bytes == kv and cfg.max_num_seqs == 64
+    fit = check_fit(spec, cfg, 140 * GiB, 100 * GiB)
+    assert fit.kv_bytes == kv and fit.fits
+    need = fit.weight_bytes + fit.overhead_bytes + CONTEXT_OVERHEAD + kv
+    assert need <= cfg.gpu_memory_utilization * 140 * GiB < need + 0.01 * 140 * GiB
+    # a pool too small for one max_model_len request, or more than is free, is refused with the knob to turn
+    small = check_fit(spec, VLLMConfig(kv_cache_memory_bytes=1024), 140 * GiB)
+    assert not small.fits and "kv_cache_memory_bytes=0.00 GiB holds 0 KV tokens" in small.advice
+    big = check_fit(spec, VLLMConfig(kv_cache_memory_bytes=200 * GiB, gpu_memory_utilization=0.05), 140 * GiB,
+                    100 * GiB)
+    assert not big.fits and "only 100.0 GiB is free" in big.advice
+
+
+@pytest.fixture
+def fleet(start, monkeypatch):
+    """one_by_one on the fake vLLM, on a host of 16 cores (this one has 2: one engine at a time otherwise)."""
+    monkeypatch.setattr(together.os, "cpu_count", lambda: 16)
+    monkeypatch.delenv(together.ENV, raising=False)
+    return start.marker
+
+
+def _configs(n):
+    return [VLLMConfig(max_num_seqs=4, seed=i) for i in range(n)]
+
+
+def test_engines_start_together_and_are_handed_out_one_at_a_time(fleet):
+    wl = load_workload("journey", limit=4)
+    seen, results = [], []
+    for i, engine in enumerate(together.one_by_one("embedded", _configs(3), longest_tokens=1100)):
+        assert isinstance(engine, VLLMEngine) and engine.facts["started"]
+        assert len(cores(fleet)) == 3 - i  # all three were up before the first was handed out; each closed after
+        assert engine.facts["together"]["engines"] == 3 and engine.facts["together"]["group_start_s"] > 0
+        assert engine.config.kv_cache_memory_bytes == engine.facts["together"]["kv_cache_memory_bytes"] > 0
+        assert engine.config.seed == i  # in the order given
+        results.append(run(engine, wl, BenchConfig(max_new_tokens=4, progress=False), step=f"e{i}"))
+        seen.append(engine)
+    assert wait_gone(cores(fleet)) == []
+    first, middle, last = (e.facts for e in seen)
+    for f in (first, middle):  # closed while others were up: its own processes had to let go of their memory
+        assert f["vram_back_to_baseline"] is True and f["vram_held_before_close_bytes"] == CORE_BYTES
+        assert f["vram_check"].startswith("its own processes")
+    assert last["vram_back_to_baseline"] is True and "vram_check" not in last  # the last: the whole GPU, as before
+    assert last["vram_baseline_bytes"] == first["vram_baseline_bytes"]  # the baseline they share
+    # while the first ran, the two idle engines' memory was on the GPU, not counted as the run's own
+    assert results[0].memory["others_bytes"] == 2 * CORE_BYTES and "others_bytes" not in results[2].memory
+    assert results[0].memory["peak_process_bytes"] == CORE_BYTES
+    assert any("2 other engine(s) started with this one sat idle" in n for n in results[0].notes)
+    assert not any("other engine" in n for n in results[2].notes)
+
+
+def test_with_a_cap_of_one_they_start_one_after_another(fleet, monkeypatch):
+    monkeypatch.setenv(together.ENV, "1")
+    for engine in together.one_by_one("embedded", _configs(2), longest_tokens=1100):
+        assert len(cores(fleet)) == 1 and "together" not in engine.facts
+        assert engine.config.kv_cache_memory_bytes is None  # its own configuration, vLLM's profiling
+
+
+@pytest.mark.parametrize("share, own", [(0.3, True), (0.9, False)])
+def test_one_that_fails_beside_the_others_starts_again_alone(fleet, monkeypatch, share, own):
+    """Alone, with its own configuration where the memory the others hold leaves room for it (0.3 of the fake H200),
+    else with the one it had beside them (0.9 asks for more than is free while two fake engines hold 16 GiB)."""
+    real = VLLMEngine.wait_ready
+    failed = []
+
+    def flaky(self):
+        if self.config.seed == 1 and not failed:
+            failed.append(self)
+            self.close(force=True)  # what a failed start leaves: the worker ended
+            raise RuntimeError("vLLM worker failed: address already in use (fake)")
+        return real(self)
+
+    monkeypatch.setattr(VLLMEngine, "wait_ready", flaky)
+    configs = [VLLMConfig(max_num_seqs=4, seed=i, gpu_memory_utilization=share) for i in range(3)]
+    got = list(e for e in together.one_by_one("embedded", configs, longest_tokens=1100))
+    assert all(isinstance(e, VLLMEngine) for e in got) and [e.config.seed for e in got] == [0, 1, 2]
+    retried = got[1]
+    assert retried is not failed[0] and "address already in use" in retried.facts["together"]["alone_after"]
+    assert (retried.config == configs[1]) is own and (retried.config.kv_cache_memory_bytes is None) is own
+    assert "alone_after" not in got[0].facts["together"] and "alone_after" not in got[2].facts["together"]
+    assert wait_gone(cores(fleet)) == []
+
+
+def test_a_refused_setting_is_handed_over_as_its_error_and_the_others_run(fleet):
+    configs = [VLLMConfig(max_num_seqs=4), VLLMConfig(max_num_seqs=4, tensor_parallel_size=2),
+               VLLMConfig(max_num_seqs=4, seed=2)]
+    got = []
+    for e in together.one_by_one("embedded", configs, longest_tokens=1100):
+        got.append(e)
+        if isinstance(e, VLLMEngine):
+            assert e.facts["started"]
+    assert isinstance(got[1], ValueError) and "needs 2 GPUs" in str(got[1])
+    assert isinstance(got[0], VLLMEngine) and isinstance(got[2], VLLMEngine)
+
+
+def test_breaking_off_closes_every_engine_it_started(fleet):
+    engines = together.one_by_one("embedded", _configs(3), longest_tokens=1100)
+    first = next(engines)
+    assert len(cores(fleet)) == 3
+    engines.close()  # what a loop that breaks or raises does (contextlib.closing in the labs)
+    assert wait_gone(cores(fleet)) == [] and first.facts["closed"]
