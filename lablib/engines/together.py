@@ -30,9 +30,9 @@ from typing import Any
 
 from ..config import VLLMConfig
 from ..hardware.fit import CONTEXT_OVERHEAD, check_fit
-from ..models import ModelSpec, resolve_model
+from ..models import ModelSpec
 from . import vllm as engines_vllm
-from .vllm import VLLMEngine
+from .vllm import VLLMEngine, preflight
 
 ENV = "LABLIB_VLLM_TOGETHER"  # most engines started at once; 1: one after another
 SHARE = 0.85  # of the GPU's free memory that engines started together may take between them
@@ -73,7 +73,8 @@ def together_config(spec: ModelSpec, config: VLLMConfig, longest_tokens: int, to
     kv = config.kv_cache_memory_bytes or kv_bytes_for(spec, config, longest_tokens)
     fit = check_fit(spec, replace(config, kv_cache_memory_bytes=kv), total_bytes)
     need = fit.weight_bytes + fit.overhead_bytes + CONTEXT_OVERHEAD + kv
-    return replace(config, kv_cache_memory_bytes=kv, gpu_memory_utilization=min(1.0, math.ceil(100 * need / total_bytes) / 100))
+    gate = min(1.0, math.ceil(100 * need / total_bytes) / 100)
+    return replace(config, kv_cache_memory_bytes=kv, gpu_memory_utilization=gate)
 
 
 def _together_or_none(spec: ModelSpec, config: VLLMConfig, longest_tokens: int, total_bytes: int) -> VLLMConfig | None:
@@ -102,49 +103,53 @@ def at_once(footprints: Sequence[int], free_bytes: int, cpus: int, cap: int | No
     return max(1, n)
 
 
-def _alone(model: Any, config: VLLMConfig, fallback: VLLMConfig | None = None) -> VLLMEngine | Exception:
-    """One engine started by itself: `config`, or `fallback` where `config` is refused before the start (the
-    memory other engines still hold)."""
-    try:
-        engine = VLLMEngine(model, config)
-    except ValueError as e:
-        if fallback is None:
-            return e
-        return _alone(model, fallback)
+def _alone(engine: VLLMEngine, fallback: VLLMConfig | None = None) -> VLLMEngine | Exception:
+    """One engine started by itself: `engine` as its caller made it, or one of `fallback` where the memory other
+    engines still hold refuses its own configuration (`preflight`'s fit check)."""
+    if fallback is not None:
+        try:
+            preflight(engine.spec, engine.config)
+        except ValueError:
+            try:
+                engine = VLLMEngine(engine.spec, fallback)
+            except ValueError as e:
+                return e
     try:
         return engine.start()
     except Exception as e:  # noqa: BLE001 - the caller is handed the error at this engine's turn
         return e
 
 
-def one_by_one(model: str | ModelSpec, configs: Sequence[VLLMConfig], *, longest_tokens: int,
+def one_by_one(engines: Sequence[VLLMEngine | Exception], *, longest_tokens: int,
                cap: int | None = None) -> Iterator[VLLMEngine | Exception]:
-    """For each of `configs`, in order: its engine started, or the exception that stopped it (refused before the
-    start, or failed to start). See the module: engines start in groups while nothing is measured; each is closed
-    when the next is asked for (and every one still open when the loop ends or breaks). `longest_tokens`: the run's
-    longest prompt + new tokens; `cap`: at most this many at once (default `LABLIB_VLLM_TOGETHER`, else the memory
-    and the cores decide)."""
-    spec = model if isinstance(model, ModelSpec) else resolve_model(model)
+    """For each of `engines` (made, not started: their checks ran; or the exception that refused one), in order:
+    an engine of its model and configuration, started, or the exception that stopped it. See the module: engines
+    start in groups while nothing is measured; each is closed when the next is asked for (and every one still open
+    when the loop ends or breaks). Started together, an engine is a new one of the same model with `together_config`;
+    alone, it is the caller's. `longest_tokens`: the run's longest prompt + new tokens; `cap`: at most this many at
+    once (default `LABLIB_VLLM_TOGETHER`, else the memory and the cores decide)."""
+    engines = list(engines)
     cap = cap if cap is not None else cap_from_env()
     mem = engines_vllm.nvml_used()
-    together = [None if mem is None else _together_or_none(spec, c, longest_tokens, mem[2]) for c in configs]
+    together = [None if mem is None or isinstance(e, Exception) else
+                _together_or_none(e.spec, e.config, longest_tokens, mem[2]) for e in engines]
     i = 0
-    while i < len(configs):
+    while i < len(engines):
         mem = engines_vllm.nvml_used()
-        size = 1 if mem is None or len(configs) - i == 1 else at_once(  # one with no together config: alone
+        size = 1 if mem is None or len(engines) - i == 1 else at_once(  # one with no together config: alone
             [mem[2] + 1 if c is None else footprint(c, mem[2]) for c in together[i:]], mem[1], os.cpu_count() or 1,
             cap)
         group = list(range(i, i + size))
         got: dict[int, VLLMEngine | Exception] = {}
         try:
             if size == 1:
-                got[i] = _alone(spec, configs[i])
+                got[i] = engines[i] if isinstance(engines[i], Exception) else _alone(engines[i])
             else:
-                got = _start_group(spec, {j: together[j] for j in group})
+                got = _start_group({j: (engines[j].spec, together[j]) for j in group})
                 for j in group:
                     if isinstance(got[j], Exception):  # again by itself: a port taken, memory moved under it
                         error = got[j]
-                        got[j] = _alone(spec, configs[j], fallback=together[j])
+                        got[j] = _alone(engines[j], fallback=together[j])
                         if isinstance(got[j], VLLMEngine):
                             got[j].facts.setdefault("together", {})["alone_after"] = f"{type(error).__name__}: {error}"
             for j in group:
@@ -157,16 +162,30 @@ def one_by_one(model: str | ModelSpec, configs: Sequence[VLLMConfig], *, longest
             for e in got.values():
                 if isinstance(e, VLLMEngine):
                     e.close()
+            _whole_gpu_verdict([e for e in got.values() if isinstance(e, VLLMEngine)])
         i += size
 
 
-def _start_group(spec: ModelSpec, configs: dict[int, VLLMConfig]) -> dict[int, VLLMEngine | Exception]:
+def _whole_gpu_verdict(group: list[VLLMEngine]) -> None:
+    """Where NVML could not say per process whether an engine let go of its memory, the group's last close said it
+    for the whole GPU (back to the baseline from before any of them started): that verdict is each one's."""
+    whole = [e.facts["vram_back_to_baseline"] for e in group
+             if "vram_check" not in e.facts and e.facts.get("vram_back_to_baseline") is not None]
+    if not whole:
+        return
+    for e in group:
+        if e.facts.get("vram_back_to_baseline") is None and e.facts.get("vram_check", "").startswith("not per"):
+            e.facts.update({"vram_back_to_baseline": whole[-1],
+                            "vram_check": "the whole GPU, once the last engine started with it had closed"})
+
+
+def _start_group(configs: dict[int, tuple[ModelSpec, VLLMConfig]]) -> dict[int, VLLMEngine | Exception]:
     """Launch every engine (each spawn in turn: a worker inherits the environment of its own launch), then wait for
     each to be ready; the GPU's memory before the first launch is every one's baseline."""
     baseline = engines_vllm.nvml_used()
     got: dict[int, VLLMEngine | Exception] = {}
     t0 = time.perf_counter()
-    for j, config in configs.items():
+    for j, (spec, config) in configs.items():
         try:
             got[j] = VLLMEngine(spec, config).launch()
         except Exception as e:  # noqa: BLE001 - refused or failed: it gets its turn alone

@@ -29,9 +29,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .. import validate
-from ..bench.offline import run_step
+from ..bench.offline import longest_request, run, run_step
 from ..config import BenchConfig, HFConfig, VLLMConfig
 from ..engines.hf import HFEngine
+from ..engines.together import one_by_one
 from ..engines.vllm import VLLMEngine
 from ..hardware.contention import CpuMeter
 from ..hardware.oom import error_line, free_memory, is_out_of_memory
@@ -64,6 +65,9 @@ class Step:
     baseline: str = ""  # the rung this one is measured against, on the same workload ("": the road before it)
     models: tuple[str, ...] = ()  # the only models it runs on (): any; e.g. the EAGLE head fits the embedded target
     real_size_limit: int = 0  # on a real-size model, only the first N requests (0: all); naive generate's
+    # its engine is one of vLLM's offline engines (VLLMEngine): those rungs run after the others, their engines
+    # started together and measured one by one (lablib.engines.together)
+    together: bool = False
 
 
 # HF static batching of the whole journey in one batch of 64, on the synthetic 8B: the H200's HF rung.
@@ -160,7 +164,7 @@ def ladder(batch_sizes: list[int]) -> list[Step]:
 
     def prefix(caching: bool) -> Step:
         return Step(f"vllm-prefix-{'on' if caching else 'off'}", lambda m: VLLMEngine(m, VLLMConfig(
-            enable_prefix_caching=caching)), needs=gpu, lab="07", workload=PREFIX_WORKLOAD,
+            enable_prefix_caching=caching)), needs=gpu, together=True, lab="07", workload=PREFIX_WORKLOAD,
             baseline="vllm-prefix-off" if caching else "", recorded=(PREFIX_RECORDED[caching],),
             record_step="prefix-on-off",
             why=("32 requests sharing a 512-token file header, " + (
@@ -171,7 +175,7 @@ def ladder(batch_sizes: list[int]) -> list[Step]:
         tail = f"-b{batch}" if batch else ""
         return Step(f"vllm-eagle-k{SPEC_K}{tail}", lambda m: VLLMEngine(m, VLLMConfig(
             max_num_seqs=batch or VLLMConfig().max_num_seqs, speculative_config=speculative_config("eagle", SPEC_K))),
-            needs=gpu, lab="08", baseline=f"vllm{tail}", models=("embedded",),
+            needs=gpu, together=True, lab="08", baseline=f"vllm{tail}", models=("embedded",),
             recorded=SPEC_RECORDED[1][1:] if batch else SPEC_RECORDED[64], record_step="speculative",
             why=(f"the EAGLE head proposes {SPEC_K} tokens from the target's own features, " +
                  ("one request at a time: where speculation pays, latency at low load (lab 08)" if batch else
@@ -179,24 +183,26 @@ def ladder(batch_sizes: list[int]) -> list[Step]:
 
     def real_size_eagle() -> Step:
         return Step(f"vllm-eagle-synthetic-k{EAGLE_REAL_K}-b1", lambda m: VLLMEngine(m, VLLMConfig(
-            max_num_seqs=1, speculative_config=real_size_eagle_config(m))), needs=gpu, lab="08", baseline="vllm-b1",
+            max_num_seqs=1, speculative_config=real_size_eagle_config(m))), needs=gpu, together=True, lab="08",
+            baseline="vllm-b1",
             models=SYNTHETIC_LLAMAS, record_step=EAGLE_RATES_STEP,
             why=f"at real size an EAGLE head of the target's shape (random weights) proposes {EAGLE_REAL_K} tokens a "
                 "step, one request at a time; synthetic acceptance: the speed is real, the acceptance rate is set to "
                 "the trained embedded head's (lab 08)")
 
     return hf_steps(batch_sizes) + hf_compile_steps(batch_sizes) + [
-        Step("vllm", lambda m: VLLMEngine(m, VLLMConfig()), needs=gpu, lab="03", recorded=("vllm-8b-journey",),
+        Step("vllm", lambda m: VLLMEngine(m, VLLMConfig()), needs=gpu, together=True, lab="03",
+             recorded=("vllm-8b-journey",),
              why="vLLM: paged KV cache, continuous batching, CUDA graphs (its own worker process)"),
         *hf_continuous_steps(batch_sizes),
         Step("vllm-server", lambda m: ServerEngine(m), needs=gpu, lab="05", recorded=("serve-rate-inf",),
              why="the same engine behind its OpenAI server: every request over HTTP, streamed"),
-        Step("vllm-fp8", lambda m: VLLMEngine(m, VLLMConfig(quantization="fp8")), needs=gpu, lab="06",
+        Step("vllm-fp8", lambda m: VLLMEngine(m, VLLMConfig(quantization="fp8")), needs=gpu, together=True, lab="06",
              recorded=(FP8_RECORDED,), record_step="journey-fp8", why="vLLM with FP8 weights (Hopper's own format, "
                                                                      "quantized as it loads): half the bytes each decode step reads (lab 06)"),
         prefix(False), prefix(True),
         *speculative_hf_steps(),
-        Step("vllm-b1", lambda m: VLLMEngine(m, VLLMConfig(max_num_seqs=1)), needs=gpu, lab="08",
+        Step("vllm-b1", lambda m: VLLMEngine(m, VLLMConfig(max_num_seqs=1)), needs=gpu, together=True, lab="08",
              recorded=SPEC_RECORDED[1][:1], record_step="speculative",
              why="vLLM one request at a time (live: max_num_seqs=1 at vLLM's defaults; its recording is lab 08's "
                  "baseline, V1 runner and async off, waves of one request): the baseline of the next rung"),
@@ -330,8 +336,9 @@ def run_journey(model: str = "auto", workload: str = "journey", requests: int | 
     if through is not None:
         validate.choice("run_journey", "through", through, LABS, "the last lab whose rungs run, e.g. '01', or None.")
     wl = load_workload(workload, limit=requests)
-    results, skipped = [], []
-    for step in ladder(list(batch_sizes)):
+    results, skipped, todo = [], [], []
+    steps = ladder(list(batch_sizes))
+    for step in steps:
         if through is not None and step.lab > through:
             skipped.append({"step": step.name, "why": f"lab {step.lab}'s rung (this run goes through lab {through})"})
             continue
@@ -340,17 +347,21 @@ def run_journey(model: str = "auto", workload: str = "journey", requests: int | 
             skipped.append({"step": step.name, "why": why})
             log(f"skip {step.name}: {why}")
             continue
-        log(f"run  {step.name}: {step.why}")
         own = load_workload(step.workload, limit=requests) if step.workload else wl
         step_bench = bench
         if step.real_size_limit and is_real_size(model) and len(own) > step.real_size_limit:
             subset = f"the first {step.real_size_limit} of {len(own)} requests (real size: naive generate is slow)"
-            log(f"     {subset}")
             own, step_bench = own.head(step.real_size_limit), dataclasses.replace(
                 bench, tags={**bench.tags, "subset": subset})
+        todo.append((step, own, step_bench))
+
+    def measured(step: Step, own: Any, step_bench: BenchConfig, measure: Callable[[], Result]) -> None:
+        log(f"run  {step.name}: {step.why}")
+        if "subset" in step_bench.tags and step_bench is not bench:
+            log(f"     {step_bench.tags['subset']}")
         try:
             with cpu.measure() if cpu is not None and step.needs == "cpu" else contextlib.nullcontext():
-                r = run_step(step, model, own, step_bench, lab=lab, store=store, threads=cpu_threads)
+                r = measure()
         except Exception as e:  # out of memory on this GPU: this rung is skipped, the road goes on
             if not is_out_of_memory(e):
                 raise
@@ -359,11 +370,35 @@ def run_journey(model: str = "auto", workload: str = "journey", requests: int | 
                    "--model")
             skipped.append({"step": step.name, "why": why})
             log(f"skip {step.name}: {why}")
-            continue
+            return
         s = r.summary
         log(f"     {s['output_tok_s']:.1f} output tok/s, TTFT p50 {latency_text(s['ttft_s']['p50'])}, "
             f"wall {r.wall_s:.1f} s")
         results.append(r)
+
+    for step, own, step_bench in [t for t in todo if not t[0].together]:
+        measured(step, own, step_bench, lambda: run_step(step, model, own, step_bench, lab=lab, store=store,
+                                                         threads=cpu_threads))
+    together = [t for t in todo if t[0].together]  # vLLM's engines last: started together, measured one by one
+    if together:
+        made: list[Any] = []
+        for step, _, _ in together:
+            try:
+                made.append(step.make_engine(model))
+            except Exception as e:  # noqa: BLE001 - handed over at its turn (a refusal raises there)
+                made.append(e)
+        longest = max(longest_request(own, e.spec, b) for (_, own, b), e in zip(together, made)
+                      if not isinstance(e, Exception))
+        with contextlib.closing(one_by_one(made, longest_tokens=longest)) as engines:
+            for (step, own, step_bench), engine in zip(together, engines):
+                def measure(engine: Any = engine, step: Step = step, own: Any = own, b: BenchConfig = step_bench):
+                    if isinstance(engine, Exception):
+                        raise engine
+                    return run(engine, own, b, lab=lab, step=step.name, store=store)
+
+                measured(step, own, step_bench, measure)
+    order = {s.name: i for i, s in enumerate(steps)}
+    results.sort(key=lambda r: order.get(r.step, len(order)))  # the ladder's order, whatever order they ran in
     return results, skipped
 
 

@@ -78,10 +78,21 @@ def _configs(n):
     return [VLLMConfig(max_num_seqs=4, seed=i) for i in range(n)]
 
 
+def _made(configs):
+    """Engines made as a lab makes them (their checks run), or the error that refused one."""
+    out = []
+    for c in configs:
+        try:
+            out.append(VLLMEngine("embedded", c))
+        except ValueError as e:
+            out.append(e)
+    return out
+
+
 def test_engines_start_together_and_are_handed_out_one_at_a_time(fleet):
     wl = load_workload("journey", limit=4)
     seen, results = [], []
-    for i, engine in enumerate(together.one_by_one("embedded", _configs(3), longest_tokens=1100)):
+    for i, engine in enumerate(together.one_by_one(_made(_configs(3)), longest_tokens=1100)):
         assert isinstance(engine, VLLMEngine) and engine.facts["started"]
         assert len(cores(fleet)) == 3 - i  # all three were up before the first was handed out; each closed after
         assert engine.facts["together"]["engines"] == 3 and engine.facts["together"]["group_start_s"] > 0
@@ -105,7 +116,7 @@ def test_engines_start_together_and_are_handed_out_one_at_a_time(fleet):
 
 def test_with_a_cap_of_one_they_start_one_after_another(fleet, monkeypatch):
     monkeypatch.setenv(together.ENV, "1")
-    for engine in together.one_by_one("embedded", _configs(2), longest_tokens=1100):
+    for engine in together.one_by_one(_made(_configs(2)), longest_tokens=1100):
         assert len(cores(fleet)) == 1 and "together" not in engine.facts
         assert engine.config.kv_cache_memory_bytes is None  # its own configuration, vLLM's profiling
 
@@ -126,7 +137,7 @@ def test_one_that_fails_beside_the_others_starts_again_alone(fleet, monkeypatch,
 
     monkeypatch.setattr(VLLMEngine, "wait_ready", flaky)
     configs = [VLLMConfig(max_num_seqs=4, seed=i, gpu_memory_utilization=share) for i in range(3)]
-    got = list(e for e in together.one_by_one("embedded", configs, longest_tokens=1100))
+    got = list(e for e in together.one_by_one(_made(configs), longest_tokens=1100))
     assert all(isinstance(e, VLLMEngine) for e in got) and [e.config.seed for e in got] == [0, 1, 2]
     retried = got[1]
     assert retried is not failed[0] and "address already in use" in retried.facts["together"]["alone_after"]
@@ -139,7 +150,7 @@ def test_a_refused_setting_is_handed_over_as_its_error_and_the_others_run(fleet)
     configs = [VLLMConfig(max_num_seqs=4), VLLMConfig(max_num_seqs=4, tensor_parallel_size=2),
                VLLMConfig(max_num_seqs=4, seed=2)]
     got = []
-    for e in together.one_by_one("embedded", configs, longest_tokens=1100):
+    for e in together.one_by_one(_made(configs), longest_tokens=1100):
         got.append(e)
         if isinstance(e, VLLMEngine):
             assert e.facts["started"]
@@ -148,8 +159,21 @@ def test_a_refused_setting_is_handed_over_as_its_error_and_the_others_run(fleet)
 
 
 def test_breaking_off_closes_every_engine_it_started(fleet):
-    engines = together.one_by_one("embedded", _configs(3), longest_tokens=1100)
+    engines = together.one_by_one(_made(_configs(3)), longest_tokens=1100)
     first = next(engines)
     assert len(cores(fleet)) == 3
     engines.close()  # what a loop that breaks or raises does (contextlib.closing in the labs)
     assert wait_gone(cores(fleet)) == [] and first.facts["closed"]
+
+
+def test_without_nvmls_process_list_the_groups_last_close_speaks_for_every_engine(fleet, monkeypatch):
+    import pynvml
+
+    def unsupported(handle):
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetComputeRunningProcesses", unsupported)
+    got = list(together.one_by_one(_made(_configs(3)), longest_tokens=1100))
+    assert [e.facts["vram_back_to_baseline"] for e in got] == [True, True, True]
+    assert [e.facts.get("vram_check") for e in got] == ["the whole GPU, once the last engine started with it had "
+                                                        "closed"] * 2 + [None]

@@ -430,6 +430,27 @@ def test_the_runs_on_the_fake_vllm_carry_every_setting(pinned_on_the_fake, tmp_p
     assert vllm_runs.engine_time_line([{k: v for k, v in r.items() if k != "startup_s"} for r in rows]) == ""
 
 
+def test_started_together_the_runs_keep_each_settings_runner_and_say_how_they_started(pinned_on_the_fake, monkeypatch,
+                                                                                     tmp_path):
+    """On a host of 16 cores (the H200's) the four engines start at once: each worker still launched with its own
+    runner environment, each measured alone, its KV cache given in bytes, VRAM checked back per engine."""
+    from lablib.engines import together
+
+    monkeypatch.setattr(together.os, "cpu_count", lambda: 16)
+    monkeypatch.delenv(together.ENV, raising=False)
+    store = ResultStore(tmp_path / "r.jsonl")
+    rows = vllm_runs.vllm_spec_runs(("draft_model", "ngram"), (2,), (1, 2), n_prompts=3, max_new_tokens=4, store=store)
+    assert [s["env"] for s in pinned_on_the_fake] == ["0", None, "0", "0"] and vllm_engine.RUNNER_ENV not in os.environ
+    assert [(r["name"], r["batch"]) for r in rows] == [(n, b) for b in (1, 2) for n in (
+        "baseline, pinned (V1, no async)", "baseline, vLLM defaults", "draft model k=2", "n-gram k=2 (lookup 2-5)")]
+    assert all(r["started_together"] == 4 and r["group_start_s"] > 0 and r["back_to_baseline"] is True for r in rows)
+    for row in rows:
+        cfg = row["result"].config
+        assert cfg["kv_cache_memory_bytes"] > 0 and cfg["max_num_seqs"] == 2 and row["result"].summary[
+            "output_tokens"] == 12
+    assert "They started up to 4 at once, side by side" in vllm_runs.engine_time_line(rows)
+
+
 def test_the_loop_runs_while_the_first_engine_starts_and_ends_before_its_first_timed_wave(pinned_on_the_fake,
                                                                                          monkeypatch):
     """measure_grid starts the CPU loop before the engines and the first timed wave waits for it: its minutes

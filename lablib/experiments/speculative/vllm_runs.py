@@ -31,7 +31,7 @@ from ... import validate
 from ...bench.offline import longest_request, run
 from ...config import BenchConfig, lab_id, VLLMConfig
 from ...engines.together import one_by_one
-from ...engines.vllm import runner_env
+from ...engines.vllm import runner_env, VLLMEngine
 from ...hardware.device import device_facts
 from ...mechanisms.speculative import (
     SpecCounters,
@@ -227,8 +227,13 @@ def vllm_spec_runs(methods: Sequence[str] = METHODS, ks: Sequence[int] = (2, 4),
                         tags={"speculative": True})
     by_batch: dict[int, list[tuple[Setting, Any, dict[str, Any]]]] = {b: [] for b in batches}
     spec = model if isinstance(model, ModelSpec) else resolve_model(model)
-    engines = one_by_one(spec, [s.config(max(batches), gpu_memory_utilization) for s in runs],
-                         longest_tokens=longest_request(wl, spec, bench))  # started together, measured one by one
+    built: list[Any] = []
+    for s in runs:  # made first (their checks: a setting's refusal is its own), started together, measured one by one
+        try:
+            built.append(VLLMEngine(spec, s.config(max(batches), gpu_memory_utilization)))
+        except Exception as e:  # noqa: BLE001 - handed over at its turn, as a failed start is
+            built.append(e)
+    engines = one_by_one(built, longest_tokens=longest_request(wl, spec, bench))
     ran = []
     # the defaults baseline too is vLLM's own choice, whatever this shell exported; a pinned run's launch sets
     # VLLM_USE_V2_MODEL_RUNNER=0 for its own worker
@@ -480,5 +485,11 @@ def engine_time_line(rows: Sequence[dict[str, Any]]) -> str:
     spawn = median([r["startup_wall_s"] - r["startup_s"] for r in engines.values()])
     start = median([r["startup_s"] for r in engines.values()])
     closes = [r["close_s"] for r in engines.values() if r.get("close_s") is not None]
-    return (f"{len(engines)} engines, a median of {spawn:.0f} s spawning the worker and importing vLLM, {start:.0f} s "
+    line = (f"{len(engines)} engines, a median of {spawn:.0f} s spawning the worker and importing vLLM, {start:.0f} s "
             "in vLLM's own start" + (f", {median(closes):.0f} s closing" if closes else "") + ". ")
+    groups = {r["group_start_s"]: r["started_together"] for r in engines.values()
+              if (r.get("started_together") or 1) > 1 and r.get("group_start_s") is not None}
+    if groups:  # each engine's own figures above then count the others' starts beside it
+        line += (f"They started up to {max(groups.values())} at once, side by side: {sum(groups):.0f} s of starting "
+                 f"for the {sum(groups.values())} engines started together (lablib.engines.together). ")
+    return line
