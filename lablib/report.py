@@ -62,8 +62,14 @@ def _memory(r: Result) -> str:
     if peak is None:
         return "—"
     src = {"nvml": "GPU", "rss": "process RSS"}.get(r.memory.get("source"), r.memory.get("source") or "?")
-    gmu = r.config.get("gpu_memory_utilization")
-    return f"{peak / GIB:.2f} ({src}{f', reserved by gpu_memory_utilization={gmu}' if gmu else ''})"
+    others = r.memory.get("others_bytes")
+    if others:  # other engines sat idle on the GPU while this one ran: their memory is not this rung's
+        peak -= others
+        src += f", less {others / GIB:.2f} held by idle engines started with it"
+    gmu, kv = r.config.get("gpu_memory_utilization"), r.config.get("kv_cache_memory_bytes")
+    held = (f", KV cache kv_cache_memory_bytes={kv / GIB:.2f} GiB" if kv else
+            f", reserved by gpu_memory_utilization={gmu}" if gmu else "")
+    return f"{peak / GIB:.2f} ({src}{held})"
 
 
 def rung_rows(results: list[Result]) -> list[dict[str, str]]:

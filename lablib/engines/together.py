@@ -26,6 +26,7 @@ import os
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from ..config import VLLMConfig
@@ -38,6 +39,7 @@ ENV = "LABLIB_VLLM_TOGETHER"  # most engines started at once; 1: one after anoth
 SHARE = 0.85  # of the GPU's free memory that engines started together may take between them
 CORES_PER_START = 2  # host cores one engine's start keeps busy (its worker's imports, then torch.compile)
 BLOCK = 16  # vLLM's KV block, in tokens
+MARGIN = 2 * 2**30  # per engine, beyond the fit check's overheads: vLLM's profile run, the allocator's cache
 
 
 def cap_from_env() -> int | None:
@@ -61,10 +63,12 @@ def kv_bytes_for(spec: ModelSpec, config: VLLMConfig, longest_tokens: int) -> in
     block; doubled with a drafter (a draft model's or an EAGLE head's KV per token is at most the target's)."""
     per_token = spec.kv_bytes_per_token(1 if config.kv_cache_dtype.startswith("fp8") else 2)
     spec_cfg = config.speculative_config or {}
-    per_seq = math.ceil((longest_tokens + int(spec_cfg.get("num_speculative_tokens", 0)) + 1) / BLOCK) * BLOCK
+    k = int(spec_cfg.get("num_speculative_tokens", 0))
+    per_seq = math.ceil((longest_tokens + 2 * k + 2) / BLOCK) * BLOCK  # a step's drafts and, async, the next's
     max_len = config.max_model_len or spec.architecture()["context"] or 2048
     tokens = max(config.max_num_seqs * per_seq, math.ceil(max_len / BLOCK) * BLOCK) + BLOCK
-    return int(tokens * per_token * (2 if spec_cfg else 1))
+    drafter_layers = spec_cfg and spec_cfg.get("method") != "ngram"  # n-gram drafts from the prompt: no layers
+    return int(tokens * per_token * (2 if drafter_layers else 1))
 
 
 def together_config(spec: ModelSpec, config: VLLMConfig, longest_tokens: int, total_bytes: int) -> VLLMConfig:
@@ -72,9 +76,16 @@ def together_config(spec: ModelSpec, config: VLLMConfig, longest_tokens: int, to
     gpu_memory_utilization that asks to find free only what it will take (weights, KV, the fit check's overheads)."""
     kv = config.kv_cache_memory_bytes or kv_bytes_for(spec, config, longest_tokens)
     fit = check_fit(spec, replace(config, kv_cache_memory_bytes=kv), total_bytes)
-    need = fit.weight_bytes + fit.overhead_bytes + CONTEXT_OVERHEAD + kv
+    need = fit.weight_bytes + _drafter_bytes(config) + fit.overhead_bytes + CONTEXT_OVERHEAD + MARGIN + kv
     gate = min(1.0, math.ceil(100 * need / total_bytes) / 100)
     return replace(config, kv_cache_memory_bytes=kv, gpu_memory_utilization=gate)
+
+
+def _drafter_bytes(config: VLLMConfig) -> int:
+    """The weights of the draft model or EAGLE head `config` speculates with (its folder's safetensors; 0 for
+    n-gram or where the folder is not on this machine)."""
+    folder = (config.speculative_config or {}).get("model")
+    return sum(f.stat().st_size for f in Path(folder).glob("*.safetensors")) if folder and Path(folder).is_dir() else 0
 
 
 def _together_or_none(spec: ModelSpec, config: VLLMConfig, longest_tokens: int, total_bytes: int) -> VLLMConfig | None:
@@ -133,24 +144,28 @@ def one_by_one(engines: Sequence[VLLMEngine | Exception], *, longest_tokens: int
     mem = engines_vllm.nvml_used()
     together = [None if mem is None or isinstance(e, Exception) else
                 _together_or_none(e.spec, e.config, longest_tokens, mem[2]) for e in engines]
+    refused = [isinstance(e, Exception) for e in engines]  # handed over as they are: they take no memory
     i = 0
     while i < len(engines):
         mem = engines_vllm.nvml_used()
         size = 1 if mem is None or len(engines) - i == 1 else at_once(  # one with no together config: alone
-            [mem[2] + 1 if c is None else footprint(c, mem[2]) for c in together[i:]], mem[1], os.cpu_count() or 1,
-            cap)
+            [0 if no else mem[2] + 1 if c is None else footprint(c, mem[2])
+             for c, no in zip(together[i:], refused[i:])], mem[1], os.cpu_count() or 1, cap)
         group = list(range(i, i + size))
         got: dict[int, VLLMEngine | Exception] = {}
         try:
             if size == 1:
                 got[i] = engines[i] if isinstance(engines[i], Exception) else _alone(engines[i])
             else:
-                got = _start_group({j: (engines[j].spec, together[j]) for j in group})
+                got, baseline = _start_group({j: engines[j] if refused[j] else (engines[j], together[j])
+                                              for j in group})
                 for j in group:
-                    if isinstance(got[j], Exception):  # again by itself: a port taken, memory moved under it
-                        error = got[j]
+                    if isinstance(got[j], Exception) and not refused[j]:  # again by itself: a port taken, memory
+                        error = got[j]  # moved under it
                         got[j] = _alone(engines[j], fallback=together[j])
                         if isinstance(got[j], VLLMEngine):
+                            got[j].baseline = baseline  # the GPU before any of the group started
+                            got[j].facts["vram_baseline_bytes"] = baseline[0] if baseline else None
                             got[j].facts.setdefault("together", {})["alone_after"] = f"{type(error).__name__}: {error}"
             for j in group:
                 try:
@@ -179,27 +194,42 @@ def _whole_gpu_verdict(group: list[VLLMEngine]) -> None:
                             "vram_check": "the whole GPU, once the last engine started with it had closed"})
 
 
-def _start_group(configs: dict[int, tuple[ModelSpec, VLLMConfig]]) -> dict[int, VLLMEngine | Exception]:
+def _start_group(entries: dict[int, Any]) -> tuple[dict[int, VLLMEngine | Exception], Any]:
     """Launch every engine (each spawn in turn: a worker inherits the environment of its own launch), then wait for
-    each to be ready; the GPU's memory before the first launch is every one's baseline."""
+    each to be ready; the GPU's memory before the first launch is every one's baseline. `entries`: (the caller's
+    engine, its together config), or the exception that refused it (handed back as it is). Interrupted (Kernel →
+    Interrupt), every engine launched so far is closed before it propagates."""
     baseline = engines_vllm.nvml_used()
     got: dict[int, VLLMEngine | Exception] = {}
+    launched = 0  # engines whose starts ran side by side (one that then failed included)
     t0 = time.perf_counter()
-    for j, (spec, config) in configs.items():
-        try:
-            got[j] = VLLMEngine(spec, config).launch()
-        except Exception as e:  # noqa: BLE001 - refused or failed: it gets its turn alone
-            got[j] = e
-    for j, e in got.items():
-        if isinstance(e, VLLMEngine):
-            e.baseline = baseline
+    try:
+        for j, entry in entries.items():
+            if isinstance(entry, Exception):
+                got[j] = entry
+                continue
+            caller, config = entry
             try:
-                e.wait_ready()
-            except Exception as err:  # noqa: BLE001 - the worker closed itself; the others go on
-                got[j] = err
+                got[j] = VLLMEngine(caller.spec, config, start_timeout_s=caller.start_timeout_s).launch()
+                launched += 1
+            except Exception as e:  # noqa: BLE001 - refused or failed: it gets its turn alone
+                got[j] = e
+        for j, e in list(got.items()):
+            if isinstance(e, VLLMEngine):
+                e.baseline = baseline
+                try:
+                    e.wait_ready()
+                except Exception as err:  # noqa: BLE001 - the worker closed; the others go on
+                    e.close(force=True)
+                    got[j] = err
+    except BaseException:
+        for e in got.values():
+            if isinstance(e, VLLMEngine):
+                e.close(force=True)
+        raise
     wall = time.perf_counter() - t0
     for e in got.values():
         if isinstance(e, VLLMEngine):
-            e.facts["together"] = {"engines": len(configs), "group_start_s": wall,
+            e.facts["together"] = {"engines": launched, "group_start_s": wall,
                                    "kv_cache_memory_bytes": e.config.kv_cache_memory_bytes}
-    return got
+    return got, baseline

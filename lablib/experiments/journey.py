@@ -387,8 +387,8 @@ def run_journey(model: str = "auto", workload: str = "journey", requests: int | 
                 made.append(step.make_engine(model))
             except Exception as e:  # noqa: BLE001 - handed over at its turn (a refusal raises there)
                 made.append(e)
-        longest = max(longest_request(own, e.spec, b) for (_, own, b), e in zip(together, made)
-                      if not isinstance(e, Exception))
+        longest = max((longest_request(own, e.spec, b) for (_, own, b), e in zip(together, made)
+                       if not isinstance(e, Exception)), default=1)  # all refused: each raises its own at its turn
         with contextlib.closing(one_by_one(made, longest_tokens=longest)) as engines:
             for (step, own, step_bench), engine in zip(together, engines):
                 def measure(engine: Any = engine, step: Step = step, own: Any = own, b: BenchConfig = step_bench):

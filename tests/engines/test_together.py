@@ -38,13 +38,17 @@ def test_the_cap_comes_from_the_environment_and_bad_values_are_refused(monkeypat
 def test_the_kv_cache_holds_every_slot_at_the_longest_request_and_one_full_context():
     spec = resolve_model("embedded")
     per_token, context = spec.kv_bytes_per_token(2), spec.architecture()["context"]
-    # 64 slots of 1,061 tokens (1,060 + the one sampled past the end) in 67 blocks, vLLM's null block
+    # 64 slots of 1,062 tokens (1,060 + room past the end: the token sampled, async the next) in 67 blocks, vLLM's
+    # null block
     assert together.kv_bytes_for(spec, VLLMConfig(max_num_seqs=64), 1060) == (64 * 67 * 16 + 16) * per_token
     # one slot: a whole max_model_len request must fit (vLLM refuses to start otherwise)
     assert together.kv_bytes_for(spec, VLLMConfig(max_num_seqs=1), 100) == (context + 16) * per_token
     eagle = {"method": "eagle", "model": "head", "num_speculative_tokens": 4}
     assert together.kv_bytes_for(spec, VLLMConfig(max_num_seqs=64, speculative_config=eagle), 1060) == \
-        2 * (64 * 67 * 16 + 16) * per_token  # the drafter's layers share the pool; k tokens past the end fit
+        2 * (64 * 67 * 16 + 16) * per_token  # the drafter's layers share the pool; 2k + 2 past the end fit
+    ngram = {"method": "ngram", "num_speculative_tokens": 8, "prompt_lookup_min": 2, "prompt_lookup_max": 5}
+    assert together.kv_bytes_for(spec, VLLMConfig(max_num_seqs=64, speculative_config=ngram), 1060) == \
+        (64 * 68 * 16 + 16) * per_token  # n-gram has no layers of its own; 1,060 + 18 tokens take 68 blocks
     assert together.kv_bytes_for(spec, VLLMConfig(max_num_seqs=64, kv_cache_dtype="fp8"), 1060) == \
         (64 * 67 * 16 + 16) * spec.kv_bytes_per_token(1)
 
@@ -56,7 +60,7 @@ def test_a_together_config_is_gated_on_its_own_need_and_the_fit_check_reads_its_
     assert cfg.kv_cache_memory_bytes == kv and cfg.max_num_seqs == 64
     fit = check_fit(spec, cfg, 140 * GiB, 100 * GiB)
     assert fit.kv_bytes == kv and fit.fits
-    need = fit.weight_bytes + fit.overhead_bytes + CONTEXT_OVERHEAD + kv
+    need = fit.weight_bytes + fit.overhead_bytes + CONTEXT_OVERHEAD + together.MARGIN + kv
     assert need <= cfg.gpu_memory_utilization * 140 * GiB < need + 0.01 * 140 * GiB
     # a pool too small for one max_model_len request, or more than is free, is refused with the knob to turn
     small = check_fit(spec, VLLMConfig(kv_cache_memory_bytes=1024), 140 * GiB)
@@ -177,3 +181,40 @@ def test_without_nvmls_process_list_the_groups_last_close_speaks_for_every_engin
     assert [e.facts["vram_back_to_baseline"] for e in got] == [True, True, True]
     assert [e.facts.get("vram_check") for e in got] == ["the whole GPU, once the last engine started with it had "
                                                         "closed"] * 2 + [None]
+
+
+def test_interrupted_while_the_group_starts_every_engine_launched_is_closed(fleet, monkeypatch):
+    real = VLLMEngine.wait_ready
+
+    def interrupted(self):
+        if self.config.seed == 1:
+            raise KeyboardInterrupt
+        return real(self)
+
+    monkeypatch.setattr(VLLMEngine, "wait_ready", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        next(together.one_by_one(_made(_configs(3)), longest_tokens=1100))
+    assert wait_gone(cores(fleet)) == []
+
+
+def test_a_retried_engine_shares_the_groups_baseline_and_a_refused_one_does_not_split_the_group(fleet, monkeypatch):
+    real = VLLMEngine.wait_ready
+    failed = []
+
+    def flaky(self):
+        if self.config.seed == 2 and not failed:
+            failed.append(self)
+            raise RuntimeError("vLLM worker failed (fake)")
+        return real(self)
+
+    monkeypatch.setattr(VLLMEngine, "wait_ready", flaky)
+    configs = [VLLMConfig(max_num_seqs=4, seed=0), VLLMConfig(max_num_seqs=4, tensor_parallel_size=2),
+               VLLMConfig(max_num_seqs=4, seed=2, gpu_memory_utilization=0.3)]
+    got = []
+    for e in together.one_by_one(_made(configs), longest_tokens=1100):
+        if isinstance(e, VLLMEngine) and e.config.seed == 0:
+            assert len(cores(fleet)) == 2  # the refused one took no place: the other two started together
+        got.append(e)
+    assert isinstance(got[1], ValueError) and got[0].facts["together"]["engines"] == 2
+    assert got[2].facts["vram_baseline_bytes"] == got[0].facts["vram_baseline_bytes"]
+    assert got[2].facts["vram_back_to_baseline"] is True
