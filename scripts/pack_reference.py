@@ -128,6 +128,15 @@ def nbval_summary(log: str) -> dict[str, str]:
     return out
 
 
+def nbval_seconds(log: str) -> dict[str, float]:
+    """Notebook → its cells' wall time (s) from the `--durations=0` table of a `pytest --nbval -v` log: each cell's
+    setup, call and teardown summed (what a live lab costs an attendee, engine starts included)."""
+    out: dict[str, float] = {}
+    for secs, nb in re.findall(r"([\d.]+)s (?:call|setup|teardown)\s+labs/(\w+)(?:\.ipynb|::ipynb)::Cell \d+", log):
+        out[nb] = out.get(nb, 0.0) + float(secs)
+    return out
+
+
 def lab_runs(dirs: list[Path], old: dict | None = None) -> dict:
     """The labs' own live runs on the GPU: nbval outcome per notebook, every live Result's figures, the journey
     ratio and serving capacity of lab 03, and its cross-check against `vllm bench serve`.
@@ -141,6 +150,7 @@ def lab_runs(dirs: list[Path], old: dict | None = None) -> dict:
 
     out = {k: v for k, v in (old or {}).items()}
     nbval: dict[str, str] = {}
+    seconds: dict[str, float] = {}  # each notebook's live wall time, where the log has pytest's durations
     runs: dict[tuple[str, str], tuple[str, Result]] = {}
     bench = None
     old_date = re.search(r"\d{4}-\d\d-\d\d$", out.get("what", ""))  # the date the earlier runs were all made
@@ -150,7 +160,9 @@ def lab_runs(dirs: list[Path], old: dict | None = None) -> dict:
         if (d / "nbval.log").exists():
             log = d / "nbval.log"
             day = datetime.fromtimestamp(log.stat().st_mtime, timezone.utc).strftime("%Y-%m-%d")  # when it ended
-            nbval.update({nb: f"{v} on {day}" for nb, v in nbval_summary(log.read_text(errors="replace")).items()})
+            text = log.read_text(errors="replace")
+            nbval.update({nb: f"{v} on {day}" for nb, v in nbval_summary(text).items()})
+            seconds.update(nbval_seconds(text))
         for f in sorted((d / "results").glob("*.jsonl")):
             for r in ResultStore(f).load():
                 if r.provenance == "live":
@@ -165,6 +177,8 @@ def lab_runs(dirs: list[Path], old: dict | None = None) -> dict:
              for nb, r in runs.values()]
     out["rows"] = rows
     out["nbval"] = {**out.get("nbval", {}), **nbval}
+    # a notebook run again replaces its time, or drops one its new log does not give
+    out["nbval_seconds"] = {**{k: v for k, v in out.get("nbval_seconds", {}).items() if k not in nbval}, **seconds}
     if runs:
         first = min((r for _, r in runs.values()), key=lambda r: r.recorded_at)
         out["what"] = (f"the labs executed under nbval on the {first.hardware.get('gpu') or 'GPU'} with live vLLM "
@@ -382,8 +396,10 @@ def write_readme(by_step: dict, facts: dict) -> None:
     lab_rows = "\n".join(
         f"| {r.get('lab', '')} | `{r['step']}` | {r['requests']} | {r['output_tok_s']:,.0f} | {(r['ttft_p50_s'] or 0) * 1e3:,.1f} | "
         f"{(r['ttft_p99_s'] or 0) * 1e3:,.1f} | {(r['tpot_p50_s'] or 0) * 1e3:,.2f} |" for r in lab.get("rows", []))
-    lab_nbval = "\n".join(f"- `{k}`: {v}" + ("" if (ROOT / "labs" / f"{k}.ipynb").exists() else
-                                             " (a name from the labs' earlier numbering)")
+    wall = lab.get("nbval_seconds", {})
+    lab_nbval = "\n".join(f"- `{k}`: {v}" + (f", {wall[k]:,.0f} s live" if k in wall else "")
+                          + ("" if (ROOT / "labs" / f"{k}.ipynb").exists() else
+                             " (a name from the labs' earlier numbering)")
                           for k, v in lab.get("nbval", {}).items())
     lab_cmp = "\n".join(
         f"| {k} | {v['lab']:,.3f} | {v['vllm_bench']:,.3f} | {v['ratio']:.3f} |"

@@ -555,6 +555,7 @@ def test_scarce_memory_on_the_fake_vllm_is_compared_request_by_request(start, tm
     assert rr["predicted_hits"] == 0 and rr["predicted_evictions"] > 0 and rr["vllm_cached"] > 0
     assert not rr["per_request_exact"] and f"{len(rr['differ'])} of 32 requests differ" in rr["verdict"]
     assert [r.step for r in store.load()] == ["prefix-scarce-grouped-48", "prefix-scarce-round-robin-48"]
+    assert all(r.config["enforce_eager"] for r in store.load())  # hits are read, not decode's speed: no graphs
     assert all(r.requests[0].prompt_tokens == p["prompt_tokens"] for r, p in zip(store.load(), (
         grouped["per_request"][0], rr["per_request"][0])))
 

@@ -704,7 +704,17 @@ def test_gpu_quality_on_the_fake_vllm_beside_the_cpu_rows_and_refusals_first(sta
     texts = measures.evaluation_set(2).prompt_ids(load_tokenizer(resolve_model("embedded")))
     want = measures.from_logprobs([[fake_logprob(a, b) for a, b in zip(t, t[1:])] for t in texts])
     cpu = [{"scheme": "bf16", "ppl": want.ppl * 1.004}, {"scheme": "fp8-dynamic", "ppl": want.ppl * 0.9}]
+    from lablib.engines.vllm import VLLMEngine
+
+    configs, real_init = [], VLLMEngine.__init__
+
+    def kept(self, model, config, *a, **k):
+        configs.append(config)
+        return real_init(self, model, config, *a, **k)
+
+    monkeypatch.setattr(VLLMEngine, "__init__", kept)
     rows = quantization_vllm_ppl.vllm_quality_rows(("fp8-dynamic",), work_dir=tmp_path, eval_texts=2, cpu_rows=cpu)
+    assert [c.enforce_eager for c in configs] == [True] * 3  # one prefill pass per text: no decode, no graphs
     assert [r["scheme"] for r in rows] == ["bf16", "bf16-kv-fp8", "fp8-dynamic"]
     assert made[0]["folder"] == str(tmp_path / "fp8-dynamic")
     assert all(math.isclose(r["ppl_vllm"], want.ppl) and r["tokens"] == want.tokens for r in rows)

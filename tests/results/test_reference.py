@@ -184,6 +184,10 @@ def test_lab_runs_on_the_gpu_summarised(pack, facts):
     assert 0.95 < compare["figures"]["output_tok_s"]["ratio"] < 1.05
     log = "labs/03_x::ipynb::Cell 0 PASSED  [ 4%]\nlabs/03_x::ipynb::Cell 1 FAILED\nlabs/02_y::ipynb::Cell 0 PASSED\n"
     assert pack.nbval_summary(log) == {"03_x": "1 of 2 cells passed (failed: cell 1)", "02_y": "1 of 1 cells passed"}
+    durations = ("===== slowest durations =====\n95.50s call     labs/08_s.ipynb::Cell 18\n"
+                 "4.25s call     labs/08_s.ipynb::Cell 2\n0.25s setup    labs/08_s.ipynb::Cell 0\n"
+                 "12.00s call     labs/03_x::ipynb::Cell 1\n(3 durations < 0.005s hidden.)\n")
+    assert pack.nbval_seconds(durations) == {"08_s": pytest.approx(100.0), "03_x": pytest.approx(12.0)}
 
 
 def test_lab_runs_packed_from_a_gpu_labs_folder(pack, facts, runs, tmp_path):
@@ -192,7 +196,8 @@ def test_lab_runs_packed_from_a_gpu_labs_folder(pack, facts, runs, tmp_path):
     (tmp_path / "results").mkdir(parents=True)
     import os
 
-    (tmp_path / "nbval.log").write_text("labs/03_z::ipynb::Cell 0 PASSED\nlabs/03_z::ipynb::Cell 1 PASSED\n")
+    (tmp_path / "nbval.log").write_text("labs/03_z::ipynb::Cell 0 PASSED\nlabs/03_z::ipynb::Cell 1 PASSED\n"
+                                        "61.50s call     labs/03_z.ipynb::Cell 1\n0.50s call     labs/03_z.ipynb::Cell 0\n")
     os.utime(tmp_path / "nbval.log", (1764633600, 1764633600))  # the log ended on 2025-12-02 (UTC): the date shown
     live = [dataclasses.replace(runs[s], provenance="live", step=s.replace("8b", "embedded"), lab="03_z")
             for s in ("vllm-8b-journey", "hf-static-b64-8b-journey")]
@@ -209,6 +214,7 @@ def test_lab_runs_packed_from_a_gpu_labs_folder(pack, facts, runs, tmp_path):
     assert lab["serve_compare"] == old["serve_compare"]  # no load test in this folder: the old comparison stays
     again = pack.lab_runs([tmp_path], lab)  # the same notebook packed again replaces its rows, never duplicates
     assert again["rows"] == lab["rows"] and again["nbval"] == lab["nbval"]
+    assert lab["nbval_seconds"] == {**old.get("nbval_seconds", {}), "03_z": pytest.approx(62.0)}  # its live wall time
 
 
 def test_scheduler_sweep_recorded_one_engine_per_setting(facts, runs):

@@ -77,8 +77,10 @@ def scarce_vllm_rows(capacities: tuple[int, ...] = CAPACITIES, orders: tuple[str
                       need)
     rows = []
     for cap in capacities:
+        # eager: what is read here is the pool's hits and evictions, not decode's speed, so the engine skips
+        # torch.compile and capturing CUDA graphs (most of a start on the H200)
         config = VLLMConfig(gpu_memory_utilization=0.3, max_num_seqs=1, enable_prefix_caching=True,
-                            max_model_len=MAX_MODEL_LEN, num_gpu_blocks_override=cap + 1)
+                            max_model_len=MAX_MODEL_LEN, num_gpu_blocks_override=cap + 1, enforce_eager=True)
         with VLLMEngine("embedded", config) as eng:
             for order in orders:
                 wl = scarce_workload(order, eng.tokenizer)

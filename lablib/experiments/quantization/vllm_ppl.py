@@ -76,8 +76,10 @@ def vllm_quality_rows(schemes: Sequence[str], *, work_dir: str | Path | None = N
     texts = evaluation_set(eval_texts).prompt_ids(load_tokenizer(resolve_model("embedded")))
     rows = []
     for scheme, spec in plans:
+        # eager: a perplexity is one prefill pass per text and no decode step, so the engine skips torch.compile
+        # and capturing CUDA graphs (decode's), what most of a start's minute on the H200 went to
         config = VLLMConfig(gpu_memory_utilization=gpu_memory_utilization, enable_prefix_caching=False,
-                            kv_cache_dtype="fp8" if scheme == KV_FP8 else "auto")
+                            kv_cache_dtype="fp8" if scheme == KV_FP8 else "auto", enforce_eager=True)
         t0 = time.perf_counter()
         with VLLMEngine(spec, config) as eng:
             ppl = from_logprobs(eng.prompt_logprobs(texts))
