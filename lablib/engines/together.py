@@ -57,24 +57,27 @@ def cap_from_env() -> int | None:
     return value
 
 
-def kv_bytes_for(spec: ModelSpec, config: VLLMConfig, longest_tokens: int) -> int:
-    """The KV cache (bytes) an engine of `config` needs for the run: max_num_seqs requests of `longest_tokens` (in
-    whole blocks, with the tokens a speculative step drafts past the end) and one of max_model_len, plus vLLM's null
-    block; doubled with a drafter (a draft model's or an EAGLE head's KV per token is at most the target's)."""
+def kv_bytes_for(spec: ModelSpec, config: VLLMConfig, longest_tokens: int, requests: int | None = None) -> int:
+    """The KV cache (bytes) an engine of `config` needs for the run: max_num_seqs requests (no more than the run's
+    `requests`, where given) of `longest_tokens` (in whole blocks, with the tokens a speculative step drafts past
+    the end) and one of max_model_len, plus vLLM's null block; doubled with a drafter (a draft model's or an EAGLE
+    head's KV per token is at most the target's)."""
     per_token = spec.kv_bytes_per_token(1 if config.kv_cache_dtype.startswith("fp8") else 2)
     spec_cfg = config.speculative_config or {}
     k = int(spec_cfg.get("num_speculative_tokens", 0))
     per_seq = math.ceil((longest_tokens + 2 * k + 2) / BLOCK) * BLOCK  # a step's drafts and, async, the next's
     max_len = config.max_model_len or spec.architecture()["context"] or 2048
-    tokens = max(config.max_num_seqs * per_seq, math.ceil(max_len / BLOCK) * BLOCK) + BLOCK
+    slots = config.max_num_seqs if requests is None else min(config.max_num_seqs, requests)
+    tokens = max(slots * per_seq, math.ceil(max_len / BLOCK) * BLOCK) + BLOCK
     drafter_layers = spec_cfg and spec_cfg.get("method") != "ngram"  # n-gram drafts from the prompt: no layers
     return int(tokens * per_token * (2 if drafter_layers else 1))
 
 
-def together_config(spec: ModelSpec, config: VLLMConfig, longest_tokens: int, total_bytes: int) -> VLLMConfig:
+def together_config(spec: ModelSpec, config: VLLMConfig, longest_tokens: int, total_bytes: int,
+                    requests: int | None = None) -> VLLMConfig:
     """`config` for a start beside other engines: its KV cache given exactly (`kv_bytes_for`), and a
     gpu_memory_utilization that asks to find free only what it will take (weights, KV, the fit check's overheads)."""
-    kv = config.kv_cache_memory_bytes or kv_bytes_for(spec, config, longest_tokens)
+    kv = config.kv_cache_memory_bytes or kv_bytes_for(spec, config, longest_tokens, requests)
     fit = check_fit(spec, replace(config, kv_cache_memory_bytes=kv), total_bytes)
     need = fit.weight_bytes + _drafter_bytes(config) + fit.overhead_bytes + CONTEXT_OVERHEAD + MARGIN + kv
     gate = min(1.0, math.ceil(100 * need / total_bytes) / 100)
@@ -88,11 +91,12 @@ def _drafter_bytes(config: VLLMConfig) -> int:
     return sum(f.stat().st_size for f in Path(folder).glob("*.safetensors")) if folder and Path(folder).is_dir() else 0
 
 
-def _together_or_none(spec: ModelSpec, config: VLLMConfig, longest_tokens: int, total_bytes: int) -> VLLMConfig | None:
+def _together_or_none(spec: ModelSpec, config: VLLMConfig, longest_tokens: int, total_bytes: int,
+                      requests: int | None) -> VLLMConfig | None:
     """`together_config`, or None where the model's shape is not known before a download (it then starts alone)."""
     if not spec.config:
         return None
-    return together_config(spec, config, longest_tokens, total_bytes)
+    return together_config(spec, config, longest_tokens, total_bytes, requests)
 
 
 def footprint(config: VLLMConfig, total_bytes: int) -> int:
@@ -131,19 +135,20 @@ def _alone(engine: VLLMEngine, fallback: VLLMConfig | None = None) -> VLLMEngine
         return e
 
 
-def one_by_one(engines: Sequence[VLLMEngine | Exception], *, longest_tokens: int,
+def one_by_one(engines: Sequence[VLLMEngine | Exception], *, longest_tokens: int, requests: int | None = None,
                cap: int | None = None) -> Iterator[VLLMEngine | Exception]:
     """For each of `engines` (made, not started: their checks ran; or the exception that refused one), in order:
     an engine of its model and configuration, started, or the exception that stopped it. See the module: engines
     start in groups while nothing is measured; each is closed when the next is asked for (and every one still open
     when the loop ends or breaks). Started together, an engine is a new one of the same model with `together_config`;
-    alone, it is the caller's. `longest_tokens`: the run's longest prompt + new tokens; `cap`: at most this many at
-    once (default `LABLIB_VLLM_TOGETHER`, else the memory and the cores decide)."""
+    alone, it is the caller's. `longest_tokens`: the run's longest prompt + new tokens; `requests`: the most any
+    run sends (the KV cache holds no more slots); `cap`: at most this many at once (default `LABLIB_VLLM_TOGETHER`,
+    else the memory and the cores decide)."""
     engines = list(engines)
     cap = cap if cap is not None else cap_from_env()
     mem = engines_vllm.nvml_used()
     together = [None if mem is None or isinstance(e, Exception) else
-                _together_or_none(e.spec, e.config, longest_tokens, mem[2]) for e in engines]
+                _together_or_none(e.spec, e.config, longest_tokens, mem[2], requests) for e in engines]
     refused = [isinstance(e, Exception) for e in engines]  # handed over as they are: they take no memory
     i = 0
     while i < len(engines):

@@ -389,7 +389,8 @@ def run_journey(model: str = "auto", workload: str = "journey", requests: int | 
                 made.append(e)
         longest = max((longest_request(own, e.spec, b) for (_, own, b), e in zip(together, made)
                        if not isinstance(e, Exception)), default=1)  # all refused: each raises its own at its turn
-        with contextlib.closing(one_by_one(made, longest_tokens=longest)) as engines:
+        most = max(len(own) for _, own, _ in together)
+        with contextlib.closing(one_by_one(made, longest_tokens=longest, requests=most)) as engines:
             for (step, own, step_bench), engine in zip(together, engines):
                 def measure(engine: Any = engine, step: Step = step, own: Any = own, b: BenchConfig = step_bench):
                     if isinstance(engine, Exception):

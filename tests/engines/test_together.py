@@ -41,6 +41,9 @@ def test_the_kv_cache_holds_every_slot_at_the_longest_request_and_one_full_conte
     # 64 slots of 1,062 tokens (1,060 + room past the end: the token sampled, async the next) in 67 blocks, vLLM's
     # null block
     assert together.kv_bytes_for(spec, VLLMConfig(max_num_seqs=64), 1060) == (64 * 67 * 16 + 16) * per_token
+    # 256 slots, but the run sends 64 requests: no more slots than that
+    assert together.kv_bytes_for(spec, VLLMConfig(max_num_seqs=256), 1060, requests=64) == \
+        (64 * 67 * 16 + 16) * per_token
     # one slot: a whole max_model_len request must fit (vLLM refuses to start otherwise)
     assert together.kv_bytes_for(spec, VLLMConfig(max_num_seqs=1), 100) == (context + 16) * per_token
     eagle = {"method": "eagle", "model": "head", "num_speculative_tokens": 4}

@@ -189,8 +189,16 @@ def test_the_eviction_picture_shares_a_popular_prefix_and_rare_ones_lose_blocks(
     assert demo.evictions == 17 and any(max(s.ref_counts) == 2 for s in demo.snapshots)
 
 
-def test_on_and_off_on_the_fake_vllm(start):
+@pytest.mark.parametrize("cores", [2, 16])
+def test_on_and_off_on_the_fake_vllm(start, monkeypatch, cores):
+    """On this CPU's 2 cores the two engines start one after the other; on the H200 host's 16, together: the same
+    rows either way, each engine measured alone."""
+    from lablib.engines import together
+
+    monkeypatch.setattr(together.os, "cpu_count", lambda: cores)
+    monkeypatch.delenv(together.ENV, raising=False)
     value, results = prefix_runs.on_off_runs(("embedded",))
+    assert {(r.engine_facts.get("together") or {}).get("engines", 1) for r in results} == {1 if cores == 2 else 2}
     runs = value["runs"]
     names = [f"shared-prefix-{n}" for n in workloads.LENGTHS] + ["shared-prefix-512-shared-after"]
     assert [(r["caching"], r["workload"]) for r in runs] == [("off", n) for n in names] + [("on", n) for n in names]

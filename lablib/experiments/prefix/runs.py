@@ -12,11 +12,13 @@ says why they differ.
 """
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 from ... import validate
-from ...bench.offline import prepare, run
+from ...bench.offline import longest_request, prepare, run
 from ...config import BenchConfig, lab_id, VLLMConfig
+from ...engines.together import one_by_one
 from ...engines.vllm import VLLMEngine
 from ...mechanisms.prefix import PrefixCacheResult, simulate
 from ...models.synthetic import synthetic_spec
@@ -192,24 +194,35 @@ def on_off_runs(models: tuple[Any, ...] = ("embedded", BIG), *, lab: str = LAB, 
     Every request arrives at once (vLLM's default scheduler), with the workload's own 32 output tokens. Returns
     {"runs": one on_off_row per run, "agreement": outputs_agree per model and workload} and the Results."""
     runs, agreement, results = [], [], []
-    for model in models:
+    made = []  # every engine made first (its checks refuse a setting before any starts), then started together
+    for i, model in enumerate(models):
         spec = synthetic_spec(model) if model == BIG else model
-        by_caching: dict[Any, list[Result]] = {}  # True, False, and "again" (caching off, run twice)
         for caching in (False, True):
             config = VLLMConfig(gpu_memory_utilization=gpu_memory_utilization, enable_prefix_caching=caching,
                                 max_model_len=4096 if model == BIG else None)
-            with VLLMEngine(spec, config) as eng:
-                wls = [shared_set(n, eng.tokenizer) for n in LENGTHS] + [variant("shared-after", "shared-prefix-512",
-                                                                                  eng.tokenizer)]
-                tag = model if isinstance(model, str) else model.name
-                for wl in wls:
-                    step = f"prefix-{'on' if caching else 'off'}-{wl.name}-{tag}"
-                    r = run_from_empty_cache(eng, wl, caching, lab, step)
-                    runs.append(on_off_row(r, wl, caching, shared_tokens(token_ids(wl, eng))))
-                    by_caching.setdefault(caching, []).append(r)
-                    results.append(r)
-                    if not caching:  # the same run again on the same engine: how far greedy tokens move by themselves
-                        by_caching.setdefault("again", []).append(run_from_empty_cache(eng, wl, False, lab, step))
+            eng = VLLMEngine(spec, config)
+            wls = [shared_set(n, eng.tokenizer) for n in LENGTHS] + [variant("shared-after", "shared-prefix-512",
+                                                                              eng.tokenizer)]
+            made.append(((i, model), caching, eng, wls))
+    longest = max(longest_request(wl, eng.spec, BenchConfig()) for _, _, eng, wls in made for wl in wls)
+    requests = max(len(wl) for _, _, _, wls in made for wl in wls)
+    by_model: dict[int, dict[Any, list[Result]]] = {}  # per model: True, False, and "again" (caching off, run twice)
+    with contextlib.closing(one_by_one([e for _, _, e, _ in made], longest_tokens=longest,
+                                       requests=requests)) as engines:
+        for ((i, model), caching, _, wls), eng in zip(made, engines):
+            if isinstance(eng, Exception):
+                raise eng
+            by_caching = by_model.setdefault(i, {})
+            tag = model if isinstance(model, str) else model.name
+            for wl in wls:
+                step = f"prefix-{'on' if caching else 'off'}-{wl.name}-{tag}"
+                r = run_from_empty_cache(eng, wl, caching, lab, step)
+                runs.append(on_off_row(r, wl, caching, shared_tokens(token_ids(wl, eng))))
+                by_caching.setdefault(caching, []).append(r)
+                results.append(r)
+                if not caching:  # the same run again on the same engine: how far greedy tokens move by themselves
+                    by_caching.setdefault("again", []).append(run_from_empty_cache(eng, wl, False, lab, step))
+    for by_caching in by_model.values():
         agreement += [{**outputs_agree(on, off), "off_twice": _identical(outputs_agree(again, off))}
                       for on, off, again in zip(by_caching[True], by_caching[False], by_caching["again"])]
     return {"runs": runs, "agreement": agreement}, results

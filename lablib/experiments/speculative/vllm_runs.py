@@ -233,7 +233,7 @@ def vllm_spec_runs(methods: Sequence[str] = METHODS, ks: Sequence[int] = (2, 4),
             built.append(VLLMEngine(spec, s.config(max(batches), gpu_memory_utilization)))
         except Exception as e:  # noqa: BLE001 - handed over at its turn, as a failed start is
             built.append(e)
-    engines = one_by_one(built, longest_tokens=longest_request(wl, spec, bench))
+    engines = one_by_one(built, longest_tokens=longest_request(wl, spec, bench), requests=len(wl))
     ran = []
     # the defaults baseline too is vLLM's own choice, whatever this shell exported; a pinned run's launch sets
     # VLLM_USE_V2_MODEL_RUNNER=0 for its own worker
