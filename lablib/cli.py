@@ -24,7 +24,8 @@ import time
 from pathlib import Path
 
 from .config import BenchConfig
-from .experiments.journey import best_on_road, default_batch_sizes, default_model, default_store, road, run_journey
+from .experiments.journey import (best_on_road, default_batch_sizes, default_model, default_store, engine_start, road,
+                                  run_journey)
 from .hardware.contention import ADVICE, CpuMeter
 from .hardware.tiers import tier_of
 
@@ -87,6 +88,8 @@ def main(argv: list[str] | None = None) -> int:
     summary = {
         "results": str(store.path), "report": str(report), "wall_s": round(time.time() - t0, 1),
         "steps": {r.step: round(r.summary["output_tok_s"], 2) for r in results},
+        "step_wall_s": {r.step: round(r.wall_s, 1) for r in results},  # each rung's measured run
+        "engine_starts": {r.step: start for r in results if (start := engine_start(r))},  # vLLM's, where they went
         "best": best.step if best else None, "speedup_over_naive":
         round(best.summary["output_tok_s"] / naive.summary["output_tok_s"], 2) if best and naive else None,
         "contended": cpu.contended, "cpu": cpu.to_dict(), "skipped": skipped,

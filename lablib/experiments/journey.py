@@ -371,9 +371,9 @@ def run_journey(model: str = "auto", workload: str = "journey", requests: int | 
             skipped.append({"step": step.name, "why": why})
             log(f"skip {step.name}: {why}")
             return
-        s = r.summary
+        s, start = r.summary, engine_start(r)
         log(f"     {s['output_tok_s']:.1f} output tok/s, TTFT p50 {latency_text(s['ttft_s']['p50'])}, "
-            f"wall {r.wall_s:.1f} s")
+            f"wall {r.wall_s:.1f} s" + (f"; {start_text(start)}" if start else ""))
         results.append(r)
 
     for step, own, step_bench in [t for t in todo if not t[0].together]:
@@ -401,6 +401,25 @@ def run_journey(model: str = "auto", workload: str = "journey", requests: int | 
     order = {s.name: i for i, s in enumerate(steps)}
     results.sort(key=lambda r: order.get(r.step, len(order)))  # the ladder's order, whatever order they ran in
     return results, skipped
+
+
+def engine_start(r: Result) -> dict[str, Any] | None:
+    """Where a vLLM rung's engine start went (its facts): the start's wall time and, for engines started together
+    (`lablib.engines.together`), how many and the group's wall time; None for an engine that reports no start."""
+    f = r.engine_facts or {}
+    if f.get("startup_wall_s") is None:
+        return None
+    group = f.get("together") or {}
+    return {"start_s": round(f["startup_wall_s"], 1), "together": group.get("engines", 1),
+            "group_start_s": None if group.get("group_start_s") is None else round(group["group_start_s"], 1)}
+
+
+def start_text(start: dict[str, Any]) -> str:
+    """`engine_start` as the journey's log line says it."""
+    if start["together"] > 1:
+        return (f"its engine started with {start['together'] - 1} other(s): {start['group_start_s']:.0f} s for the "
+                f"group, this one ready after {start['start_s']:.0f} s")
+    return f"engine start {start['start_s']:.0f} s"
 
 
 def road(results: list[Result], batch_sizes: list[int] = (1, 4, 16)) -> list[Result]:

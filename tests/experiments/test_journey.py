@@ -240,3 +240,19 @@ def test_a_rung_out_of_memory_is_skipped_with_the_reason_and_the_road_goes_on(mo
     assert ran == ["a", "c"] and [r.step for r in results] == ["a", "c"]
     assert skipped == [{"step": "b", "why": "out of memory on this machine (OutOfMemoryError: CUDA out of memory. "
                                             "Tried to allocate 20.00 GiB): a smaller --batch-sizes, or a smaller --model"}]
+
+
+def test_a_vllm_rungs_engine_start_is_said_and_an_hf_rung_has_none():
+    import dataclasses
+
+    from lablib.experiments.journey import engine_start, start_text
+    from lablib.results.reference import load_reference
+
+    r = load_reference("spec-eagle-k2-b1")[0]  # a recorded vLLM run: its facts carry the start
+    alone = engine_start(dataclasses.replace(r, engine_facts={"startup_wall_s": 90.64}))
+    assert alone == {"start_s": 90.6, "together": 1, "group_start_s": None}
+    assert start_text(alone) == "engine start 91 s"
+    grouped = engine_start(dataclasses.replace(r, engine_facts={"startup_wall_s": 140.2, "together": {
+        "engines": 3, "group_start_s": 151.0}}))
+    assert start_text(grouped) == "its engine started with 2 other(s): 151 s for the group, this one ready after 140 s"
+    assert engine_start(dataclasses.replace(r, engine_facts={})) is None  # HF's engines report no start
