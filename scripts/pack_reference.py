@@ -137,6 +137,18 @@ def nbval_seconds(log: str) -> dict[str, float]:
     return out
 
 
+def cut_short(notebook: str, line: str) -> str:
+    """" (...cut short)" where the log reported fewer cells than the notebook has code cells (the run hit its time
+    limit: the cell it stopped in has no duration, so the seconds are a floor), else ""."""
+    path = ROOT / "labs" / f"{notebook}.ipynb"
+    got = re.search(r"of (\d+) cells", line)
+    if not path.exists() or not got:
+        return ""
+    cells = sum(c.get("cell_type") == "code" for c in json.loads(path.read_text())["cells"])
+    ran = int(got.group(1))
+    return f" over the {ran} of {cells} cells that ran (cut short: at least that)" if ran < cells else ""
+
+
 def lab_runs(dirs: list[Path], old: dict | None = None) -> dict:
     """The labs' own live runs on the GPU: nbval outcome per notebook, every live Result's figures, the journey
     ratio and serving capacity of lab 03, and its cross-check against `vllm bench serve`.
@@ -397,7 +409,7 @@ def write_readme(by_step: dict, facts: dict) -> None:
         f"| {r.get('lab', '')} | `{r['step']}` | {r['requests']} | {r['output_tok_s']:,.0f} | {(r['ttft_p50_s'] or 0) * 1e3:,.1f} | "
         f"{(r['ttft_p99_s'] or 0) * 1e3:,.1f} | {(r['tpot_p50_s'] or 0) * 1e3:,.2f} |" for r in lab.get("rows", []))
     wall = lab.get("nbval_seconds", {})
-    lab_nbval = "\n".join(f"- `{k}`: {v}" + (f", {wall[k]:,.0f} s live" if k in wall else "")
+    lab_nbval = "\n".join(f"- `{k}`: {v}" + (f", {wall[k]:,.0f} s live{cut_short(k, v)}" if k in wall else "")
                           + ("" if (ROOT / "labs" / f"{k}.ipynb").exists() else
                              " (a name from the labs' earlier numbering)")
                           for k, v in lab.get("nbval", {}).items())

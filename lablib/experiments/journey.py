@@ -416,9 +416,8 @@ def engine_start(r: Result) -> dict[str, Any] | None:
 
 def start_text(start: dict[str, Any]) -> str:
     """`engine_start` as the journey's log line says it."""
-    if start["together"] > 1:
-        return (f"its engine started with {start['together'] - 1} other(s): {start['group_start_s']:.0f} s for the "
-                f"group, this one ready after {start['start_s']:.0f} s")
+    if start["together"] > 1:  # (each engine of a group is waited for in turn: its own figure is an upper bound)
+        return f"its engine started with {start['together'] - 1} other(s): {start['group_start_s']:.0f} s for the group"
     return f"engine start {start['start_s']:.0f} s"
 
 

@@ -254,5 +254,5 @@ def test_a_vllm_rungs_engine_start_is_said_and_an_hf_rung_has_none():
     assert start_text(alone) == "engine start 91 s"
     grouped = engine_start(dataclasses.replace(r, engine_facts={"startup_wall_s": 140.2, "together": {
         "engines": 3, "group_start_s": 151.0}}))
-    assert start_text(grouped) == "its engine started with 2 other(s): 151 s for the group, this one ready after 140 s"
+    assert start_text(grouped) == "its engine started with 2 other(s): 151 s for the group"
     assert engine_start(dataclasses.replace(r, engine_facts={})) is None  # HF's engines report no start

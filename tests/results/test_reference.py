@@ -186,8 +186,15 @@ def test_lab_runs_on_the_gpu_summarised(pack, facts):
     assert pack.nbval_summary(log) == {"03_x": "1 of 2 cells passed (failed: cell 1)", "02_y": "1 of 1 cells passed"}
     durations = ("===== slowest durations =====\n95.50s call     labs/08_s.ipynb::Cell 18\n"
                  "4.25s call     labs/08_s.ipynb::Cell 2\n0.25s setup    labs/08_s.ipynb::Cell 0\n"
-                 "12.00s call     labs/03_x::ipynb::Cell 1\n(3 durations < 0.005s hidden.)\n")
+                 "12.00s call     labs/03_x.ipynb::Cell 1\n(3 durations < 0.005s hidden.)\n")
     assert pack.nbval_seconds(durations) == {"08_s": pytest.approx(100.0), "03_x": pytest.approx(12.0)}
+    lab08 = "08_speculative_decoding"  # a run cut short reports fewer cells than the notebook has: a floor
+    cells = json.loads((pack.ROOT / "labs" / f"{lab08}.ipynb").read_text())["cells"]
+    code = sum(c["cell_type"] == "code" for c in cells)
+    assert pack.cut_short(lab08, f"{code} of {code} cells passed") == ""
+    assert pack.cut_short(lab08, "16 of 16 cells passed") == \
+        f" over the 16 of {code} cells that ran (cut short: at least that)"
+    assert pack.cut_short("03_x", "1 of 2 cells passed") == ""  # no such notebook here: nothing to compare with
 
 
 def test_lab_runs_packed_from_a_gpu_labs_folder(pack, facts, runs, tmp_path):
@@ -215,6 +222,8 @@ def test_lab_runs_packed_from_a_gpu_labs_folder(pack, facts, runs, tmp_path):
     again = pack.lab_runs([tmp_path], lab)  # the same notebook packed again replaces its rows, never duplicates
     assert again["rows"] == lab["rows"] and again["nbval"] == lab["nbval"]
     assert lab["nbval_seconds"] == {**old.get("nbval_seconds", {}), "03_z": pytest.approx(62.0)}  # its live wall time
+    (tmp_path / "nbval.log").write_text("labs/03_z::ipynb::Cell 0 PASSED\n")  # run again, with no durations table
+    assert "03_z" not in pack.lab_runs([tmp_path], lab)["nbval_seconds"]  # its old time goes with its old line
 
 
 def test_scheduler_sweep_recorded_one_engine_per_setting(facts, runs):

@@ -4,7 +4,9 @@ The CPU table (`quality_table`) scores a scheme's arithmetic: weights dequantize
 stores, matmuls in float32, activations fake-quantized where the scheme quantizes them. vLLM runs the real
 kernels (Machete or Marlin for int4, CUTLASS for 8-bit, cuBLAS for bf16) in bfloat16. `vllm_quality_rows` scores
 the same evaluation texts through vLLM's `prompt_logprobs` (`VLLMEngine.prompt_logprobs`, then the same
-`from_logprobs`), one engine per checkpoint, each from a cold start, and sets each beside the CPU's number.
+`from_logprobs`), one engine per checkpoint, each from a cold start and eager (`enforce_eager`: a perplexity is
+prefill only, so no CUDA graphs and no torch.compile, whose fused kernels could move a perplexity in its last
+digits), and sets each beside the CPU's number.
 
 On bf16 the two differ only in arithmetic (bfloat16 on the GPU against float32 on the CPU, the same weights), so
 they must agree within `TOLERANCE_PCT`, set before the first measurement: bf16 keeps 8 bits of mantissa, and the
