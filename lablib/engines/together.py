@@ -33,7 +33,8 @@ from ..config import VLLMConfig
 from ..hardware.fit import CONTEXT_OVERHEAD, check_fit
 from ..models import ModelSpec
 from . import vllm as engines_vllm
-from .vllm import VLLMEngine, preflight
+from .process import environ
+from .vllm import SPARE_ENV, VLLMEngine, preflight
 
 ENV = "LABLIB_VLLM_TOGETHER"  # most engines started at once; 1: one after another
 SHARE = 0.85  # of the GPU's free memory that engines started together may take between them
@@ -209,16 +210,17 @@ def _start_group(entries: dict[int, Any]) -> tuple[dict[int, VLLMEngine | Except
     launched = 0  # engines whose starts ran side by side (one that then failed included)
     t0 = time.perf_counter()
     try:
-        for j, entry in entries.items():
-            if isinstance(entry, Exception):
-                got[j] = entry
-                continue
-            caller, config = entry
-            try:
-                got[j] = VLLMEngine(caller.spec, config, start_timeout_s=caller.start_timeout_s).launch()
-                launched += 1
-            except Exception as e:  # noqa: BLE001 - refused or failed: it gets its turn alone
-                got[j] = e
+        with environ(SPARE_ENV, None):  # no spare worker: every engine of the group is spawned now, side by side
+            for j, entry in entries.items():
+                if isinstance(entry, Exception):
+                    got[j] = entry
+                    continue
+                caller, config = entry
+                try:
+                    got[j] = VLLMEngine(caller.spec, config, start_timeout_s=caller.start_timeout_s).launch()
+                    launched += 1
+                except Exception as e:  # noqa: BLE001 - refused or failed: it gets its turn alone
+                    got[j] = e
         for j, e in list(got.items()):
             if isinstance(e, VLLMEngine):
                 e.baseline = baseline

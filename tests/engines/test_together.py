@@ -221,3 +221,14 @@ def test_a_retried_engine_shares_the_groups_baseline_and_a_refused_one_does_not_
     assert isinstance(got[1], ValueError) and got[0].facts["together"]["engines"] == 2
     assert got[2].facts["vram_baseline_bytes"] == got[0].facts["vram_baseline_bytes"]
     assert got[2].facts["vram_back_to_baseline"] is True
+
+
+def test_a_group_makes_no_spare_worker_even_where_asked_for(fleet, monkeypatch):
+    from lablib.engines import vllm as engines_vllm
+
+    monkeypatch.setenv(engines_vllm.SPARE_ENV, "1")  # a spare per start would be spawned, then ended by the next
+    got = []
+    for e in together.one_by_one(_made(_configs(2)), longest_tokens=1100):
+        assert engines_vllm.Spare.current is None and e.facts["worker"] == "spawned"
+        got.append(e)
+    assert len(got) == 2 and engines_vllm.os.environ[engines_vllm.SPARE_ENV] == "1"  # the caller's setting is back
