@@ -50,6 +50,16 @@ STARTED: "weakref.WeakSet[VLLMEngine]" = weakref.WeakSet()  # engines launched a
 RUNNER_ENV = "VLLM_USE_V2_MODEL_RUNNER"  # vLLM 0.26 reads its model runner from here (VLLMConfig.model_runner_v2)
 
 
+def settled(read: Any, done: Any) -> Any:
+    """`read()` again every half second until `done` says so of its value or SETTLE_S has passed; the last value."""
+    deadline = time.monotonic() + SETTLE_S
+    value = read()
+    while not done(value) and time.monotonic() < deadline:
+        time.sleep(0.5)
+        value = read()
+    return value
+
+
 def runner_env(v2: bool | None) -> contextlib.AbstractContextManager[None]:
     """VLLM_USE_V2_MODEL_RUNNER set to 1/0 (None: unset, vLLM decides) while a worker is spawned; restored after."""
     return environ(RUNNER_ENV, None if v2 is None else "1" if v2 else "0")
@@ -383,11 +393,7 @@ class VLLMEngine:
         if others:  # engines started together still hold theirs: this one's own processes must hold nothing
             self._settle_own(pids, held)
         elif self.baseline:
-            deadline = time.monotonic() + SETTLE_S
-            used = nvml_used()
-            while used and used[0] > self.baseline[0] + SETTLE_SLACK and time.monotonic() < deadline:
-                time.sleep(0.5)
-                used = nvml_used()
+            used = settled(nvml_used, lambda u: not u or u[0] <= self.baseline[0] + SETTLE_SLACK)
             self.facts["vram_after_close_bytes"] = used[0] if used else None
             self.facts["vram_back_to_baseline"] = bool(used and used[0] <= self.baseline[0] + SETTLE_SLACK)
         self.facts["close_s"] = time.perf_counter() - t0  # the worker's exit and VRAM's return, what the next start waits on
@@ -400,11 +406,7 @@ class VLLMEngine:
             self.facts["vram_back_to_baseline"] = None
             self.facts["vram_check"] = "not per process here: the last engine started with it checks the GPU"
             return
-        deadline = time.monotonic() + SETTLE_S
-        left = nvml_process_bytes(pids)
-        while left and time.monotonic() < deadline:
-            time.sleep(0.5)
-            left = nvml_process_bytes(pids)
+        left = settled(lambda: nvml_process_bytes(pids), lambda b: not b)
         used = nvml_used()
         self.facts.update({"vram_after_close_bytes": used[0] if used else None, "vram_held_before_close_bytes": held,
                            "vram_back_to_baseline": not left,
