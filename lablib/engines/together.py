@@ -4,9 +4,9 @@ A lab that compares engine settings needs one engine per setting, and an engine'
 work: on the H200's host the worker's spawn and vLLM's imports took 20-30 s, torch.compile 10-20 s, then loading,
 profiling and capturing CUDA graphs (lab 08's grid of 8 engines: 95 s each, 12.5 minutes). `one_by_one` starts a
 group of engines at once, so the host's cores import and compile side by side, and then hands them to the caller in
-turn. Each is measured while the others sit idle (an idle engine waits on its queue: no kernel runs, no core spins)
-and is closed before the next is handed out. Nothing starts while something is measured: the next group starts only
-once the last engine of this one has closed.
+turn. Each is measured while the others sit idle (an idle engine waits on its queue: no kernel runs, no core spins).
+Once the last is measured the group closes, all at once. Nothing starts or closes while something is measured: the
+next group starts only once this one has closed.
 
 Memory. vLLM sizes its KV cache by profiling: the GPU's free memory, less what its own forward pass took. Beside
 other engines' starts that reading moves under it, so engines started together get their KV cache exactly
@@ -21,6 +21,7 @@ where the memory left allows it; its facts say so (`facts["together"]`).
 """
 from __future__ import annotations
 
+import concurrent.futures
 import math
 import os
 import time
@@ -34,7 +35,7 @@ from ..hardware.fit import CONTEXT_OVERHEAD, check_fit
 from ..models import ModelSpec
 from . import vllm as engines_vllm
 from .process import environ
-from .vllm import SPARE_ENV, VLLMEngine, preflight
+from .vllm import SETTLE_SLACK, SPARE_ENV, VLLMEngine, preflight
 
 ENV = "LABLIB_VLLM_TOGETHER"  # most engines started at once; 1: one after another
 SHARE = 0.85  # of the GPU's free memory that engines started together may take between them
@@ -140,8 +141,8 @@ def one_by_one(engines: Sequence[VLLMEngine | Exception], *, longest_tokens: int
                cap: int | None = None) -> Iterator[VLLMEngine | Exception]:
     """For each of `engines` (made, not started: their checks ran; or the exception that refused one), in order:
     an engine of its model and configuration, started, or the exception that stopped it. See the module: engines
-    start in groups while nothing is measured; each is closed when the next is asked for (and every one still open
-    when the loop ends or breaks). Started together, an engine is a new one of the same model with `together_config`;
+    start in groups while nothing is measured; a group closes, all at once, when the engine after its last is asked for
+    (and every one still open when the loop ends or breaks). Started together, an engine is a new one of the same model with `together_config`;
     alone, it is the caller's. `longest_tokens`: the run's longest prompt + new tokens; `requests`: the most any
     run sends (the KV cache holds no more slots); `cap`: at most this many at once (default `LABLIB_VLLM_TOGETHER`,
     else the memory and the cores decide)."""
@@ -174,30 +175,46 @@ def one_by_one(engines: Sequence[VLLMEngine | Exception], *, longest_tokens: int
                             got[j].facts["vram_baseline_bytes"] = baseline[0] if baseline else None
                             got[j].facts.setdefault("together", {})["alone_after"] = f"{type(error).__name__}: {error}"
             for j in group:
-                try:
-                    yield got[j]
-                finally:
-                    if isinstance(got[j], VLLMEngine):
-                        got[j].close()
-        finally:  # the loop broke off: nothing started here is left holding the GPU
-            for e in got.values():
-                if isinstance(e, VLLMEngine):
-                    e.close()
-            _whole_gpu_verdict([e for e in got.values() if isinstance(e, VLLMEngine)])
+                yield got[j]
+        finally:  # after the group's last, or where the loop broke off: nothing started here is left holding the GPU
+            started = [e for e in got.values() if isinstance(e, VLLMEngine)]
+            _close_group([e for e in started if not e.facts.get("closed")])
+            _whole_gpu_verdict(started)
         i += size
 
 
-def _whole_gpu_verdict(group: list[VLLMEngine]) -> None:
-    """Where NVML could not say per process whether an engine let go of its memory, the group's last close said it
-    for the whole GPU (back to the baseline from before any of them started): that verdict is each one's."""
-    whole = [e.facts["vram_back_to_baseline"] for e in group
-             if "vram_check" not in e.facts and e.facts.get("vram_back_to_baseline") is not None]
-    if not whole:
+def _close_group(group: list[VLLMEngine]) -> None:
+    """Close a group's engines once its last one is measured, all at once (each worker's exit and its memory's
+    return take 4-6 s on the H200: one after another, lab 08's eight took 42 s); each checks its own processes let
+    go of their memory, and `_whole_gpu_verdict` the GPU where NVML cannot say per process. One engine closes alone,
+    against the whole GPU."""
+    if len(group) <= 1:
+        for e in group:
+            e.close()
         return
+    t0 = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(len(group)) as pool:
+        for done in [pool.submit(e.close, beside=True) for e in group]:
+            done.result()
+    wall = time.perf_counter() - t0
     for e in group:
-        if e.facts.get("vram_back_to_baseline") is None and e.facts.get("vram_check", "").startswith("not per"):
-            e.facts.update({"vram_back_to_baseline": whole[-1],
-                            "vram_check": "the whole GPU, once the last engine started with it had closed"})
+        e.facts.setdefault("together", {})["group_close_s"] = wall
+
+
+def _whole_gpu_verdict(group: list[VLLMEngine]) -> None:
+    """Where NVML could not say per process whether an engine let go of its memory, the whole GPU says it once every
+    engine of the group has closed (back to the baseline from before any of them started): that verdict is each
+    one's."""
+    pending = [e for e in group if e.facts.get("vram_back_to_baseline") is None
+               and e.facts.get("vram_check", "").startswith("not per")]
+    baseline = next((e.baseline for e in pending if e.baseline), None)
+    if not pending or baseline is None:
+        return
+    used = engines_vllm.settled(engines_vllm.nvml_used, lambda u: not u or u[0] <= baseline[0] + SETTLE_SLACK)
+    for e in pending:
+        e.facts.update({"vram_back_to_baseline": bool(used and used[0] <= baseline[0] + SETTLE_SLACK),
+                        "vram_after_close_bytes": used[0] if used else None,
+                        "vram_check": "the whole GPU, once every engine started with it had closed"})
 
 
 def _start_group(entries: dict[int, Any]) -> tuple[dict[int, VLLMEngine | Exception], Any]:

@@ -364,12 +364,14 @@ class VLLMEngine:
         self._conn.send(("reset_prefix_cache",))
         return bool(self._receive(120, expect=("reset",))[1])
 
-    def close(self, force: bool = False) -> None:
-        """End the worker (and vLLM's engine-core process under it), then wait for VRAM to return to baseline."""
+    def close(self, force: bool = False, beside: bool | None = None) -> None:
+        """End the worker (and vLLM's engine-core process under it), then wait for VRAM to return to baseline.
+        `beside`: other engines are up or closing with this one (None: whether any other is alive now), so its
+        own processes must let go of their memory rather than the whole GPU come back to its baseline."""
         if self._proc is None or self.facts.get("closed"):  # never started, or closed: nothing holds the GPU
             return
         t0 = time.perf_counter()
-        others = self.others()
+        others = self.others() if beside is None else beside
         pids = self._pids()
         held = nvml_process_bytes(pids) if others else None  # None: NVML names none of its processes
         if self._proc.is_alive() and not force:

@@ -154,6 +154,7 @@ def _row(s: Setting, batch: int, result: Any, facts: dict[str, Any], logged: dic
                            # engines started at once with this one (1: alone), and how long their start took together
                            "started_together": (facts.get("together") or {}).get("engines", 1),
                            "group_start_s": (facts.get("together") or {}).get("group_start_s"),
+                           "group_close_s": (facts.get("together") or {}).get("group_close_s"),  # all at once, after
                            "num_drafts": None, "num_draft_tokens": None, "num_accepted_tokens": None,
                            "accepted_per_pos": None, "mean_acceptance_length": None, "acceptance_rate": None,
                            "alpha": None, "formula_length": None, "counters_consistent": None,
@@ -491,5 +492,8 @@ def engine_time_line(rows: Sequence[dict[str, Any]]) -> str:
               if (r.get("started_together") or 1) > 1 and r.get("group_start_s") is not None}
     if groups:  # each engine's own figures above then count the others' starts beside it
         line += (f"They started up to {max(groups.values())} at once, side by side: {sum(groups):.0f} s of starting "
-                 f"for the {sum(groups.values())} engines started together (lablib.engines.together). ")
+                 f"for the {sum(groups.values())} engines started together (lablib.engines.together)")
+        shut = {r["group_start_s"]: r["group_close_s"] for r in engines.values()
+                if r.get("group_close_s") is not None and r["group_start_s"] in groups}
+        line += f", {sum(shut.values()):.0f} s closing them, each group at once. " if shut else ". "
     return line
