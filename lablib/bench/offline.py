@@ -74,11 +74,16 @@ def prepare(workload: Workload, engine: Engine, bench: BenchConfig = BenchConfig
     return out
 
 
-def longest_request(workload: Workload, spec: Any, bench: BenchConfig = BenchConfig()) -> int:
-    """The longest prompt + new tokens of `workload` as `prepare` makes them for `spec`'s tokenizer: what an engine's
-    KV cache must hold per request (`lablib.engines.together` sizes it so)."""
+def request_lengths(workload: Workload, spec: Any, bench: BenchConfig = BenchConfig()) -> list[int]:
+    """Each request's prompt + new tokens as `prepare` makes them for `spec`'s tokenizer: what an engine's KV cache
+    must hold per request (`lablib.engines.together` sizes it so)."""
     shim = SimpleNamespace(tokenizer=prompt_tokenizer(spec), spec=spec, facts={})
-    return max(len(r.prompt_ids) + r.max_new_tokens for r in prepare(workload, shim, bench))
+    return [len(r.prompt_ids) + r.max_new_tokens for r in prepare(workload, shim, bench)]
+
+
+def longest_request(workload: Workload, spec: Any, bench: BenchConfig = BenchConfig()) -> int:
+    """The longest of `request_lengths`."""
+    return max(request_lengths(workload, spec, bench))
 
 
 def roofline_for(records: list[RequestRecord], wall_s: float, facts: dict[str, Any], gpu: str | None,

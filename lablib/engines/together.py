@@ -10,8 +10,10 @@ next group starts only once this one has closed.
 
 Memory. vLLM sizes its KV cache by profiling: the GPU's free memory, less what its own forward pass took. Beside
 other engines' starts that reading moves under it, so engines started together get their KV cache exactly
-(`VLLMConfig.kv_cache_memory_bytes`, which skips the profiling): room for max_num_seqs requests of the run's longest
-length, and for one of max_model_len (vLLM's start check), twice over where a drafter's layers share the pool. Their
+(`VLLMConfig.kv_cache_memory_bytes`, which skips the profiling): room for the max_num_seqs longest of the run's
+requests, and for one of max_model_len (vLLM's start check), twice over where a drafter's layers share the pool;
+max_model_len, where the caller left it to the model, is the run's longest request (the 8B's 131,072 tokens would
+ask 16 GiB of KV of each engine for one request no run sends). Their
 gpu_memory_utilization then only gates the start (that much must be free), so it is set to the engine's own need.
 How many start at once: as many as SHARE of the free memory holds (weights, KV and the fit check's overheads), one
 per CORES_PER_START of the host's cores, and at most `LABLIB_VLLM_TOGETHER` (1: one at a time, as before).
@@ -41,6 +43,7 @@ ENV = "LABLIB_VLLM_TOGETHER"  # most engines started at once; 1: one after anoth
 SHARE = 0.85  # of the GPU's free memory that engines started together may take between them
 CORES_PER_START = 2  # host cores one engine's start keeps busy (its worker's imports, then torch.compile)
 BLOCK = 16  # vLLM's KV block, in tokens
+LENGTH_STEP = 256  # a together-started engine's max_model_len, in whole steps of this many tokens
 MARGIN = 2 * 2**30  # per engine, beyond the fit check's overheads: vLLM's profile run, the allocator's cache
 
 
@@ -59,27 +62,51 @@ def cap_from_env() -> int | None:
     return value
 
 
-def kv_bytes_for(spec: ModelSpec, config: VLLMConfig, longest_tokens: int, requests: int | None = None) -> int:
+def kv_bytes_for(spec: ModelSpec, config: VLLMConfig, longest_tokens: int, requests: int | None = None,
+                 runs: Sequence[Sequence[int]] | None = None) -> int:
     """The KV cache (bytes) an engine of `config` needs for the run: max_num_seqs requests (no more than the run's
     `requests`, where given) of `longest_tokens` (in whole blocks, with the tokens a speculative step drafts past
-    the end) and one of max_model_len, plus vLLM's null block; doubled with a drafter (a draft model's or an EAGLE
-    head's KV per token is at most the target's)."""
+    the end), or where each run's requests' prompt + new tokens are given (`runs`), the max_num_seqs longest of
+    one run, the most that can be in flight at once; at least one of max_model_len, plus vLLM's null block; doubled with a
+    drafter (a draft model's or an EAGLE head's KV per token is at most the target's)."""
     per_token = spec.kv_bytes_per_token(1 if config.kv_cache_dtype.startswith("fp8") else 2)
     spec_cfg = config.speculative_config or {}
     k = int(spec_cfg.get("num_speculative_tokens", 0))
-    per_seq = math.ceil((longest_tokens + 2 * k + 2) / BLOCK) * BLOCK  # a step's drafts and, async, the next's
+
+    def blocks(n: int) -> int:  # a request's tokens in whole blocks, with a step's drafts and, async, the next's
+        return math.ceil((n + 2 * k + 2) / BLOCK) * BLOCK
+
     max_len = config.max_model_len or spec.architecture()["context"] or 2048
     slots = config.max_num_seqs if requests is None else min(config.max_num_seqs, requests)
-    tokens = max(slots * per_seq, math.ceil(max_len / BLOCK) * BLOCK) + BLOCK
+    busiest = (max(sum(sorted((blocks(n) for n in run), reverse=True)[:slots]) for run in runs) if runs else
+               slots * blocks(longest_tokens))
+    tokens = max(busiest, math.ceil(max_len / BLOCK) * BLOCK) + BLOCK
     drafter_layers = spec_cfg and spec_cfg.get("method") != "ngram"  # n-gram drafts from the prompt: no layers
     return int(tokens * per_token * (2 if drafter_layers else 1))
 
 
+def run_length(spec: ModelSpec, config: VLLMConfig, longest_tokens: int) -> int | None:
+    """max_model_len for an engine started together whose caller left it to the model (None: kept): the run's
+    longest request with a speculative step's drafts, in whole LENGTH_STEP tokens, at most the model's context.
+    Its KV cache must hold one request of max_model_len (vLLM's start check): at the 8B's 131,072 tokens that is
+    16 GiB an engine, for a run whose requests are 1-2 thousand tokens long."""
+    if config.max_model_len is not None:
+        return None
+    k = int((config.speculative_config or {}).get("num_speculative_tokens", 0))
+    need = math.ceil((longest_tokens + 2 * k + 2) / LENGTH_STEP) * LENGTH_STEP
+    context = spec.architecture()["context"]
+    return need if not context or need < context else None
+
+
 def together_config(spec: ModelSpec, config: VLLMConfig, longest_tokens: int, total_bytes: int,
-                    requests: int | None = None) -> VLLMConfig:
-    """`config` for a start beside other engines: its KV cache given exactly (`kv_bytes_for`), and a
-    gpu_memory_utilization that asks to find free only what it will take (weights, KV, the fit check's overheads)."""
-    kv = config.kv_cache_memory_bytes or kv_bytes_for(spec, config, longest_tokens, requests)
+                    requests: int | None = None, runs: Sequence[Sequence[int]] | None = None) -> VLLMConfig:
+    """`config` for a start beside other engines: max_model_len the run's longest request where the caller left it
+    to the model (`run_length`), its KV cache given exactly (`kv_bytes_for`), and a gpu_memory_utilization that asks
+    to find free only what it will take (weights, KV, the fit check's overheads)."""
+    length = run_length(spec, config, longest_tokens)
+    if length is not None:
+        config = replace(config, max_model_len=length)
+    kv = config.kv_cache_memory_bytes or kv_bytes_for(spec, config, longest_tokens, requests, runs)
     fit = check_fit(spec, replace(config, kv_cache_memory_bytes=kv), total_bytes)
     need = fit.weight_bytes + _drafter_bytes(config) + fit.overhead_bytes + CONTEXT_OVERHEAD + MARGIN + kv
     gate = min(1.0, math.ceil(100 * need / total_bytes) / 100)
@@ -94,11 +121,11 @@ def _drafter_bytes(config: VLLMConfig) -> int:
 
 
 def _together_or_none(spec: ModelSpec, config: VLLMConfig, longest_tokens: int, total_bytes: int,
-                      requests: int | None) -> VLLMConfig | None:
+                      requests: int | None, runs: Sequence[Sequence[int]] | None) -> VLLMConfig | None:
     """`together_config`, or None where the model's shape is not known before a download (it then starts alone)."""
     if not spec.config:
         return None
-    return together_config(spec, config, longest_tokens, total_bytes, requests)
+    return together_config(spec, config, longest_tokens, total_bytes, requests, runs)
 
 
 def footprint(config: VLLMConfig, total_bytes: int) -> int:
@@ -137,20 +164,28 @@ def _alone(engine: VLLMEngine, fallback: VLLMConfig | None = None) -> VLLMEngine
         return e
 
 
-def one_by_one(engines: Sequence[VLLMEngine | Exception], *, longest_tokens: int, requests: int | None = None,
+def one_by_one(engines: Sequence[VLLMEngine | Exception], *, runs: Sequence[Sequence[int]] | None = None,
+               longest_tokens: int | None = None, requests: int | None = None,
                cap: int | None = None) -> Iterator[VLLMEngine | Exception]:
     """For each of `engines` (made, not started: their checks ran; or the exception that refused one), in order:
     an engine of its model and configuration, started, or the exception that stopped it. See the module: engines
     start in groups while nothing is measured; a group closes, all at once, when the engine after its last is asked for
     (and every one still open when the loop ends or breaks). Started together, an engine is a new one of the same model with `together_config`;
-    alone, it is the caller's. `longest_tokens`: the run's longest prompt + new tokens; `requests`: the most any
-    run sends (the KV cache holds no more slots); `cap`: at most this many at once (default `LABLIB_VLLM_TOGETHER`,
-    else the memory and the cores decide)."""
+    alone, it is the caller's. `runs`: per run the engines will make, each request's prompt + new tokens
+    (`bench.offline.request_lengths`: the KV cache holds the longest that can be in flight at once), or only the
+    longest of all (`longest_tokens`) with `requests`, the most any run sends (the KV cache holds no more slots); `cap`: at most this many at once (default
+    `LABLIB_VLLM_TOGETHER`, else the memory and the cores decide)."""
+    if longest_tokens is None:
+        if not runs or not all(runs):
+            raise ValueError("one_by_one: give runs (per run, each request's prompt + new tokens: "
+                             "bench.offline.request_lengths) or longest_tokens")
+        longest_tokens = max(max(run) for run in runs)
+        requests = max(len(run) for run in runs) if requests is None else requests
     engines = list(engines)
     cap = cap if cap is not None else cap_from_env()
     mem = engines_vllm.nvml_used()
     together = [None if mem is None or isinstance(e, Exception) else
-                _together_or_none(e.spec, e.config, longest_tokens, mem[2], requests) for e in engines]
+                _together_or_none(e.spec, e.config, longest_tokens, mem[2], requests, runs) for e in engines]
     refused = [isinstance(e, Exception) for e in engines]  # handed over as they are: they take no memory
     i = 0
     while i < len(engines):

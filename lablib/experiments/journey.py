@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .. import validate
-from ..bench.offline import longest_request, run, run_step
+from ..bench.offline import request_lengths, run, run_step
 from ..config import BenchConfig, HFConfig, VLLMConfig
 from ..engines.hf import HFEngine
 from ..engines.together import one_by_one
@@ -387,10 +387,9 @@ def run_journey(model: str = "auto", workload: str = "journey", requests: int | 
                 made.append(step.make_engine(model))
             except Exception as e:  # noqa: BLE001 - handed over at its turn (a refusal raises there)
                 made.append(e)
-        longest = max((longest_request(own, e.spec, b) for (_, own, b), e in zip(together, made)
-                       if not isinstance(e, Exception)), default=1)  # all refused: each raises its own at its turn
-        most = max(len(own) for _, own, _ in together)
-        with contextlib.closing(one_by_one(made, longest_tokens=longest, requests=most)) as engines:
+        lengths = [request_lengths(own, e.spec, b) for (_, own, b), e in zip(together, made)
+                   if not isinstance(e, Exception)] or [[1]]  # all refused: each raises its own at its turn
+        with contextlib.closing(one_by_one(made, runs=lengths)) as engines:
             for (step, own, step_bench), engine in zip(together, engines):
                 def measure(engine: Any = engine, step: Step = step, own: Any = own, b: BenchConfig = step_bench):
                     if isinstance(engine, Exception):

@@ -10,6 +10,7 @@ from lablib.engines import together
 from lablib.engines.vllm import VLLMEngine
 from lablib.hardware.fit import CONTEXT_OVERHEAD, check_fit
 from lablib.models import resolve_model
+from lablib.models.synthetic import synthetic_spec
 from lablib.workloads import load_workload
 from tests.fake_vllm_support import CORE_BYTES, GiB, cores, wait_gone
 
@@ -71,6 +72,32 @@ def test_a_together_config_is_gated_on_its_own_need_and_the_fit_check_reads_its_
     big = check_fit(spec, VLLMConfig(kv_cache_memory_bytes=200 * GiB, gpu_memory_utilization=0.05), 140 * GiB,
                     100 * GiB)
     assert not big.fits and "only 100.0 GiB is free" in big.advice
+
+
+def test_the_pool_holds_the_longest_requests_in_flight_and_max_model_len_the_runs_longest(tmp_path):
+    spec = resolve_model("embedded")
+    per_token = spec.kv_bytes_per_token(2)
+    lengths = [100] * 60 + [1060] * 4  # 8 slots: the 4 long ones (67 blocks) and 4 short (100 + 2 in 7 blocks)
+    # (another run of two long requests needs less: the busiest run decides)
+    assert together.kv_bytes_for(spec, VLLMConfig(max_num_seqs=8), 1060, runs=[lengths, [1060] * 2]) == \
+        ((4 * 67 + 4 * 7) * 16 + 16) * per_token
+    assert together.kv_bytes_for(spec, VLLMConfig(max_num_seqs=8), 1060) == (8 * 67 * 16 + 16) * per_token
+    # max_model_len left to the model: the run's longest request, in 256-token steps; the caller's own is kept
+    assert together.together_config(spec, VLLMConfig(), 1060, 140 * GiB).max_model_len == 1280
+    assert together.together_config(spec, VLLMConfig(max_model_len=2048), 1060, 140 * GiB).max_model_len == 2048
+    assert together.run_length(spec, VLLMConfig(), 5000) is None  # past the model's 2,048: the model's own
+    eagle = {"method": "eagle", "model": "head", "num_speculative_tokens": 4}
+    assert together.run_length(spec, VLLMConfig(speculative_config=eagle), 1271) == 1536  # 1,271 + 10 past 1,280
+    # the 8B's 131,072-token context no longer asks 16 GiB of KV of every engine for a 1,600-token run
+    big = synthetic_spec("llama-3.1-8b", root=tmp_path, weights=False)
+    cfg = together.together_config(big, VLLMConfig(max_num_seqs=64), 1600, 140 * GiB, requests=64,
+                                   runs=[[400] * 60 + [1600] * 4])
+    assert cfg.max_model_len == 1792 and cfg.kv_cache_memory_bytes == \
+        ((4 * 101 + 60 * 26) * 16 + 16) * big.kv_bytes_per_token(2)
+    # 3.8 GiB of KV, 0.17 of the H200 in all: where its 131,072 tokens would have asked 16 GiB and 0.26
+    assert cfg.kv_cache_memory_bytes < 4 * GiB and cfg.gpu_memory_utilization <= 0.17
+    whole = together.kv_bytes_for(big, VLLMConfig(max_num_seqs=64), 1600, requests=64)
+    assert whole == (131072 + 16) * big.kv_bytes_per_token(2)
 
 
 @pytest.fixture

@@ -199,8 +199,8 @@ def test_on_and_off_on_the_fake_vllm(start, monkeypatch, cores):
     monkeypatch.delenv(together.ENV, raising=False)
     value, results = prefix_runs.on_off_runs(("embedded",))
     assert {(r.engine_facts.get("together") or {}).get("engines", 1) for r in results} == {1 if cores == 2 else 2}
-    if cores == 16:  # each KV cache holds the 32 requests a set sends, not max_num_seqs=256 of them
-        from lablib.bench.offline import longest_request
+    if cores == 16:  # each KV cache holds the 32 longest requests of the sets, not max_num_seqs=256 of the longest
+        from lablib.bench.offline import request_lengths
         from lablib.config import BenchConfig
         from lablib.models import prompt_tokenizer, resolve_model
 
@@ -208,9 +208,13 @@ def test_on_and_off_on_the_fake_vllm(start, monkeypatch, cores):
         tok = prompt_tokenizer(spec)
         sets = [workloads.shared_set(n, tok) for n in workloads.LENGTHS]
         sets.append(workloads.variant("shared-after", "shared-prefix-512", tok))
-        longest = max(longest_request(w, spec, BenchConfig()) for w in sets)
+        runs = [request_lengths(w, spec, BenchConfig()) for w in sets]
+        longest = max(max(run) for run in runs)
+        config = prefix_runs.VLLMConfig(max_num_seqs=256, max_model_len=together.run_length(
+            spec, prefix_runs.VLLMConfig(), longest))
         kv = {r.config["kv_cache_memory_bytes"] for r in results}
-        assert kv == {together.kv_bytes_for(spec, prefix_runs.VLLMConfig(max_num_seqs=256), longest, 32)}
+        assert kv == {together.kv_bytes_for(spec, config, longest, 32, runs)}
+        assert kv.pop() < together.kv_bytes_for(spec, prefix_runs.VLLMConfig(max_num_seqs=256), longest, 32)
     runs = value["runs"]
     names = [f"shared-prefix-{n}" for n in workloads.LENGTHS] + ["shared-prefix-512-shared-after"]
     assert [(r["caching"], r["workload"]) for r in runs] == [("off", n) for n in names] + [("on", n) for n in names]

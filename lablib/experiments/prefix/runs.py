@@ -16,7 +16,7 @@ import contextlib
 from typing import Any
 
 from ... import validate
-from ...bench.offline import longest_request, prepare, run
+from ...bench.offline import prepare, request_lengths, run
 from ...config import BenchConfig, lab_id, VLLMConfig
 from ...engines.together import one_by_one
 from ...engines.vllm import VLLMEngine
@@ -204,11 +204,9 @@ def on_off_runs(models: tuple[Any, ...] = ("embedded", BIG), *, lab: str = LAB, 
             wls = [shared_set(n, eng.tokenizer) for n in LENGTHS] + [variant("shared-after", "shared-prefix-512",
                                                                               eng.tokenizer)]
             made.append(((i, model), caching, eng, wls))
-    longest = max(longest_request(wl, eng.spec, BenchConfig()) for _, _, eng, wls in made for wl in wls)
-    requests = max(len(wl) for _, _, _, wls in made for wl in wls)
+    lengths = [request_lengths(wl, eng.spec, BenchConfig()) for _, _, eng, wls in made for wl in wls]
     by_model: dict[int, dict[Any, list[Result]]] = {}  # per model: True, False, and "again" (caching off, run twice)
-    with contextlib.closing(one_by_one([e for _, _, e, _ in made], longest_tokens=longest,
-                                       requests=requests)) as engines:
+    with contextlib.closing(one_by_one([e for _, _, e, _ in made], runs=lengths)) as engines:
         for ((i, model), caching, _, wls), eng in zip(made, engines):
             if isinstance(eng, Exception):
                 raise eng

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from ... import validate
-from ...bench.offline import longest_request, run
+from ...bench.offline import request_lengths, run
 from ...config import BenchConfig, lab_id, VLLMConfig
 from ...engines.together import one_by_one
 from ...engines.vllm import runner_env, VLLMEngine
@@ -234,7 +234,7 @@ def vllm_spec_runs(methods: Sequence[str] = METHODS, ks: Sequence[int] = (2, 4),
             built.append(VLLMEngine(spec, s.config(max(batches), gpu_memory_utilization)))
         except Exception as e:  # noqa: BLE001 - handed over at its turn, as a failed start is
             built.append(e)
-    engines = one_by_one(built, longest_tokens=longest_request(wl, spec, bench), requests=len(wl))
+    engines = one_by_one(built, runs=[request_lengths(wl, spec, bench)])
     ran = []
     # the defaults baseline too is vLLM's own choice, whatever this shell exported; a pinned run's launch sets
     # VLLM_USE_V2_MODEL_RUNNER=0 for its own worker
