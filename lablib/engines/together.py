@@ -37,7 +37,7 @@ from ..hardware.fit import CONTEXT_OVERHEAD, check_fit
 from ..models import ModelSpec
 from . import vllm as engines_vllm
 from .process import environ
-from .vllm import SETTLE_SLACK, SPARE_ENV, VLLMEngine, preflight
+from .vllm import SETTLE_SLACK, SPARE_ENV, STARTED, VLLMEngine, preflight
 
 ENV = "LABLIB_VLLM_TOGETHER"  # most engines started at once; 1: one after another
 SHARE = 0.85  # of the GPU's free memory that engines started together may take between them
@@ -212,44 +212,53 @@ def one_by_one(engines: Sequence[VLLMEngine | Exception], *, runs: Sequence[Sequ
             for j in group:
                 yield got[j]
         finally:  # after the group's last, or where the loop broke off: nothing started here is left holding the GPU
-            started = [e for e in got.values() if isinstance(e, VLLMEngine)]
-            _close_group([e for e in started if not e.facts.get("closed")])
-            _whole_gpu_verdict(started)
+            _close_group([e for e in got.values() if isinstance(e, VLLMEngine)])
         i += size
 
 
 def _close_group(group: list[VLLMEngine]) -> None:
     """Close a group's engines once its last one is measured, all at once (each worker's exit and its memory's
-    return take 4-6 s on the H200: one after another, lab 08's eight took 42 s); each checks its own processes let
-    go of their memory, and `_whole_gpu_verdict` the GPU where NVML cannot say per process. One engine closes alone,
-    against the whole GPU."""
-    if len(group) <= 1:
-        for e in group:
-            e.close()
+    return take 4-6 s on the H200: one after another, lab 08's eight took 42 s), each checking that its own
+    processes let go of their memory; then, with no other engine of this process up, the whole GPU against the
+    baseline from before the group started (`_whole_gpu_verdict`): what the next group's start reads as free.
+    A close that raises does not stop the others; the first error is raised once all have closed."""
+    group = [e for e in group if not e.facts.get("closed")]
+    if not group:
         return
     t0 = time.perf_counter()
-    with concurrent.futures.ThreadPoolExecutor(len(group)) as pool:
-        for done in [pool.submit(e.close, beside=True) for e in group]:
-            done.result()
-    wall = time.perf_counter() - t0
-    for e in group:
-        e.facts.setdefault("together", {})["group_close_s"] = wall
+    errors: list[BaseException] = []
+    if len(group) == 1:
+        try:
+            group[0].close()
+        except Exception as err:  # noqa: BLE001 - raised below, once the verdict is taken
+            errors.append(err)
+    else:
+        with concurrent.futures.ThreadPoolExecutor(len(group)) as pool:
+            done = [pool.submit(e.close, beside=True) for e in group]
+        errors = [f.exception() for f in done if f.exception() is not None]
+    if len(group) > 1:  # one engine alone checked the whole GPU itself, where nothing else was up
+        _whole_gpu_verdict(group)
+        wall = time.perf_counter() - t0
+        for e in group:
+            e.facts.setdefault("together", {})["group_close_s"] = wall
+    if errors:
+        raise errors[0]
 
 
 def _whole_gpu_verdict(group: list[VLLMEngine]) -> None:
-    """Where NVML could not say per process whether an engine let go of its memory, the whole GPU says it once every
-    engine of the group has closed (back to the baseline from before any of them started): that verdict is each
-    one's."""
-    pending = [e for e in group if e.facts.get("vram_back_to_baseline") is None
-               and e.facts.get("vram_check", "").startswith("not per")]
-    baseline = next((e.baseline for e in pending if e.baseline), None)
-    if not pending or baseline is None:
+    """Once every engine of the group has closed and no other engine of this process is up: the whole GPU back to
+    the baseline from before the group started, or not (`vram_group_back_to_baseline`, on each). Where NVML could
+    not say per process whether an engine let go of its memory, that verdict is the engine's own."""
+    baseline = next((e.baseline for e in group if e.baseline), None)
+    if baseline is None or any(e._proc is not None and e._proc.is_alive() for e in list(STARTED)):
         return
     used = engines_vllm.settled(engines_vllm.nvml_used, lambda u: not u or u[0] <= baseline[0] + SETTLE_SLACK)
-    for e in pending:
-        e.facts.update({"vram_back_to_baseline": bool(used and used[0] <= baseline[0] + SETTLE_SLACK),
-                        "vram_after_close_bytes": used[0] if used else None,
-                        "vram_check": "the whole GPU, once every engine started with it had closed"})
+    back = bool(used and used[0] <= baseline[0] + SETTLE_SLACK)
+    for e in group:
+        e.facts["vram_group_back_to_baseline"] = back
+        if e.facts.get("vram_back_to_baseline") is None and e.facts.get("vram_check", "").startswith("not per"):
+            e.facts.update({"vram_back_to_baseline": back, "vram_after_close_bytes": used[0] if used else None,
+                            "vram_check": "the whole GPU, once every engine started with it had closed"})
 
 
 def _start_group(entries: dict[int, Any]) -> tuple[dict[int, VLLMEngine | Exception], Any]:

@@ -398,15 +398,15 @@ class VLLMEngine:
             used = settled(nvml_used, lambda u: not u or u[0] <= self.baseline[0] + SETTLE_SLACK)
             self.facts["vram_after_close_bytes"] = used[0] if used else None
             self.facts["vram_back_to_baseline"] = bool(used and used[0] <= self.baseline[0] + SETTLE_SLACK)
-        self.facts["close_s"] = time.perf_counter() - t0  # the worker's exit and VRAM's return, what the next start waits on
+        self.facts["close_s"] = time.perf_counter() - t0  # the worker's exit and VRAM's return
 
     def _settle_own(self, pids: set[int], held: int | None) -> None:
         """VRAM back while other engines are alive: none of this engine's processes on NVML's list. Where NVML named
-        none of them before the close (a container showing the host's pids), it cannot tell: None, and the last
-        engine of the group to close checks the whole GPU against the baseline they share."""
+        none of them before the close (a container showing the host's pids), it cannot tell: None, and once the group
+        has closed the whole GPU is checked against the baseline they share (`together._whole_gpu_verdict`)."""
         if not held:
             self.facts["vram_back_to_baseline"] = None
-            self.facts["vram_check"] = "not per process here: the last engine started with it checks the GPU"
+            self.facts["vram_check"] = "not per process here: the whole GPU is checked once the engines started with it have closed"
             return
         left = settled(lambda: nvml_process_bytes(pids), lambda b: not b)
         used = nvml_used()

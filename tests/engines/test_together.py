@@ -140,6 +140,7 @@ def test_engines_start_together_and_are_handed_out_one_at_a_time(fleet):
         assert f["vram_back_to_baseline"] is True and f["vram_held_before_close_bytes"] == CORE_BYTES
         assert f["vram_check"].startswith("its own processes")
     assert len({f["vram_baseline_bytes"] for f in facts}) == 1  # the baseline they share
+    assert all(f["vram_group_back_to_baseline"] is True for f in facts)  # and the whole GPU back to it after all
     # closed at once: the group's close took less than its engines' closes one after another would
     group_close = {f["together"]["group_close_s"] for f in facts}
     assert len(group_close) == 1 and group_close.pop() < sum(f["close_s"] for f in facts)
@@ -199,6 +200,24 @@ def test_breaking_off_closes_every_engine_it_started(fleet):
     assert len(cores(fleet)) == 3
     engines.close()  # what a loop that breaks or raises does (contextlib.closing in the labs)
     assert wait_gone(cores(fleet)) == [] and first.facts["closed"]
+
+
+def test_a_close_that_fails_stops_neither_the_others_nor_the_verdict(fleet, monkeypatch):
+    real = VLLMEngine.close
+
+    def failing(self, force=False, beside=None):
+        real(self, force, beside)
+        if self.config.seed == 0:
+            raise OSError("the worker's pipe broke while closing (fake)")
+
+    monkeypatch.setattr(VLLMEngine, "close", failing)
+    got = []
+    with pytest.raises(OSError, match="pipe broke"):
+        for e in together.one_by_one(_made(_configs(3)), longest_tokens=1100):
+            got.append(e)
+    assert len(got) == 3 and wait_gone(cores(fleet)) == []
+    assert all(e.facts["closed"] and e.facts["together"]["group_close_s"] > 0 for e in got)
+    assert all(e.facts["vram_group_back_to_baseline"] is True for e in got)
 
 
 def test_without_nvmls_process_list_the_groups_last_close_speaks_for_every_engine(fleet, monkeypatch):
