@@ -81,11 +81,6 @@ def request_lengths(workload: Workload, spec: Any, bench: BenchConfig = BenchCon
     return [len(r.prompt_ids) + r.max_new_tokens for r in prepare(workload, shim, bench)]
 
 
-def longest_request(workload: Workload, spec: Any, bench: BenchConfig = BenchConfig()) -> int:
-    """The longest of `request_lengths`."""
-    return max(request_lengths(workload, spec, bench))
-
-
 def roofline_for(records: list[RequestRecord], wall_s: float, facts: dict[str, Any], gpu: str | None,
                  arch: dict[str, Any] | None = None) -> dict:
     """Achieved decode bandwidth and MBU from per-request records (see the module docstring).

@@ -13,8 +13,8 @@ other engines' starts that reading moves under it, so engines started together g
 (`VLLMConfig.kv_cache_memory_bytes`, which skips the profiling): room for the max_num_seqs longest of the run's
 requests, and for one of max_model_len (vLLM's start check), twice over where a drafter's layers share the pool;
 max_model_len, where the caller left it to the model, is the run's longest request (the 8B's 131,072 tokens would
-ask 16 GiB of KV of each engine for one request no run sends). Their
-gpu_memory_utilization then only gates the start (that much must be free), so it is set to the engine's own need.
+ask 16 GiB of KV of each engine for one request no run sends). Their gpu_memory_utilization then only gates the
+start (that much must be free), so it is set to the engine's own need.
 How many start at once: as many as SHARE of the free memory holds (weights, KV and the fit check's overheads), one
 per CORES_PER_START of the host's cores, and at most `LABLIB_VLLM_TOGETHER` (1: one at a time, as before).
 
@@ -37,7 +37,7 @@ from ..hardware.fit import CONTEXT_OVERHEAD, check_fit
 from ..models import ModelSpec
 from . import vllm as engines_vllm
 from .process import environ
-from .vllm import SETTLE_SLACK, SPARE_ENV, STARTED, VLLMEngine, preflight
+from .vllm import SETTLE_SLACK, SPARE_ENV, VLLMEngine, preflight
 
 ENV = "LABLIB_VLLM_TOGETHER"  # most engines started at once; 1: one after another
 SHARE = 0.85  # of the GPU's free memory that engines started together may take between them
@@ -67,14 +67,13 @@ def kv_bytes_for(spec: ModelSpec, config: VLLMConfig, longest_tokens: int, reque
     """The KV cache (bytes) an engine of `config` needs for the run: max_num_seqs requests (no more than the run's
     `requests`, where given) of `longest_tokens` (in whole blocks, with the tokens a speculative step drafts past
     the end), or where each run's requests' prompt + new tokens are given (`runs`), the max_num_seqs longest of
-    one run, the most that can be in flight at once; at least one of max_model_len, plus vLLM's null block; doubled with a
-    drafter (a draft model's or an EAGLE head's KV per token is at most the target's)."""
+    one run, the most that can be in flight at once; at least one of max_model_len, plus vLLM's null block; doubled
+    with a drafter (a draft model's or an EAGLE head's KV per token is at most the target's)."""
     per_token = spec.kv_bytes_per_token(1 if config.kv_cache_dtype.startswith("fp8") else 2)
     spec_cfg = config.speculative_config or {}
-    k = int(spec_cfg.get("num_speculative_tokens", 0))
 
-    def blocks(n: int) -> int:  # a request's tokens in whole blocks, with a step's drafts and, async, the next's
-        return math.ceil((n + 2 * k + 2) / BLOCK) * BLOCK
+    def blocks(n: int) -> int:  # a request's tokens in whole blocks
+        return math.ceil((n + _past_end(config)) / BLOCK) * BLOCK
 
     max_len = config.max_model_len or spec.architecture()["context"] or 2048
     slots = config.max_num_seqs if requests is None else min(config.max_num_seqs, requests)
@@ -85,6 +84,12 @@ def kv_bytes_for(spec: ModelSpec, config: VLLMConfig, longest_tokens: int, reque
     return int(tokens * per_token * (2 if drafter_layers else 1))
 
 
+def _past_end(config: VLLMConfig) -> int:
+    """Tokens a request may hold past its prompt + new tokens: a speculative step's k drafts and, under async
+    scheduling, the next step's, and the token sampled with each."""
+    return 2 * int((config.speculative_config or {}).get("num_speculative_tokens", 0)) + 2
+
+
 def run_length(spec: ModelSpec, config: VLLMConfig, longest_tokens: int) -> int | None:
     """max_model_len for an engine started together whose caller left it to the model (None: kept): the run's
     longest request with a speculative step's drafts, in whole LENGTH_STEP tokens, at most the model's context.
@@ -92,8 +97,7 @@ def run_length(spec: ModelSpec, config: VLLMConfig, longest_tokens: int) -> int 
     16 GiB an engine, for a run whose requests are 1-2 thousand tokens long."""
     if config.max_model_len is not None:
         return None
-    k = int((config.speculative_config or {}).get("num_speculative_tokens", 0))
-    need = math.ceil((longest_tokens + 2 * k + 2) / LENGTH_STEP) * LENGTH_STEP
+    need = math.ceil((longest_tokens + _past_end(config)) / LENGTH_STEP) * LENGTH_STEP
     context = spec.architecture()["context"]
     return need if not context or need < context else None
 
@@ -169,18 +173,18 @@ def one_by_one(engines: Sequence[VLLMEngine | Exception], *, runs: Sequence[Sequ
                cap: int | None = None) -> Iterator[VLLMEngine | Exception]:
     """For each of `engines` (made, not started: their checks ran; or the exception that refused one), in order:
     an engine of its model and configuration, started, or the exception that stopped it. See the module: engines
-    start in groups while nothing is measured; a group closes, all at once, when the engine after its last is asked for
-    (and every one still open when the loop ends or breaks). Started together, an engine is a new one of the same model with `together_config`;
-    alone, it is the caller's. `runs`: per run the engines will make, each request's prompt + new tokens
-    (`bench.offline.request_lengths`: the KV cache holds the longest that can be in flight at once), or only the
-    longest of all (`longest_tokens`) with `requests`, the most any run sends (the KV cache holds no more slots); `cap`: at most this many at once (default
-    `LABLIB_VLLM_TOGETHER`, else the memory and the cores decide)."""
+    start in groups while nothing is measured; a group closes, all at once, when the engine after its last is asked
+    for (and every one still open when the loop ends or breaks). Started together, an engine is a new one of the same
+    model with `together_config`; alone, it is the caller's. `runs`: per run the engines will make, each request's
+    prompt + new tokens (`bench.offline.request_lengths`: the KV cache holds the longest that can be in flight at
+    once), or only the longest of all (`longest_tokens`) with `requests`, the most any run sends (the KV cache holds
+    no more slots); `cap`: at most this many at once (default `LABLIB_VLLM_TOGETHER`, else the memory and the cores
+    decide)."""
     if longest_tokens is None:
         if not runs or not all(runs):
             raise ValueError("one_by_one: give runs (per run, each request's prompt + new tokens: "
                              "bench.offline.request_lengths) or longest_tokens")
         longest_tokens = max(max(run) for run in runs)
-        requests = max(len(run) for run in runs) if requests is None else requests
     engines = list(engines)
     cap = cap if cap is not None else cap_from_env()
     mem = engines_vllm.nvml_used()
@@ -250,7 +254,7 @@ def _whole_gpu_verdict(group: list[VLLMEngine]) -> None:
     the baseline from before the group started, or not (`vram_group_back_to_baseline`, on each). Where NVML could
     not say per process whether an engine let go of its memory, that verdict is the engine's own."""
     baseline = next((e.baseline for e in group if e.baseline), None)
-    if baseline is None or any(e._proc is not None and e._proc.is_alive() for e in list(STARTED)):
+    if baseline is None or group[0].others():  # another engine of this process still holds its memory
         return
     used = engines_vllm.settled(engines_vllm.nvml_used, lambda u: not u or u[0] <= baseline[0] + SETTLE_SLACK)
     back = bool(used and used[0] <= baseline[0] + SETTLE_SLACK)

@@ -406,7 +406,8 @@ class VLLMEngine:
         has closed the whole GPU is checked against the baseline they share (`together._whole_gpu_verdict`)."""
         if not held:
             self.facts["vram_back_to_baseline"] = None
-            self.facts["vram_check"] = "not per process here: the whole GPU is checked once the engines started with it have closed"
+            self.facts["vram_check"] = ("not per process here: the whole GPU is checked once the engines started with "
+                                        "it have closed")
             return
         left = settled(lambda: nvml_process_bytes(pids), lambda b: not b)
         used = nvml_used()

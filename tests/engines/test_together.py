@@ -220,7 +220,7 @@ def test_a_close_that_fails_stops_neither_the_others_nor_the_verdict(fleet, monk
     assert all(e.facts["vram_group_back_to_baseline"] is True for e in got)
 
 
-def test_without_nvmls_process_list_the_groups_last_close_speaks_for_every_engine(fleet, monkeypatch):
+def test_without_nvmls_process_list_the_whole_gpu_after_the_group_speaks_for_every_engine(fleet, monkeypatch):
     import pynvml
 
     def unsupported(handle):
