@@ -64,7 +64,8 @@ class Step:
     workload: str = ""  # the rung's own workload ("": the journey's)
     baseline: str = ""  # the rung this one is measured against, on the same workload ("": the road before it)
     models: tuple[str, ...] = ()  # the only models it runs on (): any; e.g. the EAGLE head fits the embedded target
-    real_size_limit: int = 0  # on a real-size model, only the first N requests (0: all); naive generate's
+    real_size_limit: int = 0  # on a real-size model, only the first N requests (0: all): the batch-1 rungs' (naive
+    # generate's, and vLLM's one request at a time beside it, so both read the same requests)
     # its engine is one of vLLM's offline engines (VLLMEngine): those rungs run after the others, their engines
     # started together and measured one by one (lablib.engines.together)
     together: bool = False
@@ -92,7 +93,9 @@ LABS = ("01", "02", "03", "04", "05", "06", "07", "08", "09", "10")
 CPU_BATCHES = (1, 4, 16)  # the embedded model's HF rungs: batch sizes a CPU climbs in minutes
 REAL_SIZE_BATCHES = (1, 64)  # a real-size model's: naive, then the journey's 64 requests in one batch (HF's best)
 NAIVE_REAL_SIZE = 8  # naive generate at real size runs the first 8 requests: all 64, one weight read per token each,
-# would take most of the ladder's minutes (the H200 read 16 GB per token of the 8B: about 35 tok/s)
+# would take most of the ladder's minutes (the H200 read 16 GB per token of the 8B: about 35 tok/s). vLLM's batch-1
+# rungs run the same 8: a latency rung (all 64 one at a time: 7,682 tokens at ~200 tok/s, 40 s of the ladder) and
+# its factor over naive generate is then over the same requests
 # A recorded rung's own baseline, where it is not its step's baseline's recording (other model, other batch).
 RECORDED_BASELINE = {HF_COMPILE_RECORDED[0]: HF_RECORDED[0], PREFIX_RECORDED[True]: PREFIX_RECORDED[False], SPEC_RECORDED[1][1]: SPEC_RECORDED[1][0],
                      SPEC_RECORDED[64][1]: SPEC_RECORDED[64][0]}
@@ -184,7 +187,7 @@ def ladder(batch_sizes: list[int]) -> list[Step]:
     def real_size_eagle() -> Step:
         return Step(f"vllm-eagle-synthetic-k{EAGLE_REAL_K}-b1", lambda m: VLLMEngine(m, VLLMConfig(
             max_num_seqs=1, speculative_config=real_size_eagle_config(m))), needs=gpu, together=True, lab="08",
-            baseline="vllm-b1",
+            baseline="vllm-b1", real_size_limit=NAIVE_REAL_SIZE,  # its baseline's requests
             models=SYNTHETIC_LLAMAS, record_step=EAGLE_RATES_STEP,
             why=f"at real size an EAGLE head of the target's shape (random weights) proposes {EAGLE_REAL_K} tokens a "
                 "step, one request at a time; synthetic acceptance: the speed is real, the acceptance rate is set to "
@@ -203,7 +206,7 @@ def ladder(batch_sizes: list[int]) -> list[Step]:
         prefix(False), prefix(True),
         *speculative_hf_steps(),
         Step("vllm-b1", lambda m: VLLMEngine(m, VLLMConfig(max_num_seqs=1)), needs=gpu, together=True, lab="08",
-             recorded=SPEC_RECORDED[1][:1], record_step="speculative",
+             recorded=SPEC_RECORDED[1][:1], record_step="speculative", real_size_limit=NAIVE_REAL_SIZE,
              why="vLLM one request at a time (live: max_num_seqs=1 at vLLM's defaults; its recording is lab 08's "
                  "baseline, V1 runner and async off, waves of one request): the baseline of the next rung"),
         eagle(1), eagle(None), real_size_eagle()]
@@ -302,6 +305,34 @@ def real_size_hf_batch(model: Any, workload: str = "journey", memory_bytes: int 
     return 4
 
 
+def rungs(model: Any, workload: str = "journey", requests: int | None = None, batch_sizes: list[int] = (1, 4, 16),
+          bench: BenchConfig = BenchConfig(), through: str | None = None, log: Callable[[str], None] = lambda _: None
+          ) -> tuple[list[tuple[Step, Any, BenchConfig]], list[dict[str, str]]]:
+    """The rungs `run_journey` runs on `model`, in the ladder's order, each with the requests it is given and its
+    BenchConfig (a stated `subset` at real size: `Step.real_size_limit`), and the rungs it skips with the reason
+    (`log`ged where this machine cannot run one)."""
+    wl = load_workload(workload, limit=requests)
+    todo, skipped = [], []
+    for step in ladder(list(batch_sizes)):
+        if through is not None and step.lab > through:
+            skipped.append({"step": step.name, "why": f"lab {step.lab}'s rung (this run goes through lab {through})"})
+            continue
+        ok, why = available(step, model)
+        if not ok:
+            skipped.append({"step": step.name, "why": why})
+            log(f"skip {step.name}: {why}")
+            continue
+        own = load_workload(step.workload, limit=requests) if step.workload else wl
+        step_bench = bench
+        if step.real_size_limit and is_real_size(model) and len(own) > step.real_size_limit:
+            subset = (f"the first {step.real_size_limit} of {len(own)} requests (real size: one request at a time, "
+                      "naive generate's requests)")
+            own, step_bench = own.head(step.real_size_limit), dataclasses.replace(
+                bench, tags={**bench.tags, "subset": subset})
+        todo.append((step, own, step_bench))
+    return todo, skipped
+
+
 def run_journey(model: str = "auto", workload: str = "journey", requests: int | None = None,
                 batch_sizes: list[int] | None = None, store: ResultStore | None = None,
                 bench: BenchConfig = BenchConfig(), lab: str = "journey",
@@ -309,9 +340,9 @@ def run_journey(model: str = "auto", workload: str = "journey", requests: int | 
                 cpu: CpuMeter | None = None) -> tuple[list[Result], list[dict[str, str]]]:
     """Run every available step on the workload; return the Results and the skipped steps.
 
-    `model="auto"`: `default_model()`; `batch_sizes=None`: `default_batch_sizes(model)`. At real size naive generate
-    runs the first NAIVE_REAL_SIZE requests only (its Result's config says so: `subset`); every other rung all of
-    them.
+    `model="auto"`: `default_model()`; `batch_sizes=None`: `default_batch_sizes(model)`. At real size the batch-1 rungs
+    (naive generate, its speculative side roads, vLLM one request at a time and its EAGLE rung) run the first
+    NAIVE_REAL_SIZE requests only (each Result's config says so: `subset`); every other rung all of them.
 
     `through` ("01".."10", None: all) keeps the rungs of the labs up to that one: lab 01 runs its own. A rung
     with its own workload (`Step.workload`) runs that, limited to `requests` too.
@@ -335,25 +366,9 @@ def run_journey(model: str = "auto", workload: str = "journey", requests: int | 
         validate.integer("run_journey", "cpu_threads", cpu_threads, "1 on a shared CPU, or None to leave torch's own.")
     if through is not None:
         validate.choice("run_journey", "through", through, LABS, "the last lab whose rungs run, e.g. '01', or None.")
-    wl = load_workload(workload, limit=requests)
-    results, skipped, todo = [], [], []
+    results: list[Result] = []
+    todo, skipped = rungs(model, workload, requests, batch_sizes, bench, through, log)
     steps = ladder(list(batch_sizes))
-    for step in steps:
-        if through is not None and step.lab > through:
-            skipped.append({"step": step.name, "why": f"lab {step.lab}'s rung (this run goes through lab {through})"})
-            continue
-        ok, why = available(step, model)
-        if not ok:
-            skipped.append({"step": step.name, "why": why})
-            log(f"skip {step.name}: {why}")
-            continue
-        own = load_workload(step.workload, limit=requests) if step.workload else wl
-        step_bench = bench
-        if step.real_size_limit and is_real_size(model) and len(own) > step.real_size_limit:
-            subset = f"the first {step.real_size_limit} of {len(own)} requests (real size: naive generate is slow)"
-            own, step_bench = own.head(step.real_size_limit), dataclasses.replace(
-                bench, tags={**bench.tags, "subset": subset})
-        todo.append((step, own, step_bench))
 
     def measured(step: Step, own: Any, step_bench: BenchConfig, measure: Callable[[], Result]) -> None:
         log(f"run  {step.name}: {step.why}")

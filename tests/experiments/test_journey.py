@@ -256,3 +256,26 @@ def test_a_vllm_rungs_engine_start_is_said_and_an_hf_rung_has_none():
         "engines": 3, "group_start_s": 151.0}}))
     assert start_text(grouped) == "its engine started with 2 other(s): 151 s for the group"
     assert engine_start(dataclasses.replace(r, engine_facts={})) is None  # HF's engines report no start
+
+
+def test_at_real_size_every_batch_1_rung_reads_naive_generates_requests(monkeypatch):
+    """On a GPU at real size (every rung available here by patch): naive generate, its n-gram side road, vLLM one
+    request at a time and its EAGLE rung run the same first NAIVE_REAL_SIZE requests, each saying so; the batched
+    rungs run all 64, the prefix rungs their own set whole."""
+    monkeypatch.setattr(jx, "available", lambda step, model=None: (True, ""))
+    todo, skipped = jx.rungs("synthetic:llama-3.1-8b", batch_sizes=[1, 64])
+    assert skipped == []
+    by = {step.name: (own, b) for step, own, b in todo}
+    batch_1 = ["hf-naive", f"hf-naive-ngram-k{jx.SPEC_K}", "vllm-b1", f"vllm-eagle-synthetic-k{jx.EAGLE_REAL_K}-b1"]
+    first = [r.id for r in by["hf-naive"][0].requests]
+    assert len(first) == jx.NAIVE_REAL_SIZE
+    for name in batch_1:
+        own, bench = by[name]
+        assert [r.id for r in own.requests] == first, name
+        assert bench.tags["subset"].startswith(f"the first {jx.NAIVE_REAL_SIZE} of 64 requests"), name
+    for name in ("hf-static-b64", "hf-static-b64-sdpa", "hf-static-b64-compile", "vllm", "vllm-fp8", "vllm-server"):
+        own, bench = by[name]
+        assert len(own.requests) == 64 and "subset" not in bench.tags, name
+    assert len(by["vllm-prefix-on"][0].requests) == len(by["vllm-prefix-off"][0].requests) > jx.NAIVE_REAL_SIZE
+    on_embedded, _ = jx.rungs("embedded", batch_sizes=[1, 4])  # the embedded model: every rung all of its requests
+    assert all("subset" not in b.tags for _, _, b in on_embedded)
