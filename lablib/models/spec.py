@@ -146,6 +146,7 @@ def load_hf_model(spec: ModelSpec, device: str = "cpu", dtype: str = "auto", att
     import torch  # deferred: torch
     from transformers import AutoModelForCausalLM  # deferred: transformers
 
+    from transformers.utils import is_accelerate_available  # deferred: transformers
     from transformers.utils import logging as hf_logging  # deferred: transformers
 
     if dtype == "auto":  # a GPU without bf16 arithmetic (compute capability below 8.0: a T4) takes float16
@@ -155,6 +156,8 @@ def load_hf_model(spec: ModelSpec, device: str = "cpu", dtype: str = "auto", att
     hf_logging.disable_progress_bar()  # a "Loading weights" bar per load: five in one lab cell said nothing
     try:
         extra = {"attn_implementation": attn_implementation} if attn_implementation else {}
+        if device != "cpu" and is_accelerate_available():  # each tensor read straight onto the GPU (transformers'
+            extra["device_map"] = device  # device_map, which needs accelerate), not all of them to host memory first
         model = AutoModelForCausalLM.from_pretrained(spec.path, dtype=getattr(torch, dtype), **extra)
     finally:
         if shown:

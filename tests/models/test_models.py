@@ -237,3 +237,29 @@ def test_loading_a_model_draws_no_weight_loading_bar_and_leaves_the_setting_as_i
     load_hf_model(resolve_model("embedded"))
     assert "Loading weights" not in capfd.readouterr().err
     assert hf_logging.is_progress_bar_enabled()  # other code's bars are untouched
+
+
+def test_a_gpu_load_reads_the_weights_straight_onto_the_device(monkeypatch):
+    """On a GPU the weights go straight to it (transformers' device_map, with accelerate) rather than all of them to
+    host memory first (an 8B's 16 GB); on the CPU no device_map. The GPU call is captured here, not made."""
+    seen = []
+
+    class Loaded:
+        def to(self, device):
+            seen.append(("to", device))
+            return self
+
+        def eval(self):
+            return self
+
+    def from_pretrained(path, **kwargs):
+        seen.append(kwargs)
+        return Loaded()
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", from_pretrained)
+    spec = resolve_model("embedded")
+    load_hf_model(spec, "cuda", "bfloat16", "sdpa")
+    assert seen[0] == {"dtype": torch.bfloat16, "attn_implementation": "sdpa", "device_map": "cuda"}
+    seen.clear()
+    load_hf_model(spec, "cpu", "float32")
+    assert seen[0] == {"dtype": torch.float32}
