@@ -27,12 +27,16 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ..config import ServerConfig
+from ..config import ServerConfig, VLLMConfig
+from ..hardware.device import nvml_process_bytes
 from ..models import embedded_path, ModelSpec, prompt_tokenizer, resolve_model
-from .process import die_with_parent, end_group
+from .process import children, die_with_parent, end_group
+from . import vllm as engines_vllm
+from .vllm import STARTED, others_than, released
 
 HOST = "127.0.0.1"  # loopback only: the lab's server is never reachable from the network
 
@@ -115,11 +119,19 @@ class VLLMServer:
             return False
 
     def start(self) -> VLLMServer:
+        """Start the server and wait until `GET /health` answers."""
+        return self.launch().wait_ready()
+
+    def launch(self) -> VLLMServer:
+        """Start the server's process (a second); `wait_ready` waits for it to answer. Apart so that it can start
+        beside vLLM's offline engines (`lablib.engines.together`)."""
+        if self.proc is not None:
+            return self
         if port_in_use(self.port):
             raise RuntimeError(f"port {self.port} on {HOST} is already in use (another server, or one left over "
                                "from an earlier run). Fix: ServerConfig(port=0) for a free port, or stop the other one.")
         log = open(self.log_path, "ab")
-        t0 = time.perf_counter()
+        self._t0 = time.perf_counter()
         try:
             self.proc = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                          start_new_session=True, env={**os.environ, **(self.env or {})},
@@ -127,6 +139,16 @@ class VLLMServer:
         finally:
             log.close()  # the child holds its own descriptor
         atexit.register(self.stop)
+        return self
+
+    def wait_ready(self) -> VLLMServer:
+        """Wait until the launched server answers `GET /health` (stopped, with its log's tail, if it dies first or
+        takes longer than `startup_timeout_s`)."""
+        if self.startup_s is not None:
+            return self
+        if self.proc is None:
+            self.launch()
+        t0 = self._t0
         while True:
             code = self.proc.poll()
             if code is not None:
@@ -191,19 +213,73 @@ class ServerEngine:
         context = self.config.max_model_len or self.spec.architecture()["context"]
         self.facts: dict[str, Any] = {"context": context, "ignore_eos": True, "base_url": self.base_url,
                                       "owns_server": self.server is not None, "started": False}
+        self.baseline: Any = None  # the GPU's memory (nvml_used) before the owned server started
+        self._descendants: list = []  # vLLM's engine core and workers under the server, as seen when it was ready
+        self.start_timeout_s = self.server.startup_timeout_s if self.server is not None else 0.0
 
     def start(self) -> "ServerEngine":
         """Start the owned server (until `GET /health` answers); a no-op when attached or already started."""
+        return self.launch().wait_ready()
+
+    def launch(self) -> "ServerEngine":
+        """Start the owned server's process without waiting for it (`wait_ready` does): so that it can start beside
+        vLLM's offline engines (`lablib.engines.together`). A no-op when attached or already launched."""
         if self.server is not None and self.server.proc is None and not self.facts["started"]:
-            self.server.start()
+            self.baseline = engines_vllm.nvml_used()  # (the module's name: tests replace it with a fake GPU's)
+            self.server.launch()
+            STARTED.add(self)
+        return self
+
+    def wait_ready(self) -> "ServerEngine":
+        """Wait until the launched server answers; its start-up time and processes into `facts`."""
+        if self.server is not None and not self.facts["started"]:
+            self.launch()
+            try:
+                self.server.wait_ready()
+            except BaseException:
+                STARTED.discard(self)
+                raise
+            self._descendants = children(self.server.proc.pid)
             self.base_url = self.server.base_url
-            self.facts.update(base_url=self.base_url, startup_s=self.server.startup_s)
+            self.facts.update(base_url=self.base_url, startup_s=self.server.startup_s,
+                              startup_wall_s=self.server.startup_s,
+                              vram_baseline_bytes=self.baseline[0] if self.baseline else None)
         self.facts["started"] = True
         return self
 
+    def vllm_config(self) -> VLLMConfig:
+        """The server's settings as `lablib.engines.together` sizes them (an offline engine's, with what the server
+        leaves to vLLM at VLLMConfig's defaults)."""
+        c, args = self.config, list(self.config.extra_args)
+
+        def flag(name: str) -> str | None:
+            return args[args.index(name) + 1] if name in args[:-1] else None
+
+        return VLLMConfig(max_num_seqs=c.max_num_seqs or VLLMConfig().max_num_seqs, max_model_len=c.max_model_len,
+                          enable_prefix_caching=bool(c.enable_prefix_caching),
+                          gpu_memory_utilization=c.gpu_memory_utilization or VLLMConfig().gpu_memory_utilization,
+                          quantization=flag("--quantization"), kv_cache_dtype=flag("--kv-cache-dtype") or "auto",
+                          kv_cache_memory_bytes=int(kv) if (kv := flag("--kv-cache-memory-bytes")) else None)
+
+    def resized(self, config: VLLMConfig) -> "ServerEngine":
+        """A new server engine of this model with `config`'s length, memory gate and exact KV cache (`together`
+        starts it beside offline engines), not started."""
+        extra = list(self.config.extra_args)
+        if config.kv_cache_memory_bytes:
+            extra += ["--kv-cache-memory-bytes", str(config.kv_cache_memory_bytes)]
+        sized = replace(self.config, port=0, max_model_len=config.max_model_len,
+                        gpu_memory_utilization=config.gpu_memory_utilization, extra_args=tuple(extra))
+        return ServerEngine(self.spec, sized, timeout_s=self.timeout_s)
+
+    def alive(self) -> bool:
+        return self.server is not None and self.server.proc is not None and self.server.proc.poll() is None
+
+    def others(self) -> list[Any]:
+        """The other engines of this process still up (engines started with it, idle while it runs)."""
+        return others_than(self)
+
     def worker_pids(self) -> list[int]:
-        proc = self.server.proc if self.server is not None else None
-        return [proc.pid] if proc is not None and proc.poll() is None else []
+        return [self.server.proc.pid] if self.alive() else []
 
     def generate(self, requests: list[Any], on_record: Any = None, progress: bool = True) -> list[Any]:
         """Every request at once; a failed request raises (an offline-style run has no partial Result)."""
@@ -222,6 +298,22 @@ class ServerEngine:
                 on_record(rec)
         return records
 
-    def close(self) -> None:
-        if self.server is not None:
-            self.server.stop()
+    def close(self, force: bool = False, beside: bool | None = None) -> None:
+        """End the owned server's whole process group; then, as an offline engine does (`vllm.released`), whether
+        its GPU memory came back: the whole GPU to its baseline, or where other engines are up (`beside`; None:
+        whether any is alive now) its own processes. An attached server is left running."""
+        if self.server is None or self.server.proc is None or self.facts.get("closed"):
+            if self.server is not None:
+                self.server.stop()
+            return
+        t0 = time.perf_counter()
+        others = bool(self.others()) if beside is None else beside
+        pid = self.server.proc.pid
+        pids = {pid, *(p.pid for p in self._descendants), *(p.pid for p in children(pid))}
+        held = nvml_process_bytes(pids) if others else None
+        self.server.stop()
+        STARTED.discard(self)
+        self.facts["closed"] = True
+        if self.facts.get("started"):  # a start that failed measured no baseline worth a verdict
+            released(self.facts, self.baseline, others, pids, held)
+        self.facts["close_s"] = time.perf_counter() - t0

@@ -6,7 +6,8 @@ profiling and capturing CUDA graphs (lab 08's grid of 8 engines: 95 s each, 12.5
 group of engines at once, so the host's cores import and compile side by side, and then hands them to the caller in
 turn. Each is measured while the others sit idle (an idle engine waits on its queue: no kernel runs, no core spins).
 Once the last is measured the group closes, all at once. Nothing starts or closes while something is measured: the
-next group starts only once this one has closed.
+next group starts only once this one has closed. vLLM's OpenAI server (`ServerEngine`) starts in a group as an offline
+engine does (its KV cache given with --kv-cache-memory-bytes).
 
 Memory. vLLM sizes its KV cache by profiling: the GPU's free memory, less what its own forward pass took. Beside
 other engines' starts that reading moves under it, so engines started together get their KV cache exactly
@@ -37,7 +38,7 @@ from ..hardware.fit import CONTEXT_OVERHEAD, check_fit
 from ..models import ModelSpec
 from . import vllm as engines_vllm
 from .process import environ
-from .vllm import SETTLE_SLACK, SPARE_ENV, VLLMEngine, preflight
+from .vllm import SETTLE_SLACK, SPARE_ENV, preflight
 
 ENV = "LABLIB_VLLM_TOGETHER"  # most engines started at once; 1: one after another
 SHARE = 0.85  # of the GPU's free memory that engines started together may take between them
@@ -45,6 +46,10 @@ CORES_PER_START = 2  # host cores one engine's start keeps busy (its worker's im
 BLOCK = 16  # vLLM's KV block, in tokens
 LENGTH_STEP = 256  # a together-started engine's max_model_len, in whole steps of this many tokens
 MARGIN = 2 * 2**30  # per engine, beyond the fit check's overheads: vLLM's profile run, the allocator's cache
+# An engine this module starts: vLLM's offline engine (lablib.engines.vllm.VLLMEngine) or its OpenAI server
+# (lablib.engines.server.ServerEngine), which both answer vllm_config(), resized(config), launch(), wait_ready(),
+# others() and close(force, beside), and keep facts and a baseline
+Engine = Any
 
 
 def cap_from_env() -> int | None:
@@ -151,15 +156,15 @@ def at_once(footprints: Sequence[int], free_bytes: int, cpus: int, cap: int | No
     return max(1, n)
 
 
-def _alone(engine: VLLMEngine, fallback: VLLMConfig | None = None) -> VLLMEngine | Exception:
+def _alone(engine: Engine, fallback: VLLMConfig | None = None) -> Engine | Exception:
     """One engine started by itself: `engine` as its caller made it, or one of `fallback` where the memory other
     engines still hold refuses its own configuration (`preflight`'s fit check)."""
     if fallback is not None:
         try:
-            preflight(engine.spec, engine.config)
+            preflight(engine.spec, engine.vllm_config())
         except ValueError:
             try:
-                engine = VLLMEngine(engine.spec, fallback)
+                engine = engine.resized(fallback)
             except ValueError as e:
                 return e
     try:
@@ -168,9 +173,9 @@ def _alone(engine: VLLMEngine, fallback: VLLMConfig | None = None) -> VLLMEngine
         return e
 
 
-def one_by_one(engines: Sequence[VLLMEngine | Exception], *, runs: Sequence[Sequence[int]] | None = None,
+def one_by_one(engines: Sequence[Engine | Exception], *, runs: Sequence[Sequence[int]] | None = None,
                longest_tokens: int | None = None, requests: int | None = None,
-               cap: int | None = None) -> Iterator[VLLMEngine | Exception]:
+               cap: int | None = None) -> Iterator[Engine | Exception]:
     """For each of `engines` (made, not started: their checks ran; or the exception that refused one), in order:
     an engine of its model and configuration, started, or the exception that stopped it. See the module: engines
     start in groups while nothing is measured; a group closes, all at once, when the engine after its last is asked
@@ -189,7 +194,7 @@ def one_by_one(engines: Sequence[VLLMEngine | Exception], *, runs: Sequence[Sequ
     cap = cap if cap is not None else cap_from_env()
     mem = engines_vllm.nvml_used()
     together = [None if mem is None or isinstance(e, Exception) else
-                _together_or_none(e.spec, e.config, longest_tokens, mem[2], requests, runs) for e in engines]
+                _together_or_none(e.spec, e.vllm_config(), longest_tokens, mem[2], requests, runs) for e in engines]
     refused = [isinstance(e, Exception) for e in engines]  # handed over as they are: they take no memory
     i = 0
     while i < len(engines):
@@ -198,7 +203,7 @@ def one_by_one(engines: Sequence[VLLMEngine | Exception], *, runs: Sequence[Sequ
             [0 if no else mem[2] + 1 if c is None else footprint(c, mem[2])
              for c, no in zip(together[i:], refused[i:])], mem[1], os.cpu_count() or 1, cap)
         group = list(range(i, i + size))
-        got: dict[int, VLLMEngine | Exception] = {}
+        got: dict[int, Engine | Exception] = {}
         try:
             if size == 1:
                 got[i] = engines[i] if isinstance(engines[i], Exception) else _alone(engines[i])
@@ -209,18 +214,18 @@ def one_by_one(engines: Sequence[VLLMEngine | Exception], *, runs: Sequence[Sequ
                     if isinstance(got[j], Exception) and not refused[j]:  # again by itself: a port taken, memory
                         error = got[j]  # moved under it
                         got[j] = _alone(engines[j], fallback=together[j])
-                        if isinstance(got[j], VLLMEngine):
+                        if not isinstance(got[j], Exception):
                             got[j].baseline = baseline  # the GPU before any of the group started
                             got[j].facts["vram_baseline_bytes"] = baseline[0] if baseline else None
                             got[j].facts.setdefault("together", {})["alone_after"] = f"{type(error).__name__}: {error}"
             for j in group:
                 yield got[j]
         finally:  # after the group's last, or where the loop broke off: nothing started here is left holding the GPU
-            _close_group([e for e in got.values() if isinstance(e, VLLMEngine)])
+            _close_group([e for e in got.values() if not isinstance(e, Exception)])
         i += size
 
 
-def _close_group(group: list[VLLMEngine]) -> None:
+def _close_group(group: list[Engine]) -> None:
     """Close a group's engines once its last one is measured, all at once (each worker's exit and its memory's
     return take 4-6 s on the H200: one after another, lab 08's eight took 42 s), each checking that its own
     processes let go of their memory; then, with no other engine of this process up, the whole GPU against the
@@ -249,7 +254,7 @@ def _close_group(group: list[VLLMEngine]) -> None:
         raise errors[0]
 
 
-def _whole_gpu_verdict(group: list[VLLMEngine]) -> None:
+def _whole_gpu_verdict(group: list[Engine]) -> None:
     """Once every engine of the group has closed and no other engine of this process is up: the whole GPU back to
     the baseline from before the group started, or not (`vram_group_back_to_baseline`, on each). Where NVML could
     not say per process whether an engine let go of its memory, that verdict is the engine's own."""
@@ -265,13 +270,13 @@ def _whole_gpu_verdict(group: list[VLLMEngine]) -> None:
                             "vram_check": "the whole GPU, once every engine started with it had closed"})
 
 
-def _start_group(entries: dict[int, Any]) -> tuple[dict[int, VLLMEngine | Exception], Any]:
+def _start_group(entries: dict[int, Any]) -> tuple[dict[int, Engine | Exception], Any]:
     """Launch every engine (each spawn in turn: a worker inherits the environment of its own launch), then wait for
     each to be ready; the GPU's memory before the first launch is every one's baseline. `entries`: (the caller's
     engine, its together config), or the exception that refused it (handed back as it is). Interrupted (Kernel →
     Interrupt), every engine launched so far is closed before it propagates."""
     baseline = engines_vllm.nvml_used()
-    got: dict[int, VLLMEngine | Exception] = {}
+    got: dict[int, Engine | Exception] = {}
     launched = 0  # engines whose starts ran side by side (one that then failed included)
     t0 = time.perf_counter()
     try:
@@ -282,12 +287,12 @@ def _start_group(entries: dict[int, Any]) -> tuple[dict[int, VLLMEngine | Except
                     continue
                 caller, config = entry
                 try:
-                    got[j] = VLLMEngine(caller.spec, config, start_timeout_s=caller.start_timeout_s).launch()
+                    got[j] = caller.resized(config).launch()
                     launched += 1
                 except Exception as e:  # noqa: BLE001 - refused or failed: it gets its turn alone
                     got[j] = e
         for j, e in list(got.items()):
-            if isinstance(e, VLLMEngine):
+            if not isinstance(e, Exception):
                 e.baseline = baseline
                 try:
                     e.wait_ready()
@@ -296,12 +301,12 @@ def _start_group(entries: dict[int, Any]) -> tuple[dict[int, VLLMEngine | Except
                     got[j] = err
     except BaseException:
         for e in got.values():
-            if isinstance(e, VLLMEngine):
+            if not isinstance(e, Exception):
                 e.close(force=True)
         raise
     wall = time.perf_counter() - t0
     for e in got.values():
-        if isinstance(e, VLLMEngine):
+        if not isinstance(e, Exception):
             e.facts["together"] = {"engines": launched, "group_start_s": wall,
-                                   "kv_cache_memory_bytes": e.config.kv_cache_memory_bytes}
+                                   "kv_cache_memory_bytes": e.vllm_config().kv_cache_memory_bytes}
     return got, baseline

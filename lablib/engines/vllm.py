@@ -46,8 +46,38 @@ SPARE_ENV = "LABLIB_VLLM_SPARE"  # "1": each engine's start also makes the next 
 SPARE_WAIT_S = 120.0  # how long a started engine waits for its spare's imports before it says ready
 
 nvml_used = nvml_memory  # this module's name for it: the engine tests replace it with a fake GPU's
-STARTED: "weakref.WeakSet[VLLMEngine]" = weakref.WeakSet()  # engines launched and not yet closed, in this process
+STARTED: "weakref.WeakSet[Any]" = weakref.WeakSet()  # engines launched and not yet closed, in this process (vLLM's
+# offline engines and the OpenAI servers this process started: lablib.engines.server.ServerEngine)
 RUNNER_ENV = "VLLM_USE_V2_MODEL_RUNNER"  # vLLM 0.26 reads its model runner from here (VLLMConfig.model_runner_v2)
+
+
+def others_than(engine: Any) -> list[Any]:
+    """The engines of this process, other than `engine`, still up (`STARTED`, alive)."""
+    return [e for e in list(STARTED) if e is not engine and e.alive()]
+
+
+def released(facts: dict[str, Any], baseline: Any, others: bool, pids: set[int], held: int | None) -> None:
+    """An engine's processes have ended: did their GPU memory come back? Into `facts`. Alone on the GPU: the whole
+    GPU back to `baseline` (its reading before the start). With other engines up (`others`): none of its own
+    processes (`pids`, which held `held` bytes before the close) left on NVML's list; where NVML named none of them
+    (a container showing the host's pids) it cannot tell: None, and once the group has closed the whole GPU is
+    checked against the baseline they share (`together._whole_gpu_verdict`)."""
+    if not others:
+        if baseline:
+            used = settled(nvml_used, lambda u: not u or u[0] <= baseline[0] + SETTLE_SLACK)
+            facts["vram_after_close_bytes"] = used[0] if used else None
+            facts["vram_back_to_baseline"] = bool(used and used[0] <= baseline[0] + SETTLE_SLACK)
+        return
+    if not held:
+        facts["vram_back_to_baseline"] = None
+        facts["vram_check"] = ("not per process here: the whole GPU is checked once the engines started with it have "
+                               "closed")
+        return
+    left = settled(lambda: nvml_process_bytes(pids), lambda b: not b)
+    used = nvml_used()
+    facts.update({"vram_after_close_bytes": used[0] if used else None, "vram_held_before_close_bytes": held,
+                  "vram_back_to_baseline": not left,
+                  "vram_check": "its own processes (other engines started with it were still up)"})
 
 
 def settled(read: Any, done: Any) -> Any:
@@ -265,13 +295,24 @@ class VLLMEngine:
     def _at_exit(self) -> None:
         self.close(force=True)
 
-    def worker_pids(self) -> list[int]:
-        return [self._proc.pid] if self._proc is not None and self._proc.is_alive() else []
+    def vllm_config(self) -> VLLMConfig:
+        """The engine's settings as `lablib.engines.together` sizes them."""
+        return self.config
 
-    def others(self) -> list["VLLMEngine"]:
+    def resized(self, config: VLLMConfig) -> "VLLMEngine":
+        """A new engine of this model with `config` (`together` starts it beside others), not started."""
+        return VLLMEngine(self.spec, config, start_timeout_s=self.start_timeout_s)
+
+    def alive(self) -> bool:
+        return self._proc is not None and self._proc.is_alive()
+
+    def worker_pids(self) -> list[int]:
+        return [self._proc.pid] if self.alive() else []
+
+    def others(self) -> list[Any]:
         """The other engines of this process whose workers are alive (engines started together, idle while this one
         runs): a memory reading of the whole GPU holds theirs too."""
-        return [e for e in list(STARTED) if e is not self and e._proc is not None and e._proc.is_alive()]
+        return others_than(self)
 
     def _pids(self) -> set[int]:
         """The worker and every process under it (vLLM's engine core), as seen when it became ready and now."""
@@ -392,28 +433,8 @@ class VLLMEngine:
         STARTED.discard(self)
         self.facts = getattr(self, "facts", {})
         self.facts["closed"] = True
-        if others:  # engines started together still hold theirs: this one's own processes must hold nothing
-            self._settle_own(pids, held)
-        elif self.baseline:
-            used = settled(nvml_used, lambda u: not u or u[0] <= self.baseline[0] + SETTLE_SLACK)
-            self.facts["vram_after_close_bytes"] = used[0] if used else None
-            self.facts["vram_back_to_baseline"] = bool(used and used[0] <= self.baseline[0] + SETTLE_SLACK)
+        released(self.facts, self.baseline, bool(others), pids, held)
         self.facts["close_s"] = time.perf_counter() - t0  # the worker's exit and VRAM's return
-
-    def _settle_own(self, pids: set[int], held: int | None) -> None:
-        """VRAM back while other engines are alive: none of this engine's processes on NVML's list. Where NVML named
-        none of them before the close (a container showing the host's pids), it cannot tell: None, and once the group
-        has closed the whole GPU is checked against the baseline they share (`together._whole_gpu_verdict`)."""
-        if not held:
-            self.facts["vram_back_to_baseline"] = None
-            self.facts["vram_check"] = ("not per process here: the whole GPU is checked once the engines started with "
-                                        "it have closed")
-            return
-        left = settled(lambda: nvml_process_bytes(pids), lambda b: not b)
-        used = nvml_used()
-        self.facts.update({"vram_after_close_bytes": used[0] if used else None, "vram_held_before_close_bytes": held,
-                           "vram_back_to_baseline": not left,
-                           "vram_check": "its own processes (other engines started with it were still up)"})
 
     def __enter__(self) -> "VLLMEngine":
         return self

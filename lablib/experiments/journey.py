@@ -66,7 +66,7 @@ class Step:
     models: tuple[str, ...] = ()  # the only models it runs on (): any; e.g. the EAGLE head fits the embedded target
     real_size_limit: int = 0  # on a real-size model, only the first N requests (0: all): the batch-1 rungs' (naive
     # generate's, and vLLM's one request at a time beside it, so both read the same requests)
-    # its engine is one of vLLM's offline engines (VLLMEngine): those rungs run after the others, their engines
+    # its engine is vLLM's (VLLMEngine, or its server, ServerEngine): those rungs run after the others, their engines
     # started together and measured one by one (lablib.engines.together)
     together: bool = False
 
@@ -198,8 +198,8 @@ def ladder(batch_sizes: list[int]) -> list[Step]:
              recorded=("vllm-8b-journey",),
              why="vLLM: paged KV cache, continuous batching, CUDA graphs (its own worker process)"),
         *hf_continuous_steps(batch_sizes),
-        Step("vllm-server", lambda m: ServerEngine(m), needs=gpu, lab="05", recorded=("serve-rate-inf",),
-             why="the same engine behind its OpenAI server: every request over HTTP, streamed"),
+        Step("vllm-server", lambda m: ServerEngine(m), needs=gpu, together=True, lab="05",
+             recorded=("serve-rate-inf",), why="the same engine behind its OpenAI server: every request over HTTP, streamed"),
         Step("vllm-fp8", lambda m: VLLMEngine(m, VLLMConfig(quantization="fp8")), needs=gpu, together=True, lab="06",
              recorded=(FP8_RECORDED,), record_step="journey-fp8", why="vLLM with FP8 weights (Hopper's own format, "
                                                                      "quantized as it loads): half the bytes each decode step reads (lab 06)"),

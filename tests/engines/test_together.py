@@ -279,3 +279,45 @@ def test_a_group_makes_no_spare_worker_even_where_asked_for(fleet, monkeypatch):
         assert engines_vllm.Spare.current is None and e.facts["worker"] == "spawned"
         got.append(e)
     assert len(got) == 2 and engines_vllm.os.environ[engines_vllm.SPARE_ENV] == "1"  # the caller's setting is back
+
+
+def test_vllms_server_starts_in_the_group_sized_as_an_offline_engine_is(fleet, monkeypatch):
+    """The journey's server rung (tests/fake_vllm's api_server, a process of its own) starts beside two offline
+    engines: all three up before the first is handed out, the server's KV cache, max_model_len and memory gate those
+    of an offline engine of the same settings, each run's memory not counting the idle others, and once the group
+    has closed the server is gone and the whole GPU back to its baseline."""
+    from lablib.engines.server import ServerEngine
+
+    monkeypatch.setenv("FAKE_VLLM_TOKEN_DELAY", "0.001")
+    wl = load_workload("journey", limit=4)
+    made = [VLLMEngine("embedded", VLLMConfig(max_num_seqs=4)), ServerEngine("embedded"),
+            VLLMEngine("embedded", VLLMConfig(max_num_seqs=4, seed=1))]
+    seen, results = [], []
+    for engine in together.one_by_one(made, longest_tokens=1100, requests=4):
+        assert all(e.alive() for e in [engine, *engine.others()]) and len(engine.others()) == 2
+        assert engine.facts["together"]["engines"] == 3
+        results.append(run(engine, wl, BenchConfig(max_new_tokens=4, progress=False), step=engine.name))
+        seen.append(engine)
+    server = seen[1]
+    assert isinstance(server, ServerEngine) and server is not made[1]  # a new one, sized for the run
+    sized = server.vllm_config()
+    offline = together.together_config(made[0].spec, VLLMConfig(), 1100, _gpu_total(), requests=4)
+    assert sized.kv_cache_memory_bytes == offline.kv_cache_memory_bytes == server.facts["together"][
+        "kv_cache_memory_bytes"]
+    assert (sized.max_model_len, sized.gpu_memory_utilization) == (offline.max_model_len,
+                                                                  offline.gpu_memory_utilization)
+    cmd = server.server.command
+    assert cmd[cmd.index("--kv-cache-memory-bytes") + 1] == str(sized.kv_cache_memory_bytes)
+    assert results[1].engine == "vllm-server" and results[1].summary["output_tokens"] == 4 * len(wl)
+    for r in results:  # the two idle engines' memory is not the run's own
+        assert any("2 other engine(s) started with this one sat idle" in n for n in r.notes)
+    assert wait_gone(cores(fleet)) == [] and not server.alive() and server.worker_pids() == []
+    assert all(e.facts["closed"] and e.facts["vram_group_back_to_baseline"] is True for e in seen)
+    # NVML lists no process of the fake server: its own verdict is the whole GPU's once the group had closed
+    assert server.facts["vram_back_to_baseline"] is True and server.facts["vram_check"].startswith("the whole GPU")
+
+
+def _gpu_total():
+    from lablib.engines import vllm as engines_vllm
+
+    return engines_vllm.nvml_used()[2]
