@@ -259,14 +259,15 @@ def test_a_vllm_rungs_engine_start_is_said_and_an_hf_rung_has_none():
 
 
 def test_at_real_size_every_batch_1_rung_reads_naive_generates_requests(monkeypatch):
-    """On a GPU at real size (every rung available here by patch): naive generate, its n-gram side road, vLLM one
-    request at a time and its EAGLE rung run the same first NAIVE_REAL_SIZE requests, each saying so; the batched
-    rungs run all 64, the prefix rungs their own set whole."""
-    monkeypatch.setattr(jx, "available", lambda step, model=None: (True, ""))
+    """On a GPU at real size (live here by patch): naive generate, vLLM one request at a time and its EAGLE rung run
+    the same first NAIVE_REAL_SIZE requests, each saying so; the batched rungs run all 64, the prefix rungs their own
+    set whole; the embedded pair's speculative rungs (HF's draft and n-gram, vLLM's EAGLE k=4) do not run."""
+    monkeypatch.setattr(jx, "mode", lambda: {"live": True, "gpu": True, "why": ""})
     todo, skipped = jx.rungs("synthetic:llama-3.1-8b", batch_sizes=[1, 64])
-    assert skipped == []
+    assert sorted(s["step"] for s in skipped) == sorted(f"{how}-k{jx.SPEC_K}{tail}" for how, tail in (
+        ("hf-naive-draft", ""), ("hf-naive-ngram", ""), ("vllm-eagle", ""), ("vllm-eagle", "-b1")))
     by = {step.name: (own, b) for step, own, b in todo}
-    batch_1 = ["hf-naive", f"hf-naive-ngram-k{jx.SPEC_K}", "vllm-b1", f"vllm-eagle-synthetic-k{jx.EAGLE_REAL_K}-b1"]
+    batch_1 = ["hf-naive", "vllm-b1", f"vllm-eagle-synthetic-k{jx.EAGLE_REAL_K}-b1"]
     first = [r.id for r in by["hf-naive"][0].requests]
     assert len(first) == jx.NAIVE_REAL_SIZE
     for name in batch_1:
