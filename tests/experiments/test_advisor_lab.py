@@ -64,3 +64,37 @@ def test_under_load_and_the_advice_checked_without_a_gpu(lab, capsys):
     else:
         assert set(lab.checked.value) == {"chat-shared-prefix", "long-context", "assistant-batch-1"}
     assert "under_load" not in lab.missing() and "check_advice" not in lab.missing()
+
+
+@pytest.mark.parametrize("model, want", [
+    ("embedded", {"requests": 8, "batch_sizes": [1, 8], "max_new_tokens": 32}),
+    ("synthetic:llama-3.1-8b", {"requests": 64, "batch_sizes": [1, 64], "max_new_tokens": 128}),
+])
+def test_the_road_is_sized_by_the_model_it_climbs(lab, monkeypatch, capsys, model, want):
+    """A CPU climbs the embedded model quickly; a GPU its real-size shape on all 64 journey requests (outputs capped,
+    said in the Results' config), HF batches of 1 and what the GPU holds; the size is printed before the climb."""
+    from lablib.experiments import journey
+
+    asked = {}
+
+    def run_journey(model, **kw):
+        asked.update(model=model, **kw)
+        return [], []
+
+    monkeypatch.setattr(journey, "default_model", lambda: model)
+    monkeypatch.setattr(journey, "run_journey", run_journey)
+    monkeypatch.setattr(journey, "road", lambda results, batch_sizes: load_reference("vllm-8b-journey"))
+    lab.run()
+    got = {"requests": asked["requests"], "batch_sizes": asked["batch_sizes"],
+           "max_new_tokens": asked["bench"].max_new_tokens}
+    assert asked["model"] == model and got == want and (lab.requests, lab.batch_sizes) == (want["requests"],
+                                                                                          want["batch_sizes"])
+    assert asked["bench"].tags["max_new_tokens"] == want["max_new_tokens"]  # in every Result's config
+    assert capsys.readouterr().out.startswith(f"{model}: {want['requests']} journey requests, HF batch sizes "
+                                              f"{want['batch_sizes']}, each output capped at {want['max_new_tokens']}")
+    lab.run(requests=4, max_new_tokens=None)  # the caller's own size; None: the workload's lengths
+    assert (asked["requests"], asked["bench"].max_new_tokens) == (4, None)
+    assert "the journey's own output lengths" in capsys.readouterr().out
+    with pytest.raises(ValueError, match=r"JourneyLab\.run: batch=\.\.\.: allowed \['batch_sizes', 'max_new_tokens', "
+                                         r"'requests'\].*Fix"):
+        lab.run(batch=8)

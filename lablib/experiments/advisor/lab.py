@@ -6,6 +6,7 @@ report and the Checks cell (`checks.checks(lab)`) read the same object instead o
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ from ...results.record import Result
 from ...results.reference import recorded_facts
 from ...results.store import ResultStore, results_dir
 from ...session import frame, LabSteps, live_or_recorded, mode
+from ...workloads import load_workload
 from .. import journey
 from . import check, load, plan
 from .record import GOALS
@@ -25,14 +27,23 @@ SIDE_ROAD_COLUMNS = ["rung", "baseline", "lab", "where", "model", "workload", "t
 
 
 
+# The road's size, by the model `run` climbs (`journey.default_model`): on the embedded model (a CPU) 8 requests of 32
+# new tokens, HF batches of 1 and 8, the ladder in a minute or two; at real size (a GPU) all 64 journey requests,
+# HF batches of 1 and what the GPU holds (`journey.default_batch_sizes`), each output capped at 128 tokens: every
+# rung sees the same 64 prompts, and an 8B's HF rungs decode 128 steps rather than the journey's longest, 512
+# (`lablab` runs them whole)
+QUICK = {"requests": 8, "batch_sizes": [1, 8], "max_new_tokens": 32}
+REAL_SIZE = {"requests": None, "batch_sizes": None, "max_new_tokens": 128}
+
+
 class JourneyLab(LabSteps):
     """Lab 10's measurements: the road (None until `run`) and every goal advised (in the order asked)."""
 
     CALL = "(...)"
     STEPS = {"results": "run", "shown": "run", "checked": "check_advice"}
 
-    def __init__(self, max_new_tokens: int = 32, store: ResultStore | None = None) -> None:
-        self.bench = BenchConfig(max_new_tokens=max_new_tokens, progress=False)
+    def __init__(self, store: ResultStore | None = None) -> None:
+        self.bench = BenchConfig(progress=False)  # `run` sets max_new_tokens by the model's size (QUICK, REAL_SIZE)
         self.store = store if store is not None else ResultStore.for_lab(lab_id("10"))  # every run lands here
         self.banner: str = mode()["banner"]  # live or recorded, and why
         self.requests: int | None = None  # `run`: the journey requests each rung served
@@ -45,11 +56,25 @@ class JourneyLab(LabSteps):
         self.checked: Any = None  # `check_advice`: the advice run under its load (a Shown: live, or recorded)
         self.compared: dict[str, Any] = {}  # `check_advice`: each goal measured against the model's prediction
 
-    def run(self, requests: int = 8, batch_sizes: list[int] = (1, 8), cpu_threads: int | None = 1) -> Any:
-        """Every rung of every lab on the same `requests` journey requests (`journey.run_journey`), then the road
-        with the recorded rungs (`journey.road`); returns the road's table."""
-        self.requests, self.batch_sizes = requests, list(batch_sizes)
-        self.results, self.skipped = journey.run_journey(requests=requests, batch_sizes=self.batch_sizes,
+    def run(self, cpu_threads: int | None = 1, **size: Any) -> Any:
+        """Every rung of every lab on the same journey requests (`journey.run_journey`) on the model this machine
+        climbs (`journey.default_model`), then the road with the recorded rungs (`journey.road`); returns the road's
+        table. Its size is QUICK on the embedded model and REAL_SIZE otherwise, or `requests`, `batch_sizes` and
+        `max_new_tokens` as given (None: the workload's own); printed before the first rung."""
+        model = journey.default_model()
+        unknown = sorted(set(size) - set(QUICK))
+        if unknown:
+            raise ValueError(f"JourneyLab.run: {unknown[0]}=...: allowed {sorted(QUICK)} (and cpu_threads). Fix: "
+                             "e.g. lab.run(requests=8, batch_sizes=[1, 8], max_new_tokens=32).")
+        size = {**(REAL_SIZE if journey.is_real_size(model) else QUICK), **size}
+        self.batch_sizes = list(size["batch_sizes"] or journey.default_batch_sizes(model))
+        self.requests = size["requests"] or len(load_workload("journey"))
+        self.bench = replace(self.bench, max_new_tokens=size["max_new_tokens"],
+                             tags={**self.bench.tags, "max_new_tokens": size["max_new_tokens"]})
+        outputs = (f"each output capped at {size['max_new_tokens']} tokens" if size["max_new_tokens"] else
+                   "the journey's own output lengths")
+        print(f"{model}: {self.requests} journey requests, HF batch sizes {self.batch_sizes}, {outputs}")
+        self.results, self.skipped = journey.run_journey(model, requests=self.requests, batch_sizes=self.batch_sizes,
                                                          bench=self.bench, store=self.store, lab=lab_id("10"),
                                                          cpu_threads=cpu_threads)
         self.shown = journey.road(self.results, self.batch_sizes)
