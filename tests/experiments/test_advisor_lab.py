@@ -46,6 +46,7 @@ def test_the_checks_cell_asserts_on_the_road_lab_run_made(lab):
     lab.advise(plan.Goal())
     lab.under_load(plan.Goal(concurrency=32, tpot_slo_ms=20))
     lab.check_advice()  # on this CPU: the H200's recording (or a label saying which step records it)
+    lab.served()
     with pytest.raises(AssertionError, match="every request answered"):
         checks.checks(lab)
     lab.results = lab.shown = [dataclasses.replace(live[1], summary={**live[1].summary, "requests": 8}), live[0]]

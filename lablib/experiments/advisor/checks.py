@@ -37,6 +37,9 @@ def checks(lab: JourneyLab) -> None:
            all(r["why"] and r["source"] for g in lab.goals for r in advise(g)))
     c.that("under load, no request's predicted TPOT beats one request decoding alone (rounding aside)",
            all(u["tpot_ms"]["p50"] >= u["alone_tpot_ms"] * (1 - 1e-9) for u in lab.loads.values()))
+    within = sum(r["within_target"] for r in lab.replayed)
+    c.that("replayed on the servers the H200 recorded, the latency model's TPOT p90 is within 10% on at least three "
+           "quarters of them", within >= 0.75 * len(lab.replayed), f"{within} of {len(lab.replayed)}")
     c.live(lab.checked, "the advised engine answered every request sent under its load, and TPOT was measured",
            lambda got: all(g["answered"] == g["requests"] and not g["failures"] and g["measured"]["tpot_ms"]["p90"]
                            for g in got.values()), lambda got: [g["verdict"] for g in got.values()])

@@ -18,10 +18,12 @@ from ...results.store import ResultStore, results_dir
 from ...session import frame, LabSteps, live_or_recorded, mode
 from ...workloads import load_workload
 from .. import journey
-from . import check, load, plan
+from . import check, load, plan, served
 from .record import GOALS
 
 ROAD_COLUMNS = ["step", "provenance", "output_tok_s", "ttft_p50_s", "tpot_p50_s"]
+SERVED_COLUMNS = ["step", "weights", "rate_rps", "requests", "cached_prefix", "measured_p50_ms", "predicted_p50_ms",
+                  "measured_p90_ms", "predicted_p90_ms", "error_p90"]
 SIDE_ROAD_COLUMNS = ["rung", "baseline", "lab", "where", "model", "workload", "tok_s_ratio", "ttft_speedup",
                      "tpot_speedup", "tokens_per_forward", "journey_gain"]
 
@@ -40,7 +42,7 @@ class JourneyLab(LabSteps):
     """Lab 10's measurements: the road (None until `run`) and every goal advised (in the order asked)."""
 
     CALL = "(...)"
-    STEPS = {"results": "run", "shown": "run", "checked": "check_advice"}
+    STEPS = {"results": "run", "shown": "run", "replayed": "served", "checked": "check_advice"}
 
     def __init__(self, store: ResultStore | None = None) -> None:
         self.bench = BenchConfig(progress=False)  # `run` sets max_new_tokens by the model's size (QUICK, REAL_SIZE)
@@ -55,6 +57,7 @@ class JourneyLab(LabSteps):
         self.loads: dict[plan.Goal, dict[str, Any]] = {}  # `under_load`: each goal's predicted percentiles
         self.checked: Any = None  # `check_advice`: the advice run under its load (a Shown: live, or recorded)
         self.compared: dict[str, Any] = {}  # `check_advice`: each goal measured against the model's prediction
+        self.replayed: list[dict[str, Any]] | None = None  # `served`: the model on the H200's recorded servers
 
     def run(self, cpu_threads: int | None = 1, **size: Any) -> Any:
         """Every rung of every lab on the same journey requests (`journey.run_journey`) on the model this machine
@@ -105,6 +108,13 @@ class JourneyLab(LabSteps):
               f"{u['tpot_ms']['p90']:.2f} ms against {u['steady_tpot_ms']:.2f} decoding alone{target} "
               "[predicted: lab 04's simulator, priced by lab 09's cost model and the H200's recorded runs]")
         return frame([{"figure": f.upper(), **u[f"{f}_ms"]} for f in check.FIGURES])
+
+    def served(self) -> Any:
+        """The latency model replayed on every server the H200 recorded under load (`served.replay_all`): TPOT
+        p50/p90 predicted against measured, per run; prints how often p90 was within the aim and the largest miss."""
+        self.replayed = served.replay_all()
+        print(served.summary_line(self.replayed))
+        return frame(self.replayed, SERVED_COLUMNS)
 
     def check_advice(self, name: str = "chat-shared-prefix") -> Any:
         """One of `record.GOALS` advised, then served on this GPU under its arrivals (`check.check`: a synthetic

@@ -10,7 +10,8 @@ an assumption for any other model, GPU or TP size, and labelled so wherever the 
 
 Under load the decode steps also carry new requests' prompts: `loaded_tpot_ms` adds the prefill a step shares when
 every finished request is replaced, each prompt token priced at the efficiency the 8B's recorded prefill reached
-(`prefill_ms_per_token`; FP8 weights faster by what lab 06's recorded bursts measured, `fp8_prefill_speedup`);
+(`prefill_ms_per_token`; FP8 weights faster by what lab 06's recorded bursts measured at that step's size,
+`fp8_prefill_speedup`);
 `load.under_load` gives the percentiles.
 """
 from __future__ import annotations
@@ -129,28 +130,53 @@ def server_overhead_ms() -> tuple[float, str]:
 
 
 FP8_GPUS = ("H200", "H100", "L40S")  # compute capability 8.9 or 9.0: FP8 tensor cores for weights, KV and GEMMs
-FP8_PREFILL_BATCHES = (256, 64)  # lab 06's bursts of 133-token prompts, largest first: prefill-bound TTFT
+FP8_PREFILL_BATCHES = (8, 64, 256)  # lab 06's bursts of 133-token prompts whose TTFT is prefill: 1,063 to 34,026
+# prompt tokens (a burst of one is mostly the step's fixed cost: its ratio says little about prefill)
 
 
 @lru_cache(maxsize=None)
-def fp8_prefill_speedup() -> tuple[float, str]:
-    """(how much faster FP8 weights prefill than bf16, the runs' label): TTFT p50 of lab 06's recorded 8B burst in
-    bf16 over the same burst with FP8 weights. Not the 2x of FP8's peak: vLLM quantizes activations on the fly and the
-    attention stays bf16 (1.43x on the H200's 256-prompt burst). Taken for any GPU with FP8 tensor cores."""
+def fp8_prefill_points() -> tuple[tuple[tuple[int, float], ...], str]:
+    """((tokens a prefill step carried, bf16 TTFT / FP8 TTFT), ...) from lab 06's recorded 8B bursts, smallest
+    first, and their label. A burst's prompts are prefilled in steps of at most the engine's max_num_batched_tokens,
+    so a burst of b prompts stands for steps of min(b x 133, that budget) tokens."""
+    points, label = [], None
     for b in FP8_PREFILL_BATCHES:
-        bf16, fp8 = summary_of(f"{RECORDED['bf16']}-b{b}"), summary_of(f"{RECORDED['fp8']}-b{b}")
+        bf16, fp8 = (load_reference(f"{RECORDED[s]}-b{b}")[0] if f"{RECORDED[s]}-b{b}" in reference_steps() else None
+                     for s in ("bf16", "fp8"))
         if bf16 and fp8:
-            return bf16["ttft_s"]["p50"] / fp8["ttft_s"]["p50"], fp8["label"]
-    raise validate.refuse("fp8_prefill_speedup", "reference", None,
-                          f"lab 06's recorded bursts {RECORDED['bf16']}/{RECORDED['fp8']}-b{FP8_PREFILL_BATCHES}",
-                          "restore data/reference/ (lab 06's recordings).")
+            budget = fp8.engine_facts.get("max_num_batched_tokens") or fp8.summary["prompt_tokens"]
+            points.append((min(fp8.summary["prompt_tokens"], budget),
+                           bf16.summary["ttft_s"]["p50"] / fp8.summary["ttft_s"]["p50"]))
+            label = fp8.label
+    if not points:
+        raise validate.refuse("fp8_prefill_speedup", "reference", None,
+                              f"lab 06's recorded bursts {RECORDED['bf16']}/{RECORDED['fp8']}-b{FP8_PREFILL_BATCHES}",
+                              "restore data/reference/ (lab 06's recordings).")
+    return tuple(sorted(points)), label
 
 
-def prefill_ms_per_token(goal: Any, scheme: str, t: int) -> float:
-    """One prompt token's time (ms) on one engine of the goal: 2 x parameters per GPU / (peak x efficiency), the
-    peak raised by `fp8_prefill_speedup` for FP8 weights on a GPU with FP8 tensor cores (W4A16 computes in bf16)."""
+def fp8_prefill_speedup(step_tokens: int | None = None) -> tuple[float, str]:
+    """(how much faster FP8 weights prefill than bf16 in a step of `step_tokens` tokens, the runs' label): lab 06's
+    bursts (`fp8_prefill_points`), log-interpolated in the step's tokens and held flat beyond the ends; None: the
+    largest step's. Not the 2x of FP8's peak, and not one number: vLLM quantizes activations on the fly and the
+    attention stays bf16, and a small step's GEMMs gain least (on the H200: x1.16 for a step of 1,063 prompt tokens,
+    x1.41 at 8,507, x1.43 at the 16,384 budget). Taken for any GPU with FP8 tensor cores."""
+    points, label = fp8_prefill_points()
+    if step_tokens is None or step_tokens >= points[-1][0]:
+        return points[-1][1], label
+    if step_tokens <= points[0][0]:
+        return points[0][1], label
+    (n0, x0), (n1, x1) = next((p, q) for p, q in zip(points, points[1:]) if p[0] <= step_tokens <= q[0])
+    return x0 + (x1 - x0) * math.log(step_tokens / n0) / math.log(n1 / n0), label
+
+
+def prefill_ms_per_token(goal: Any, scheme: str, t: int, step_tokens: int | None = None) -> float:
+    """One prompt token's time (ms) on one engine of the goal, in a step carrying `step_tokens` tokens (None: a full
+    step): 2 x parameters per GPU / (peak x efficiency), the peak raised by `fp8_prefill_speedup` at that step's size
+    for FP8 weights on a GPU with FP8 tensor cores (W4A16 computes in bf16)."""
     gpu = GPUS[goal.gpu]
-    peak = gpu.peak_flops * (fp8_prefill_speedup()[0] if scheme == "fp8" and goal.gpu in FP8_GPUS else 1)
+    fp8 = scheme == "fp8" and goal.gpu in FP8_GPUS
+    peak = gpu.peak_flops * (fp8_prefill_speedup(step_tokens)[0] if fp8 else 1)
     return 2 * tp.params_per_gpu(model_shape(goal.model, scheme), t) / (peak * prefill_efficiency()[0]) * 1e3
 
 
@@ -159,8 +185,8 @@ def loaded_tpot_ms(goal: Any, scheme: str, t: int, batch: int, kv: str = "auto")
     step (`predicted_tpot_ms`) plus the prefill it shares. Each of a request's `output_tokens` steps then carries, on
     average, batch / output_tokens new prompts' uncached tokens (whole shared blocks are cached)."""
     uncached = goal.prompt_tokens - cached_tokens(goal)
-    return (predicted_tpot_ms(goal, scheme, t, batch, kv)
-            + batch / goal.output_tokens * uncached * prefill_ms_per_token(goal, scheme, t))
+    return (predicted_tpot_ms(goal, scheme, t, batch, kv)  # a prompt's uncached part shares a step with the decodes
+            + batch / goal.output_tokens * uncached * prefill_ms_per_token(goal, scheme, t, uncached + batch))
 
 
 def cached_tokens(goal: Any) -> int:

@@ -6,7 +6,7 @@ minus the decodes) into the same steps: a step carrying a chunk takes longer, an
 waits. `under_load` runs the goal's own arrival process through lab 04's continuous-batching simulator
 (`mechanisms.batching`) with each step priced as
 
-    step(prefill P, decodes n) = predicted_tpot_ms(goal, batch n) + P x prefill_ms_per_token
+    step(prefill P, decodes n) = predicted_tpot_ms(goal, batch n) + P x prefill_ms_per_token(step of P + n tokens)
 
 `prefill_ms_per_token` is one prompt token's compute (2 x parameters per GPU / peak FLOP/s) over the efficiency the
 8B's largest recorded prefill reached on the H200 (lab 07's runs with prefix caching off: every prompt prefilled,
@@ -19,6 +19,7 @@ server by `check`.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 from functools import lru_cache
 from typing import Any
@@ -41,11 +42,15 @@ class StepCost:
 
     def __init__(self, goal: Goal, scheme: str, t: int, kv: str) -> None:
         self.goal, self.scheme, self.t, self.kv = goal, scheme, t, kv
-        self.per_token = prefill_ms_per_token(goal, scheme, t)
         self._decode = lru_cache(maxsize=None)(lambda n: predicted_tpot_ms(goal, scheme, t, max(n, 1), kv))
+        self._per_token = lru_cache(maxsize=None)(lambda n: prefill_ms_per_token(goal, scheme, t, n))
 
     def step_time(self, prefill_tokens: int, decode_seqs: int) -> float:
-        return self._decode(decode_seqs) + prefill_tokens * self.per_token
+        """A step's time (ms): its decodes, and its prompt tokens at the price of a step of its size (FP8's gain over
+        bf16 grows with the tokens a step carries: `latency.fp8_prefill_speedup`)."""
+        if not prefill_tokens:
+            return self._decode(decode_seqs)
+        return self._decode(decode_seqs) + prefill_tokens * self._per_token(prefill_tokens + decode_seqs)
 
 
 UTILISATION = 0.8  # the goal's arrivals load each engine to this share of what would keep its max_num_seqs all busy
@@ -57,7 +62,8 @@ def little_rate(goal: Goal, advice: dict[str, Any], utilisation: float = UTILISA
     TPOT). Below 1, a queue forms in bursts and drains; at 1 it would grow for as long as the run lasts."""
     n = advice["max_num_seqs"]
     tpot = loaded_tpot_ms(goal, advice["scheme"], advice["t"], n, advice["kv"])
-    e2e_ms = goal.prompt_tokens * prefill_ms_per_token(goal, advice["scheme"], advice["t"]) + goal.output_tokens * tpot
+    e2e_ms = (goal.prompt_tokens * prefill_ms_per_token(goal, advice["scheme"], advice["t"], goal.prompt_tokens)
+              + goal.output_tokens * tpot)
     return utilisation * n * advice["replicas"] / (e2e_ms / 1e3)
 
 
@@ -67,19 +73,9 @@ def simulate(goal: Goal, advice: dict[str, Any], rate: float, requests: int, see
     the ramp up and the drain (the first and last `concurrency` requests) left out."""
     cost = StepCost(goal, advice["scheme"], advice["t"], advice["kv"])
     cached = cached_tokens(goal)
-    pairs = [(goal.prompt_tokens - (cached if i else 0), goal.output_tokens) for i in range(requests)]
-    arrivals = [t * 1e3 for t in arrival_times(requests, rate / advice["replicas"], seed)]
-    sim = continuous_batching(pairs, max_num_seqs=advice["max_num_seqs"], arrivals=arrivals, cost=cost,
-                              max_num_batched_tokens=max_num_batched_tokens)
-    ends = [s.end for s in sim.steps]
-    index = {e: i for i, e in enumerate(ends)}
-    records = []
-    for r in sim.records:
-        times = [e / 1e3 for e in ends[index[r.first_token]:index[r.finish] + 1]]
-        records.append(RequestRecord(f"sim-{r.request_id}", goal.prompt_tokens, r.output_len, arrival=r.arrival / 1e3,
-                                     start=r.start / 1e3, first_token=r.first_token / 1e3, last_token=r.finish / 1e3,
-                                     token_times=times if len(times) == r.output_len else None))  # None: a step
-        # skipped it (the token budget ran out), so its gaps are not one step each
+    requests_ = [(goal.prompt_tokens, cached if i else 0, goal.output_tokens) for i in range(requests)]
+    arrivals = list(arrival_times(requests, rate / advice["replicas"], seed))
+    records = replay(cost, requests_, arrivals, advice["max_num_seqs"], max_num_batched_tokens)
     wall = max(r.last_token for r in records) - min(r.arrival for r in records)
     return steady_middle(Result(lab="10_the_whole_journey", step="advisor-under-load", engine="simulator", config={
         "rate": rate, "replicas": advice["replicas"], "max_num_seqs": advice["max_num_seqs"],
@@ -87,6 +83,26 @@ def simulate(goal: Goal, advice: dict[str, Any], rate: float, requests: int, see
         workload={"name": "goal", "requests": len(records)}, requests=records, wall_s=wall,
         notes=["a model: lab 04's simulator priced by lab 09's cost model and lab 06's and 07's recorded runs"]),
         goal.concurrency)
+
+
+def replay(cost: StepCost, requests: Sequence[tuple[int, int, int]], arrivals: Sequence[float], max_num_seqs: int,
+           max_num_batched_tokens: int = SERVER_MAX_NUM_BATCHED_TOKENS) -> list[RequestRecord]:
+    """Requests (prompt tokens, of which cached, new tokens) arriving at `arrivals` (s) through lab 04's scheduler
+    simulator, each step priced by `cost`: one RequestRecord each, every token stamped with its step's end (s)."""
+    pairs = [(prompt - cached, out) for prompt, cached, out in requests]
+    sim = continuous_batching(pairs, max_num_seqs=max_num_seqs, arrivals=[t * 1e3 for t in arrivals], cost=cost,
+                              max_num_batched_tokens=max_num_batched_tokens)
+    ends = [s.end for s in sim.steps]
+    index = {e: i for i, e in enumerate(ends)}
+    records = []
+    for r in sim.records:
+        times = [e / 1e3 for e in ends[index[r.first_token]:index[r.finish] + 1]]
+        records.append(RequestRecord(f"sim-{r.request_id}", requests[r.request_id][0], r.output_len,
+                                     arrival=r.arrival / 1e3, start=r.start / 1e3, first_token=r.first_token / 1e3,
+                                     last_token=r.finish / 1e3,
+                                     token_times=times if len(times) == r.output_len else None))  # None: a step
+        # skipped it (the token budget ran out), so its gaps are not one step each
+    return records
 
 
 def steady_middle(result: Result, concurrency: int) -> Result:
