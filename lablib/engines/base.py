@@ -60,3 +60,39 @@ class Engine(Protocol):
     def close(self) -> None:
         """Free the model (and the GPU)."""
         ...
+
+
+class GroupEngine(Engine, Protocol):
+    """An engine `lablib.engines.together` starts beside others: vLLM's offline engine (`VLLMEngine`) and its OpenAI
+    server (`ServerEngine`). Its settings read as a VLLMConfig, it is made again with another (sized for the run), its
+    start is split in two so several run side by side, and its close says whether its own memory came back."""
+
+    baseline: Any  # the GPU's memory (nvml_used) before it, or its group, started
+
+    def vllm_config(self) -> Any:
+        """Its settings as a VLLMConfig (lablib.config), as `together` sizes them."""
+        ...
+
+    def resized(self, config: Any) -> "GroupEngine":
+        """A new engine of the same model and kind with `config`, not started."""
+        ...
+
+    def launch(self) -> "GroupEngine":
+        """Start its processes without waiting for them."""
+        ...
+
+    def wait_ready(self) -> "GroupEngine":
+        """Wait until the launched engine answers; its start-up facts into `facts`."""
+        ...
+
+    def alive(self) -> bool:
+        """Whether its processes are up."""
+        ...
+
+    def others(self) -> list["GroupEngine"]:
+        """The other engines of this process still up (idle while this one runs)."""
+        ...
+
+    def close(self, force: bool = False, beside: bool | None = None) -> None:  # type: ignore[override]
+        """End its processes; `beside`: other engines are up, so only its own processes must let go of memory."""
+        ...

@@ -58,6 +58,34 @@ def server_command(config: ServerConfig, port: int | None = None, python: str = 
     return cmd + list(config.extra_args)
 
 
+SERVER_MAX_NUM_SEQS = 1024  # vLLM 0.26's api_server default for max_num_seqs on a GPU of 70 GiB or more (arg_utils.py)
+
+
+def server_flag(args: list[str] | tuple[str, ...], name: str) -> str | None:
+    """The value of api_server flag `name` in `args` ("--name value" or "--name=value"; the last one given, as
+    argparse takes it), or None."""
+    value = None
+    for i, a in enumerate(args):
+        if a == name and i + 1 < len(args):
+            value = args[i + 1]
+        elif a.startswith(name + "="):
+            value = a.split("=", 1)[1]
+    return value
+
+
+def without_flag(args: list[str] | tuple[str, ...], name: str) -> list[str]:
+    """`args` without flag `name` and its value, in either form."""
+    out, skip = [], False
+    for a in args:
+        if skip:
+            skip = False
+        elif a == name:
+            skip = True
+        elif not a.startswith(name + "="):
+            out.append(a)
+    return out
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on right now."""
     with socket.socket() as s:
@@ -164,13 +192,13 @@ class VLLMServer:
                                    f"(stopped). Last lines of {self.log_path}:\n{log_tail(self.log_path)}")
             time.sleep(0.5)
 
-    def stop(self) -> None:
-        """End the whole process group: SIGTERM, then SIGKILL after `stop_timeout_s`; wait for it."""
+    def stop(self, grace_s: float | None = None) -> None:
+        """End the whole process group: SIGTERM, then SIGKILL after `grace_s` (None: `stop_timeout_s`); wait for it."""
         proc, self.proc = self.proc, None
         atexit.unregister(self.stop)
         if proc is None:
             return
-        end_group(proc, self.stop_timeout_s)
+        end_group(proc, self.stop_timeout_s if grace_s is None else grace_s)
 
     def __enter__(self) -> VLLMServer:
         return self.start()
@@ -215,7 +243,6 @@ class ServerEngine:
                                       "owns_server": self.server is not None, "started": False}
         self.baseline: Any = None  # the GPU's memory (nvml_used) before the owned server started
         self._descendants: list = []  # vLLM's engine core and workers under the server, as seen when it was ready
-        self.start_timeout_s = self.server.startup_timeout_s if self.server is not None else 0.0
 
     def start(self) -> "ServerEngine":
         """Start the owned server (until `GET /health` answers); a no-op when attached or already started."""
@@ -242,34 +269,40 @@ class ServerEngine:
             self._descendants = children(self.server.proc.pid)
             self.base_url = self.server.base_url
             self.facts.update(base_url=self.base_url, startup_s=self.server.startup_s,
-                              startup_wall_s=self.server.startup_s,
+                              startup_wall_s=self.server.startup_s,  # (one figure: its launch to /health)
                               vram_baseline_bytes=self.baseline[0] if self.baseline else None)
         self.facts["started"] = True
         return self
 
     def vllm_config(self) -> VLLMConfig:
-        """The server's settings as `lablib.engines.together` sizes them (an offline engine's, with what the server
-        leaves to vLLM at VLLMConfig's defaults)."""
-        c, args = self.config, list(self.config.extra_args)
-
-        def flag(name: str) -> str | None:
-            return args[args.index(name) + 1] if name in args[:-1] else None
-
-        return VLLMConfig(max_num_seqs=c.max_num_seqs or VLLMConfig().max_num_seqs, max_model_len=c.max_model_len,
+        """The owned server's settings as `lablib.engines.together` sizes them: an offline engine's, with what the
+        server leaves to vLLM at the server's defaults (max_num_seqs SERVER_MAX_NUM_SEQS)."""
+        self._owned("vllm_config")
+        c, args = self.config, self.config.extra_args
+        kv = server_flag(args, "--kv-cache-memory-bytes")
+        return VLLMConfig(max_num_seqs=c.max_num_seqs or SERVER_MAX_NUM_SEQS, max_model_len=c.max_model_len,
                           enable_prefix_caching=bool(c.enable_prefix_caching),
                           gpu_memory_utilization=c.gpu_memory_utilization or VLLMConfig().gpu_memory_utilization,
-                          quantization=flag("--quantization"), kv_cache_dtype=flag("--kv-cache-dtype") or "auto",
-                          kv_cache_memory_bytes=int(kv) if (kv := flag("--kv-cache-memory-bytes")) else None)
+                          quantization=server_flag(args, "--quantization"),
+                          kv_cache_dtype=server_flag(args, "--kv-cache-dtype") or "auto",
+                          kv_cache_memory_bytes=int(kv) if kv else None)
 
     def resized(self, config: VLLMConfig) -> "ServerEngine":
-        """A new server engine of this model with `config`'s length, memory gate and exact KV cache (`together`
-        starts it beside offline engines), not started."""
-        extra = list(self.config.extra_args)
+        """A new owned server of this model with `config`'s max_num_seqs, length, memory gate and exact KV cache
+        (`together` starts it beside offline engines), not started."""
+        self._owned("resized")
+        extra = without_flag(self.config.extra_args, "--kv-cache-memory-bytes")
         if config.kv_cache_memory_bytes:
             extra += ["--kv-cache-memory-bytes", str(config.kv_cache_memory_bytes)]
-        sized = replace(self.config, port=0, max_model_len=config.max_model_len,
+        sized = replace(self.config, port=0, max_num_seqs=config.max_num_seqs, max_model_len=config.max_model_len,
                         gpu_memory_utilization=config.gpu_memory_utilization, extra_args=tuple(extra))
         return ServerEngine(self.spec, sized, timeout_s=self.timeout_s)
+
+    def _owned(self, call: str) -> None:
+        if self.server is None:
+            raise ValueError(f"ServerEngine.{call}: this engine is attached to a server already running "
+                             f"({self.base_url}); allowed only for one it starts (ServerConfig). Fix: start it here, "
+                             "or measure the running one alone, outside lablib.engines.together.")
 
     def alive(self) -> bool:
         return self.server is not None and self.server.proc is not None and self.server.proc.poll() is None
@@ -299,9 +332,10 @@ class ServerEngine:
         return records
 
     def close(self, force: bool = False, beside: bool | None = None) -> None:
-        """End the owned server's whole process group; then, as an offline engine does (`vllm.released`), whether
-        its GPU memory came back: the whole GPU to its baseline, or where other engines are up (`beside`; None:
-        whether any is alive now) its own processes. An attached server is left running."""
+        """End the owned server's whole process group (SIGTERM, then SIGKILL after its grace; `force`: SIGKILL at
+        once); then, as an offline engine does (`vllm.released`), whether its GPU memory came back: the whole GPU to
+        its baseline, or where other engines are up (`beside`; None: whether any is alive now) its own processes.
+        An attached server is left running."""
         if self.server is None or self.server.proc is None or self.facts.get("closed"):
             if self.server is not None:
                 self.server.stop()
@@ -311,7 +345,7 @@ class ServerEngine:
         pid = self.server.proc.pid
         pids = {pid, *(p.pid for p in self._descendants), *(p.pid for p in children(pid))}
         held = nvml_process_bytes(pids) if others else None
-        self.server.stop()
+        self.server.stop(grace_s=0.0 if force else None)
         STARTED.discard(self)
         self.facts["closed"] = True
         if self.facts.get("started"):  # a start that failed measured no baseline worth a verdict

@@ -37,6 +37,7 @@ from ..config import VLLMConfig
 from ..hardware.fit import CONTEXT_OVERHEAD, check_fit
 from ..models import ModelSpec
 from . import vllm as engines_vllm
+from .base import GroupEngine as Engine
 from .process import environ
 from .vllm import SETTLE_SLACK, SPARE_ENV, preflight
 
@@ -46,10 +47,6 @@ CORES_PER_START = 2  # host cores one engine's start keeps busy (its worker's im
 BLOCK = 16  # vLLM's KV block, in tokens
 LENGTH_STEP = 256  # a together-started engine's max_model_len, in whole steps of this many tokens
 MARGIN = 2 * 2**30  # per engine, beyond the fit check's overheads: vLLM's profile run, the allocator's cache
-# An engine this module starts: vLLM's offline engine (lablib.engines.vllm.VLLMEngine) or its OpenAI server
-# (lablib.engines.server.ServerEngine), which both answer vllm_config(), resized(config), launch(), wait_ready(),
-# others() and close(force, beside), and keep facts and a baseline
-Engine = Any
 
 
 def cap_from_env() -> int | None:

@@ -93,7 +93,7 @@ LABS = ("01", "02", "03", "04", "05", "06", "07", "08", "09", "10")
 CPU_BATCHES = (1, 4, 16)  # the embedded model's HF rungs: batch sizes a CPU climbs in minutes
 REAL_SIZE_BATCHES = (1, 64)  # a real-size model's: naive, then the journey's 64 requests in one batch (HF's best)
 NAIVE_REAL_SIZE = 8  # naive generate at real size runs the first 8 requests: all 64, one weight read per token each,
-# would take most of the ladder's minutes (the H200 read 16 GB per token of the 8B: about 35 tok/s). vLLM's batch-1
+# would take most of the ladder's minutes (HF generate ran the 8B at 14.7 tok/s on the H200). vLLM's batch-1
 # rungs run the same 8: a latency rung (all 64 one at a time: 7,682 tokens at ~200 tok/s, 40 s of the ladder) and
 # its factor over naive generate is then over the same requests
 # A recorded rung's own baseline, where it is not its step's baseline's recording (other model, other batch).
@@ -150,7 +150,7 @@ def speculative_hf_steps() -> list[Step]:
     """Lab 08's rungs this CPU runs: transformers' own speculative decoding (assisted generation, batch 1) with
     the embedded draft and with prompt lookup (n-gram), each against naive generate, k = SPEC_K, with naive
     generate's own attention kernel (eager): a side road changes one thing. On the embedded model only: at real
-    size naive generate is a minute or more of the ladder (the H200 read 16 GB a token: ~15 tok/s), and a second
+    size naive generate is a minute or more of the ladder (14.7 tok/s on the H200), and a second
     minute would show prompt lookup on text that repeats little of its prompt; the speculative rung of a real-size
     ladder is vLLM's EAGLE head (`real_size_eagle`)."""
     return [Step(f"hf-naive-{how}-k{SPEC_K}", lambda m, how=how: HFEngine(m, HFConfig(

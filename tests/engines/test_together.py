@@ -5,8 +5,10 @@ the close checks and the memory monitor's exclusion of the idle engines run for 
 import pytest
 
 from lablib.bench.offline import run
-from lablib.config import BenchConfig, VLLMConfig
+from lablib.config import BenchConfig, ServerConfig, VLLMConfig
 from lablib.engines import together
+from lablib.engines import vllm as engines_vllm
+from lablib.engines.server import ServerEngine
 from lablib.engines.vllm import VLLMEngine
 from lablib.hardware.fit import CONTEXT_OVERHEAD, check_fit
 from lablib.models import resolve_model
@@ -286,8 +288,6 @@ def test_vllms_server_starts_in_the_group_sized_as_an_offline_engine_is(fleet, m
     engines: all three up before the first is handed out, the server's KV cache, max_model_len and memory gate those
     of an offline engine of the same settings, each run's memory not counting the idle others, and once the group
     has closed the server is gone and the whole GPU back to its baseline."""
-    from lablib.engines.server import ServerEngine
-
     monkeypatch.setenv("FAKE_VLLM_TOKEN_DELAY", "0.001")
     wl = load_workload("journey", limit=4)
     made = [VLLMEngine("embedded", VLLMConfig(max_num_seqs=4)), ServerEngine("embedded"),
@@ -318,6 +318,23 @@ def test_vllms_server_starts_in_the_group_sized_as_an_offline_engine_is(fleet, m
 
 
 def _gpu_total():
-    from lablib.engines import vllm as engines_vllm
-
     return engines_vllm.nvml_used()[2]
+
+
+def test_a_server_is_sized_as_it_will_run_and_an_attached_one_is_refused():
+    """The server's settings read as vLLM's server runs them (max_num_seqs its default where unset; flags in either
+    form, the last one given); resized pins max_num_seqs and replaces a KV flag rather than adding a second; a server
+    this process did not start is neither sized nor restarted."""
+    engine = ServerEngine("embedded", ServerConfig(model="m", extra_args=(
+        "--quantization=fp8", "--kv-cache-memory-bytes", "1000", "--kv-cache-memory-bytes=2000")))
+    c = engine.vllm_config()
+    assert (c.max_num_seqs, c.quantization, c.kv_cache_memory_bytes) == (1024, "fp8", 2000)
+    sized = engine.resized(VLLMConfig(max_num_seqs=64, max_model_len=768, gpu_memory_utilization=0.2,
+                                      kv_cache_memory_bytes=5000))
+    assert sized.config.extra_args == ("--quantization=fp8", "--kv-cache-memory-bytes", "5000")
+    assert (sized.config.max_num_seqs, sized.config.max_model_len, sized.config.gpu_memory_utilization) == (64, 768, 0.2)
+    assert sized.vllm_config().kv_cache_memory_bytes == 5000 and sized.config.api_key == engine.config.api_key
+    attached = ServerEngine("embedded", base_url="http://127.0.0.1:1", api_key="k")
+    for call in (attached.vllm_config, lambda: attached.resized(VLLMConfig())):
+        with pytest.raises(ValueError, match=r"ServerEngine\.\w+: this engine is attached .* Fix"):
+            call()

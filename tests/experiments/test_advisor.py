@@ -8,7 +8,7 @@ import math
 import pytest
 
 from lablib.config import VLLMConfig
-from lablib.experiments.advisor import latency, plan
+from lablib.experiments.advisor import latency, plan, served
 from lablib.experiments.advisor.plan import Goal
 from lablib.experiments.speculative import eagle_8b
 from lablib.mechanisms import parallel as tp
@@ -386,8 +386,6 @@ def test_the_latency_model_replayed_on_every_server_the_h200_recorded():
     """Each recorded server under Poisson load (labs 05, 07 and the advisor's check), its own requests and arrivals
     through the model: TPOT p90 within the 10% aim on the advisor's three goals and on 15 of the 16 runs; the bf16
     journey runs within 10% at p50 too. The one miss (lab 07's burst of 32 at 128 req/s with caching on) is shown."""
-    from lablib.experiments.advisor import served
-
     rows = {r["step"]: r for r in served.replay_all()}
     assert set(rows) == set(served.served_steps()) and len(rows) == 16
     assert not any(s.endswith("-inf") for s in rows)  # bursts are not Poisson load

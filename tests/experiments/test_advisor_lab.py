@@ -7,6 +7,7 @@ import dataclasses
 
 import pytest
 
+from lablib.experiments import journey
 from lablib.experiments.advisor import checks, plan
 from lablib.experiments.advisor.lab import JourneyLab
 from lablib.results.reference import load_reference
@@ -74,8 +75,6 @@ def test_under_load_and_the_advice_checked_without_a_gpu(lab, capsys):
 def test_the_road_is_sized_by_the_model_it_climbs(lab, monkeypatch, capsys, model, want):
     """A CPU climbs the embedded model quickly; a GPU its real-size shape on all 64 journey requests (outputs capped,
     said in the Results' config), HF batches of 1 and what the GPU holds; the size is printed before the climb."""
-    from lablib.experiments import journey
-
     asked = {}
 
     def run_journey(model, **kw):
@@ -83,6 +82,8 @@ def test_the_road_is_sized_by_the_model_it_climbs(lab, monkeypatch, capsys, mode
         return [], []
 
     monkeypatch.setattr(journey, "default_model", lambda: model)
+    monkeypatch.setattr(journey, "default_batch_sizes", lambda m: [1, 8] if m == "embedded" else [1, 64])  # (what
+    # an H200 holds: a 40 GB GPU's would be 32)
     monkeypatch.setattr(journey, "run_journey", run_journey)
     monkeypatch.setattr(journey, "road", lambda results, batch_sizes: load_reference("vllm-8b-journey"))
     lab.run()

@@ -240,8 +240,9 @@ def test_loading_a_model_draws_no_weight_loading_bar_and_leaves_the_setting_as_i
 
 
 def test_a_gpu_load_reads_the_weights_straight_onto_the_device(monkeypatch):
-    """On a GPU the weights go straight to it (transformers' device_map, with accelerate) rather than all of them to
-    host memory first (an 8B's 16 GB); on the CPU no device_map. The GPU call is captured here, not made."""
+    """On a GPU the weights go straight to it (transformers' device_map, where accelerate is installed) rather than all
+    of them to host memory first (an 8B's 16 GB); on the CPU, or without accelerate, no device_map. The calls are
+    captured here, not made."""
     seen = []
 
     class Loaded:
@@ -257,9 +258,14 @@ def test_a_gpu_load_reads_the_weights_straight_onto_the_device(monkeypatch):
         return Loaded()
 
     monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", from_pretrained)
+    monkeypatch.setattr(transformers.utils, "is_accelerate_available", lambda: True)
     spec = resolve_model("embedded")
     load_hf_model(spec, "cuda", "bfloat16", "sdpa")
     assert seen[0] == {"dtype": torch.bfloat16, "attn_implementation": "sdpa", "device_map": "cuda"}
     seen.clear()
     load_hf_model(spec, "cpu", "float32")
     assert seen[0] == {"dtype": torch.float32}
+    seen.clear()
+    monkeypatch.setattr(transformers.utils, "is_accelerate_available", lambda: False)  # without accelerate: as before
+    load_hf_model(spec, "cuda", "bfloat16")
+    assert seen == [{"dtype": torch.bfloat16}, ("to", "cuda")]

@@ -22,7 +22,7 @@ from ...results.store import ResultStore, results_dir
 from ...stats import in_ms
 from ...workloads import Request, Workload
 from ..serving.runs import server_config, started
-from .load import little_rate, steady_middle, under_load
+from .load import TARGET, little_rate, steady_middle, under_load
 from .plan import Goal, engine_kwargs, plan
 
 FIGURES = ("ttft", "tpot", "itl")
@@ -52,7 +52,6 @@ def server_knobs(goal: Goal, advice: dict[str, Any]) -> dict[str, Any]:
             "enable_prefix_caching": bool(kw["enable_prefix_caching"]), "extra_args": tuple(extra)}
 
 
-TARGET = 0.10  # the advisor's aim: its TPOT p90 within 10% of the measured one
 
 
 def error_of(table: list[dict[str, Any]], figure: str, percentile: str) -> float | None:

@@ -1,14 +1,14 @@
 """Lab 10's Checks cell: the road this machine ran and showed, and the advice, asserted on the lab's object.
 
-What ran here answered every request; every rung shown but not measured here says where and when it was
-recorded; every skipped rung says why; the road holds a rung of every lab that adds one; vLLM's rung beats every
+What ran here answered every request (a batch-1 rung at real size: its stated subset); every rung shown but not
+measured here says where and when it was recorded; every skipped rung says why; the road holds a rung of every lab that adds one; vLLM's rung beats every
 HF rung only where vLLM ran here (`Checks.live`); every setting advised names why and what it rests on.
 """
 from __future__ import annotations
 
 from ...config import lab_id
 from ...session import Checks
-from ..journey import labs_on_road, vllm_gain
+from ..journey import NAIVE_REAL_SIZE, labs_on_road, vllm_gain
 from .lab import JourneyLab
 from .plan import advise
 
@@ -24,7 +24,7 @@ def checks(lab: JourneyLab) -> None:
     hf = {"hf-naive", *([f"hf-static-b{batch}"] if batch > 1 else [])}
     c.that("naive generate and static batching ran here, every request answered (a rung's stated subset, all of it)",
            hf <= {r.step for r in live} and all(
-               r.summary["requests"] == (r.workload["requests"] if r.config.get("subset") else lab.requests)
+               r.summary["requests"] == (min(lab.requests, NAIVE_REAL_SIZE) if r.config.get("subset") else lab.requests)
                for r in live))
     c.that("every rung shown that was not measured here says where and when it was recorded",
            all("recorded on" in r.label for r in shown if r.provenance == "recorded"))
@@ -37,9 +37,6 @@ def checks(lab: JourneyLab) -> None:
            all(r["why"] and r["source"] for g in lab.goals for r in advise(g)))
     c.that("under load, no request's predicted TPOT beats one request decoding alone (rounding aside)",
            all(u["tpot_ms"]["p50"] >= u["alone_tpot_ms"] * (1 - 1e-9) for u in lab.loads.values()))
-    within = sum(r["within_target"] for r in lab.replayed)
-    c.that("replayed on the servers the H200 recorded, the latency model's TPOT p90 is within 10% on at least three "
-           "quarters of them", within >= 0.75 * len(lab.replayed), f"{within} of {len(lab.replayed)}")
     c.live(lab.checked, "the advised engine answered every request sent under its load, and TPOT was measured",
            lambda got: all(g["answered"] == g["requests"] and not g["failures"] and g["measured"]["tpot_ms"]["p90"]
                            for g in got.values()), lambda got: [g["verdict"] for g in got.values()])

@@ -23,17 +23,17 @@ from .record import GOALS
 
 ROAD_COLUMNS = ["step", "provenance", "output_tok_s", "ttft_p50_s", "tpot_p50_s"]
 SERVED_COLUMNS = ["step", "weights", "rate_rps", "requests", "cached_prefix", "measured_p50_ms", "predicted_p50_ms",
-                  "measured_p90_ms", "predicted_p90_ms", "error_p90"]
+                  "measured_p90_ms", "predicted_p90_ms", "error_p90", "provenance"]
 SIDE_ROAD_COLUMNS = ["rung", "baseline", "lab", "where", "model", "workload", "tok_s_ratio", "ttft_speedup",
                      "tpot_speedup", "tokens_per_forward", "journey_gain"]
 
 
 
 # The road's size, by the model `run` climbs (`journey.default_model`): on the embedded model (a CPU) 8 requests of 32
-# new tokens, HF batches of 1 and 8, the ladder in a minute or two; at real size (a GPU) all 64 journey requests,
-# HF batches of 1 and what the GPU holds (`journey.default_batch_sizes`), each output capped at 128 tokens: every
-# rung sees the same 64 prompts, and an 8B's HF rungs decode 128 steps rather than the journey's longest, 512
-# (`lablab` runs them whole)
+# new tokens, HF batches of 1 and 8, the ladder in a minute or two; at real size (a GPU) all 64 journey requests (the
+# batch-1 rungs the first 8 of them: `journey.NAIVE_REAL_SIZE`), HF batches of 1 and what the GPU holds
+# (`journey.default_batch_sizes`), each output capped at 128 tokens: an 8B's HF rungs decode 128 steps rather than the
+# journey's longest, 512 (`lablab` runs them whole)
 QUICK = {"requests": 8, "batch_sizes": [1, 8], "max_new_tokens": 32}
 REAL_SIZE = {"requests": None, "batch_sizes": None, "max_new_tokens": 128}
 
@@ -42,7 +42,7 @@ class JourneyLab(LabSteps):
     """Lab 10's measurements: the road (None until `run`) and every goal advised (in the order asked)."""
 
     CALL = "(...)"
-    STEPS = {"results": "run", "shown": "run", "replayed": "served", "checked": "check_advice"}
+    STEPS = {"results": "run", "shown": "run", "checked": "check_advice"}
 
     def __init__(self, store: ResultStore | None = None) -> None:
         self.bench = BenchConfig(progress=False)  # `run` sets max_new_tokens by the model's size (QUICK, REAL_SIZE)
@@ -62,24 +62,26 @@ class JourneyLab(LabSteps):
     def run(self, cpu_threads: int | None = 1, **size: Any) -> Any:
         """Every rung of every lab on the same journey requests (`journey.run_journey`) on the model this machine
         climbs (`journey.default_model`), then the road with the recorded rungs (`journey.road`); returns the road's
-        table. Its size is QUICK on the embedded model and REAL_SIZE otherwise, or `requests`, `batch_sizes` and
-        `max_new_tokens` as given (None: the workload's own); printed before the first rung."""
+        table. Its size is QUICK on the embedded model and REAL_SIZE otherwise, or `requests` and `max_new_tokens`
+        (None: the workload's own) and `batch_sizes` (None: `journey.default_batch_sizes`) as given; printed before the
+        first rung."""
         model = journey.default_model()
         unknown = sorted(set(size) - set(QUICK))
         if unknown:
             raise ValueError(f"JourneyLab.run: {unknown[0]}=...: allowed {sorted(QUICK)} (and cpu_threads). Fix: "
                              "e.g. lab.run(requests=8, batch_sizes=[1, 8], max_new_tokens=32).")
         size = {**(REAL_SIZE if journey.is_real_size(model) else QUICK), **size}
-        self.batch_sizes = list(size["batch_sizes"] or journey.default_batch_sizes(model))
-        self.requests = size["requests"] or len(load_workload("journey"))
-        self.bench = replace(self.bench, max_new_tokens=size["max_new_tokens"],
-                             tags={**self.bench.tags, "max_new_tokens": size["max_new_tokens"]})
+        batch_sizes = list(size["batch_sizes"] or journey.default_batch_sizes(model))
+        requests = size["requests"] or len(load_workload("journey"))
+        bench = replace(self.bench, max_new_tokens=size["max_new_tokens"],
+                        tags={**self.bench.tags, "max_new_tokens": size["max_new_tokens"]})
         outputs = (f"each output capped at {size['max_new_tokens']} tokens" if size["max_new_tokens"] else
                    "the journey's own output lengths")
-        print(f"{model}: {self.requests} journey requests, HF batch sizes {self.batch_sizes}, {outputs}")
-        self.results, self.skipped = journey.run_journey(model, requests=self.requests, batch_sizes=self.batch_sizes,
-                                                         bench=self.bench, store=self.store, lab=lab_id("10"),
-                                                         cpu_threads=cpu_threads)
+        print(f"{model}: {requests} journey requests, HF batch sizes {batch_sizes}, {outputs}")
+        results, skipped = journey.run_journey(model, requests=requests, batch_sizes=batch_sizes, bench=bench,
+                                               store=self.store, lab=lab_id("10"), cpu_threads=cpu_threads)
+        self.requests, self.batch_sizes, self.bench = requests, batch_sizes, bench  # (kept once the road ran)
+        self.results, self.skipped = results, skipped
         self.shown = journey.road(self.results, self.batch_sizes)
         return frame(table(self.shown), ROAD_COLUMNS)
 

@@ -160,7 +160,9 @@ def fp8_prefill_speedup(step_tokens: int | None = None) -> tuple[float, str]:
     bursts (`fp8_prefill_points`), log-interpolated in the step's tokens and held flat beyond the ends; None: the
     largest step's. Not the 2x of FP8's peak, and not one number: vLLM quantizes activations on the fly and the
     attention stays bf16, and a small step's GEMMs gain least (on the H200: x1.16 for a step of 1,063 prompt tokens,
-    x1.41 at 8,507, x1.43 at the 16,384 budget). Taken for any GPU with FP8 tensor cores."""
+    x1.41 at 8,507, x1.43 at the 16,384 budget). Taken for any GPU with FP8 tensor cores. Each point is a whole
+    burst's TTFT ratio (its weight reads and fixed costs included) applied to the prefill compute alone: at the
+    smallest burst part of FP8's gain is the weight bytes it halves, so there the price errs towards FP8."""
     points, label = fp8_prefill_points()
     if step_tokens is None or step_tokens >= points[-1][0]:
         return points[-1][1], label

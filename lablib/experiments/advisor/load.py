@@ -15,7 +15,7 @@ cached after the first request and cost nothing. Arrivals are Poisson at the goa
 at which the engines' max_num_seqs would all be busy (`little_rate`). TTFT, TPOT and every
 gap (ITL) come from the simulated requests in the steady middle of the run (`steady_middle`); a request that a step
 skipped (the token budget ran out) has no gaps recorded, so ITL's tail can read low. A model, checked against a real
-server by `check`.
+server by `check` on a GPU, and against every server the H200 recorded by `served`.
 """
 from __future__ import annotations
 
@@ -35,6 +35,7 @@ from .plan import Goal, plan
 
 # vLLM 0.26's OpenAI server on a GPU of 70 GiB or more (not an A100): engine/arg_utils.py's defaults
 SERVER_MAX_NUM_BATCHED_TOKENS = 8192
+TARGET = 0.10  # the advisor's aim: its TPOT p90 within 10% of the measured one (`check`, `served`)
 
 
 class StepCost:
