@@ -5,6 +5,8 @@
 #                                                         H200: run it as two commands, -k "not 8b" then -k 8b)
 #   bash scripts/gpu_session.sh labs   SECONDS NB...      notebooks under nbval, live (e.g. labs/03_kv_cache.ipynb)
 #   bash scripts/gpu_session.sh record SECONDS STEPS      scripts/record_reference.py --steps STEPS
+#   bash scripts/gpu_session.sh lablab SECONDS [ARGS...]  the main job (lablab ARGS: by default the real-size ladder the
+#                                                         GPU holds), its Results, summary and report packed
 #
 # Each phase stops itself (SIGINT, so engines and servers close; SIGKILL 90 s later: a vLLM engine may take
 # a minute to close, and a recording writes what it measured only once its engine has) after SECONDS, then packs its logs,
@@ -21,7 +23,9 @@ case $phase in
           mkdir -p "$run/results" && cp results/*.jsonl "$run/results/" 2>/dev/null  # the labs' live Results,
           cp results/facts-*.json "$run/results/" 2>/dev/null ;;  # and the studies a live lab records (keep_facts)
   record) timeout -s INT -k 90 "$budget" python scripts/record_reference.py --out "$run" --steps "$1" 2>&1 | tee "$run/stdout.log" ;;
-  *) echo "unknown phase $phase: tests, labs or record"; exit 2 ;;
+  lablab) timeout -s INT -k 90 "$budget" python -c 'import sys; from lablib.cli import main; sys.exit(main())' \
+            --results "$run/results" --report "$run/journey.html" "$@" 2>&1 | tee "$run/stdout.log" ;;
+  *) echo "unknown phase $phase: tests, labs, record or lablab"; exit 2 ;;
 esac
 echo "phase $phase: $(( $(date +%s) - t0 )) s" | tee -a "$run/phase.txt"
 nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv >> "$run/phase.txt" 2>&1
