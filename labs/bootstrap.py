@@ -61,7 +61,8 @@ def _missing_dependencies(root: pathlib.Path) -> list[str]:
             missing.append(name)
             continue
         if req is not None and req.specifier and not req.specifier.contains(have, prereleases=True):
-            missing.append(f"{name} {have} (needs {req.specifier})")
+            wanted = ",".join(sorted(map(str, req.specifier), key=lambda s: not s.startswith(">")))  # lower bound first
+            missing.append(f"{name} {have} (needs {wanted})")
     return missing
 
 

@@ -13,6 +13,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import nbformat
@@ -78,14 +79,16 @@ def test_bootstrap_imports_an_uninstalled_clone_whose_dependencies_are_all_there
                        "m.version = lambda name: '4.57.0' if name == 'transformers' else v(name)\n")
     stale = subprocess.run([sys.executable, "-c", old, "REPO/labs/bootstrap.py"], cwd=colab, capture_output=True,
                            text=True, timeout=120, check=False)  # a runtime with transformers 4: too old
-    assert "for transformers 4.57.0 (needs >=5.17)" in stale.stdout and "PIP" in stale.stdout, stale.stdout
+    pin = next(d for d in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+               if d.startswith("transformers"))[len("transformers"):]  # as pyproject states it, lower bound first
+    assert f"for transformers 4.57.0 (needs {pin})" in stale.stdout and "PIP" in stale.stdout, stale.stdout
     offline = subprocess.run([sys.executable, "-c", code, "REPO/labs/bootstrap.py", "plotly"], cwd=colab,
                              capture_output=True, text=True, timeout=120, check=False, env={**os.environ, "PIP_RC": "1"})
     assert offline.returncode != 0 and "RuntimeError: lablib needs plotly" in offline.stderr, offline.stderr[-2000:]
     assert "No matching distribution found for plotly" in offline.stderr and "-m pip install 'plotly'" in offline.stderr
     stale_offline = subprocess.run([sys.executable, "-c", old, "REPO/labs/bootstrap.py"], cwd=colab, capture_output=True,
                                    text=True, timeout=120, check=False, env={**os.environ, "PIP_RC": "1"})
-    assert "-m pip install 'transformers>=5.17'" in stale_offline.stderr, stale_offline.stderr[-2000:]
+    assert f"-m pip install 'transformers{pin}'" in stale_offline.stderr, stale_offline.stderr[-2000:]
 
 
 def test_bootstrap_without_a_clone_around_uses_the_installed_lablib(tmp_path):
