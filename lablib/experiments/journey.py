@@ -69,6 +69,11 @@ class Step:
     # its engine is vLLM's (VLLMEngine, or its server, ServerEngine): those rungs run after the others, their engines
     # started together and measured one by one (lablib.engines.together)
     together: bool = False
+    # measured on the engine of the rung named here (a together rung of the same run), its requests sent
+    # `max_concurrency` at a time, right after that rung: one engine start fewer (an 8B engine takes ~100 s to start)
+    # for a rung that changes only how many requests are in flight. Where that rung does not run, it starts its own.
+    rides: str = ""
+    max_concurrency: int | None = None  # requests in flight at most (BenchConfig.max_concurrency); None: all at once
 
 
 # HF static batching of the whole journey in one batch of 64, on the synthetic 8B: the H200's HF rung.
@@ -179,8 +184,9 @@ def ladder(batch_sizes: list[int]) -> list[Step]:
     def eagle(batch: int | None) -> Step:
         tail = f"-b{batch}" if batch else ""
         return Step(f"vllm-eagle-k{SPEC_K}{tail}", lambda m: VLLMEngine(m, VLLMConfig(
-            max_num_seqs=batch or VLLMConfig().max_num_seqs, speculative_config=speculative_config("eagle", SPEC_K))),
+            speculative_config=speculative_config("eagle", SPEC_K))),
             needs=gpu, together=True, lab="08", baseline=f"vllm{tail}", models=("embedded",),
+            rides=f"vllm-eagle-k{SPEC_K}" if batch else "", max_concurrency=batch,
             recorded=SPEC_RECORDED[1][1:] if batch else SPEC_RECORDED[64], record_step="speculative",
             why=(f"the EAGLE head proposes {SPEC_K} tokens from the target's own features, " +
                  ("one request at a time: where speculation pays, latency at low load (lab 08)" if batch else
@@ -207,10 +213,11 @@ def ladder(batch_sizes: list[int]) -> list[Step]:
                                                                      "quantized as it loads): half the bytes each decode step reads (lab 06)"),
         prefix(False), prefix(True),
         *speculative_hf_steps(),
-        Step("vllm-b1", lambda m: VLLMEngine(m, VLLMConfig(max_num_seqs=1)), needs=gpu, together=True, lab="08",
+        Step("vllm-b1", lambda m: VLLMEngine(m, VLLMConfig()), needs=gpu, together=True, lab="08",
              recorded=SPEC_RECORDED[1][:1], record_step="speculative", real_size_limit=NAIVE_REAL_SIZE,
-             why="vLLM one request at a time (live: max_num_seqs=1 at vLLM's defaults; its recording is lab 08's "
-                 "baseline, V1 runner and async off, waves of one request): the baseline of the next rung"),
+             rides="vllm", max_concurrency=1,
+             why="vLLM one request at a time (live: the vllm rung's engine, each request sent when the one before "
+                 "it finished; its recording is lab 08's baseline, V1 runner and async off): the next rung's baseline"),
         eagle(1), eagle(None), real_size_eagle()]
 
 
@@ -325,12 +332,13 @@ def rungs(model: Any, workload: str = "journey", requests: int | None = None, ba
             log(f"skip {step.name}: {why}")
             continue
         own = load_workload(step.workload, limit=requests) if step.workload else wl
-        step_bench = bench
+        step_bench = bench if step.max_concurrency is None else dataclasses.replace(
+            bench, max_concurrency=step.max_concurrency)
         if step.real_size_limit and is_real_size(model) and len(own) > step.real_size_limit:
             subset = (f"the first {step.real_size_limit} of {len(own)} requests (real size: one request at a time, "
                       "naive generate's requests)")
             own, step_bench = own.head(step.real_size_limit), dataclasses.replace(
-                bench, tags={**bench.tags, "subset": subset})
+                step_bench, tags={**bench.tags, "subset": subset})
         todo.append((step, own, step_bench))
     return todo, skipped
 
@@ -396,27 +404,42 @@ def run_journey(model: str = "auto", workload: str = "journey", requests: int | 
     for step, own, step_bench in [t for t in todo if not t[0].together]:
         measured(step, own, step_bench, lambda: run_step(step, model, own, step_bench, lab=lab, store=store,
                                                          threads=cpu_threads))
-    together = [t for t in todo if t[0].together]  # vLLM's engines last: started together, measured one by one
-    if together:
+    together, riders = hosts_and_riders([t for t in todo if t[0].together])  # vLLM's engines last: started
+    if together:  # together, measured one by one, each rung riding an engine measured right after its host
         made: list[Any] = []
         for step, _, _ in together:
             try:
                 made.append(step.make_engine(model))
             except Exception as e:  # noqa: BLE001 - handed over at its turn (a refusal raises there)
                 made.append(e)
-        lengths = [request_lengths(own, e.spec, b) for (_, own, b), e in zip(together, made)
-                   if not isinstance(e, Exception)] or [[1]]  # all refused: each raises its own at its turn
+        spec = next((e.spec for e in made if not isinstance(e, Exception)), None)
+        lengths = [request_lengths(own, spec, b) for t in together for (_, own, b) in (t, *riders.get(t[0].name, ()))
+                   if spec is not None] or [[1]]  # all refused: each raises its own at its turn
         with contextlib.closing(one_by_one(made, runs=lengths)) as engines:
             for (step, own, step_bench), engine in zip(together, engines):
-                def measure(engine: Any = engine, step: Step = step, own: Any = own, b: BenchConfig = step_bench):
-                    if isinstance(engine, Exception):
-                        raise engine
-                    return run(engine, own, b, lab=lab, step=step.name, store=store)
+                for rung, rung_own, rung_bench in ((step, own, step_bench), *riders.get(step.name, ())):
+                    def measure(engine: Any = engine, rung: Step = rung, own: Any = rung_own,
+                                b: BenchConfig = rung_bench) -> Result:
+                        if isinstance(engine, Exception):
+                            raise engine
+                        return run(engine, own, b, lab=lab, step=rung.name, store=store)
 
-                measured(step, own, step_bench, measure)
+                    measured(rung, rung_own, rung_bench, measure)
     order = {s.name: i for i, s in enumerate(steps)}
     results.sort(key=lambda r: order.get(r.step, len(order)))  # the ladder's order, whatever order they ran in
     return results, skipped
+
+
+def hosts_and_riders(together: list[tuple[Step, Any, BenchConfig]]
+                     ) -> tuple[list[tuple[Step, Any, BenchConfig]], dict[str, list[tuple[Step, Any, BenchConfig]]]]:
+    """The together rungs that start an engine, in order, and per host rung's name the rungs that ride its engine
+    (`Step.rides`); a rung whose host is not among them starts its own."""
+    names = {step.name for step, _, _ in together}
+    riders: dict[str, list[tuple[Step, Any, BenchConfig]]] = {}
+    for t in together:
+        if t[0].rides in names:
+            riders.setdefault(t[0].rides, []).append(t)
+    return [t for t in together if t[0].rides not in names], riders
 
 
 def engine_start(r: Result) -> dict[str, Any] | None:

@@ -280,3 +280,21 @@ def test_at_real_size_every_batch_1_rung_reads_naive_generates_requests(monkeypa
     assert len(by["vllm-prefix-on"][0].requests) == len(by["vllm-prefix-off"][0].requests) > jx.NAIVE_REAL_SIZE
     on_embedded, _ = jx.rungs("embedded", batch_sizes=[1, 4])  # the embedded model: every rung all of its requests
     assert all("subset" not in b.tags for _, _, b in on_embedded)
+
+
+def test_the_batch_1_rungs_ride_the_engine_of_the_rung_they_change_and_start_their_own_without_it(monkeypatch):
+    """vLLM one request at a time is the vllm rung's engine with one request in flight (and the embedded EAGLE head's
+    batch-1 rung its batch rung's engine): one engine start fewer each, measured right after the host; where the
+    host does not run (here: skipped), the rider starts its own engine, still one request at a time."""
+    monkeypatch.setattr(jx, "mode", lambda: {"live": True, "gpu": True, "why": ""})
+    todo, _ = jx.rungs("embedded", batch_sizes=[1, 4])
+    together = [t for t in todo if t[0].together]
+    hosts, riders = jx.hosts_and_riders(together)
+    assert {host: [t[0].name for t in ts] for host, ts in riders.items()} == {
+        "vllm": ["vllm-b1"], f"vllm-eagle-k{jx.SPEC_K}": [f"vllm-eagle-k{jx.SPEC_K}-b1"]}
+    assert "vllm-b1" not in [t[0].name for t in hosts] and len(hosts) == len(together) - 2
+    by = {step.name: b for step, _, b in todo}
+    assert by["vllm-b1"].max_concurrency == by[f"vllm-eagle-k{jx.SPEC_K}-b1"].max_concurrency == 1
+    assert by["vllm"].max_concurrency is None and by[f"vllm-eagle-k{jx.SPEC_K}"].max_concurrency is None
+    alone, riders = jx.hosts_and_riders([t for t in together if t[0].name != "vllm"])
+    assert "vllm-b1" in [t[0].name for t in alone] and "vllm" not in riders
