@@ -307,3 +307,33 @@ def capacity_figure(found: dict[str, Any], where: str) -> go.Figure:
     return finish(fig, "The highest load that meets the latency target", where,
                   notes=[found["slo"], found["verdict"].split(": ", 1)[-1] if lo is not None and hi is not None
                          else found["verdict"]])
+
+
+def pareto_figure(tuned: dict[str, Any], where: str) -> go.Figure:
+    """The tuning front (`experiments.serving.pareto`): every load test as tok/s per GPU (x) against one user's tok/s
+    (y), the front drawn through the points no other beats on both, each labelled with its setting. `where`: its label."""
+    points = [p for p in tuned.get("points", []) if p.get("tok_s_per_user")]
+    if not points:
+        raise ValueError("pareto_figure: no points to draw. Fix: pass what ServingLab.pareto kept (lab.tuned) after it "
+                         "ran.")
+
+    def setting(p: dict[str, Any]) -> str:
+        scheme = "" if p["scheme"] == "simulated" else f"{p['scheme']}, "
+        return f"{scheme}max_num_seqs {p['max_num_seqs']}, budget {p['max_num_batched_tokens']}, {p['concurrency']} in flight"
+
+    fig = go.Figure()
+    fig.add_trace(go.Scatter(x=[p["tok_s_per_gpu"] for p in points], y=[p["tok_s_per_user"] for p in points],
+                             mode="markers", name="every load test", marker={"color": "#bbbbbb", "size": 8},
+                             text=[setting(p) for p in points], hovertemplate="%{text}<br>%{x:,.0f} tok/s per GPU, "
+                             "%{y:,.1f} tok/s per user<extra></extra>"))
+    best = tuned["front"]
+    fig.add_trace(go.Scatter(x=[p["tok_s_per_gpu"] for p in best], y=[p["tok_s_per_user"] for p in best],
+                             mode="lines+markers", name="the front: nothing beats these on both",
+                             line={"color": colour("front"), "shape": "hv"}, marker={"size": 10},
+                             text=[setting(p) for p in best], hovertemplate="%{text}<br>%{x:,.0f} tok/s per GPU, "
+                             "%{y:,.1f} tok/s per user<extra></extra>"))
+    fig.update_xaxes(title_text="output tok/s per GPU (the operator's)",
+                     type="log" if spans_decades(p["tok_s_per_gpu"] for p in points) else "linear")
+    fig.update_yaxes(title_text="tok/s per user (1 / TPOT p50)")
+    return finish(fig, "Tokens per GPU against tokens per user: the settings worth choosing between", where,
+                  notes=[f"{len(best)} of {len(points)} load tests on the front"])

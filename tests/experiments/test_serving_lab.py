@@ -53,3 +53,38 @@ def test_the_capacity_step_runs_on_the_simulator_without_a_gpu_and_refuses_bad_t
                        ({"ttft_ms": None, "tpot_ms": None}, "ttft_ms/tpot_ms/itl_ms/e2el_ms"), ({"low": 8.0, "high": 4.0}, "high")):
         with pytest.raises(ValueError, match=rf"\.{field}=.*allowed.*Fix:"):
             lab.capacity(**{"ttft_ms": 1000, **bad})
+
+
+def test_the_tuning_front_runs_on_the_simulator_without_a_gpu_and_shows_a_recording_where_there_is_one(
+        lab, capsys, monkeypatch):
+    """Without a GPU or a recording: lab 04's simulator over the cell's settings, labelled; more in flight, more
+    tokens per GPU and fewer per user along the front. With the H200's recording (here a stand-in of its form), that,
+    labelled with its model, GPU and date. Bad settings are refused naming the field."""
+    from lablib.experiments.serving import capacity, pareto
+    from lablib.plots.serving import pareto_figure
+    from lablib.results.reference import NotRecorded
+
+    monkeypatch.setattr(serving_lab, "mode", lambda: {"live": False, "recorded": "recorded on the H200"})
+    monkeypatch.setattr(serving_lab, "recorded_facts", lambda key, step: (_ for _ in ()).throw(NotRecorded(key, step)))
+    rows = lab.pareto(max_num_seqs=(16, 64, 256), levels=(1, 4, 16, 64, 256))
+    assert lab.tuned_where.startswith(capacity.SIMULATOR) and "--steps pareto" in lab.tuned_where
+    assert "load tests on the front" in capsys.readouterr().out
+    best = lab.tuned["front"]
+    assert len(best) == len(rows) >= 3 and all(p["scheme"] == "simulated" for p in lab.tuned["points"])
+    assert [p["tok_s_per_gpu"] for p in best] == sorted(p["tok_s_per_gpu"] for p in best)
+    assert [p["tok_s_per_user"] for p in best] == sorted((p["tok_s_per_user"] for p in best), reverse=True)
+    assert best[-1]["concurrency"] > best[0]["concurrency"] and best[-1]["tok_s_per_gpu"] > 2 * best[0]["tok_s_per_gpu"]
+    in_flight = [(p["max_num_batched_tokens"], min(p["concurrency"], p["max_num_seqs"])) for p in lab.tuned["points"]]
+    assert len(in_flight) == len(set(in_flight))  # a run the server's cap makes the same as another is made once
+    fig = pareto_figure(lab.tuned, lab.tuned_where)
+    assert [t.name for t in fig.data] == ["every load test", "the front: nothing beats these on both"]
+    assert "made-up step costs" in fig.layout.title.text
+    recorded = {"points": best, "front": best, "model": "synthetic:llama-3.1-8b", "gpu": "NVIDIA H200",
+                "date": "2026-12-06"}
+    monkeypatch.setattr(serving_lab, "recorded_facts", lambda key, step: recorded)
+    lab.pareto()
+    assert lab.tuned is recorded and lab.tuned_where == "recorded on the H200: synthetic:llama-3.1-8b, NVIDIA H200, 2026-12-06"
+    with pytest.raises(ValueError, match=r"pareto\.on_simulator\.max_num_batched_tokens=\[8\]: allowed .*Fix:"):
+        pareto.on_simulator(max_num_seqs=(16,), max_num_batched_tokens=(8,))
+    with pytest.raises(ValueError, match=r"concurrency_sweep\.levels=.*Fix:"):
+        pareto.on_simulator(levels=(0,))

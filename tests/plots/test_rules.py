@@ -24,7 +24,7 @@ from plotly.subplots import make_subplots
 from lablib import mechanisms
 from lablib.bench.goodput import SLO
 from lablib.experiments.scheduling import scheduler_rows
-from lablib.experiments.serving import capacity
+from lablib.experiments.serving import capacity, pareto
 from lablib.plots import batching, kv, scheduling, serving, style
 from lablib.results.reference import load_reference, recorded_rows
 from lablib.workloads import load_workload
@@ -85,6 +85,7 @@ def _figures() -> dict[str, go.Figure]:
         "LiveServerMetrics": live_gauges.figure,
         "capacity_figure": serving.capacity_figure(capacity.on_simulator(SLO(ttft_ms=1000, percentile=90)),
                                                    capacity.SIMULATOR),
+        "pareto_figure": serving.pareto_figure(pareto.on_simulator(), capacity.SIMULATOR),
     }
     for metric in batching.LATENCY_METRICS:
         figs[f"latency_cdf/{metric}"] = batching.latency_cdf(offline, metric)

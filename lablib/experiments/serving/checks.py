@@ -10,7 +10,7 @@ from .lab import ServingLab
 def checks(lab: ServingLab) -> None:
     """Lab 05's Checks cell: the client's ceiling measured here; where the server ran live, more load more queueing,
     every request back, the client kept up, and the lab's client agreeing with `vllm bench serve`; the capacity
-    search answered an interval."""
+    search answered an interval; the tuning front trades tokens per GPU for tokens per user."""
     lab.require_all()
     online, verdict, ceiling = lab.online, lab.verdict, lab.ceiling
     c = Checks(lab_id("05"))
@@ -28,4 +28,10 @@ def checks(lab: ServingLab) -> None:
     lo, hi = lab.found["interval_rps"]
     c.that(f"the capacity search bracketed the SLO: it held at the interval's low end, failed at its high end "
            f"[{lab.found_where}]", lo is not None and hi is not None and lo < hi, lab.found["verdict"])
+    best = lab.tuned["front"]
+    c.that(f"the tuning front trades one for the other: its busiest point ran more requests at once for over 2x the "
+           f"tokens per GPU of its fastest point per user [{lab.tuned_where}]",
+           len(best) >= 2 and best[-1]["concurrency"] > best[0]["concurrency"]
+           and best[-1]["tok_s_per_gpu"] > 2 * best[0]["tok_s_per_gpu"],
+           [(p["concurrency"], round(p["tok_s_per_gpu"]), round(p["tok_s_per_user"], 1)) for p in best])
     c.done()

@@ -15,8 +15,10 @@ from ...config import lab_id
 from ...results.record import Result
 from ...results.store import ResultStore
 from ...bench.goodput import SLO
+from ...results.reference import NotRecorded, recorded_facts
 from ...session import LabSteps, frame, live_label, mode
 from . import capacity as cap
+from . import pareto
 from . import runs
 
 LOAD_COLUMNS = ["step", "requests", "output_tok_s", "ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "e2e_p99_s"]
@@ -26,7 +28,7 @@ class ServingLab(LabSteps):
     """Lab 05's measurements, one attribute per step, filled in as the notebook runs them (None until then)."""
 
     STEPS = {"online": "rate_sweep", "served": "rate_sweep", "verdict": "referee", "ceiling": "client_ceiling",
-             "found": "capacity"}
+             "found": "capacity", "tuned": "pareto"}
 
     def __init__(self, store: ResultStore | None = None) -> None:
         self.store = store if store is not None else ResultStore.for_lab(lab_id("05"))  # every live load test
@@ -37,6 +39,8 @@ class ServingLab(LabSteps):
         self.ceiling: dict[str, Any] | None = None  # `client_ceiling`: this machine's client, measured here
         self.found: dict[str, Any] | None = None  # `capacity`: the SLO capacity search (server or simulator)
         self.found_where = ""  # `capacity`: where it ran (this GPU live, or the simulator)
+        self.tuned: dict[str, Any] | None = None  # `pareto`: the tuning front's points and front
+        self.tuned_where = ""  # `pareto`: where it ran (this GPU live, the H200's recording, or the simulator)
 
     def rate_sweep(self, model: str = "embedded", repeat: int = 4, **kw: Any) -> list[Result]:
         """The server under Poisson load (`runs.rate_sweep_or_recorded`), feeding `self.gauges` while it runs:
@@ -93,3 +97,25 @@ class ServingLab(LabSteps):
             self.found_where = cap.SIMULATOR
         print(f"{self.found['verdict']} [{self.found_where}]")
         return frame(cap.probe_rows(self.found))
+
+    def pareto(self, model: str = "embedded", max_num_seqs: tuple[int, ...] = (16, 256),
+               max_num_batched_tokens: tuple[int, ...] = (2048,), levels: tuple[int, ...] = (1, 16, 64, 256),
+               **kw: Any) -> Any:
+        """The tuning front (`pareto`): live, one server per setting on this GPU (`pareto.sweep`, bf16); elsewhere
+        the H200's recording of the synthetic 8B (bf16 and FP8) where there is one, else lab 04's simulator over the
+        same settings, labelled. Prints how many load tests made the front, returns the front's rows."""
+        if mode()["live"]:
+            self.tuned = pareto.sweep(model, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                                      schemes=("bf16",), levels=levels, store=self.store, **kw)
+            self.tuned_where = live_label()
+        else:
+            try:
+                self.tuned = recorded_facts("pareto", "pareto")
+                self.tuned_where = f"{mode()['recorded']}: {self.tuned['model']}, {self.tuned['gpu']}, {self.tuned['date']}"
+            except NotRecorded as e:
+                self.tuned = pareto.on_simulator(max_num_seqs, max_num_batched_tokens, levels)
+                self.tuned_where = f"{cap.SIMULATOR} ({e})"
+        print(f"{len(self.tuned['front'])} of {len(self.tuned['points'])} load tests on the front [{self.tuned_where}]")
+        return frame([{k: p.get(k) for k in ("scheme", "max_num_seqs", "max_num_batched_tokens", "concurrency",
+                                              "tok_s_per_gpu", "tok_s_per_user", "tpot_p50_ms")}
+                      for p in self.tuned["front"]])

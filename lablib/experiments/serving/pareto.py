@@ -5,6 +5,8 @@ ones), and every setting of `max_num_seqs`, `max_num_batched_tokens` and the wei
 `sweep` starts one server per setting and sends the workload at a few concurrency caps (`runs.concurrency_sweep`);
 each load test is one point: output tok/s over the GPUs the engine uses (x), and one user's stream, 1000 / TPOT p50
 in tok/s (y). `front` keeps the points no other point beats on both axes: the settings worth choosing between.
+`on_simulator` draws the same front on lab 04's scheduler simulator (made-up step costs, `capacity.SIMULATOR`): the
+trade-off's shape on any CPU, not a GPU's speeds.
 """
 from __future__ import annotations
 
@@ -15,9 +17,12 @@ from typing import Any
 
 from ... import validate
 from ...config import lab_id
+from ...mechanisms.batching import CostModel, continuous_batching
 from ...models import ModelSpec
-from ...results.record import Result
+from ...results.record import RequestRecord, Result
 from ...results.store import ResultStore
+from ...workloads import load_workload
+from .capacity import SIMULATOR
 from .runs import check_levels, concurrency_sweep
 
 SCHEMES = {"bf16": (), "fp8": ("--quantization", "fp8")}
@@ -47,14 +52,10 @@ def sweep(model: str | ModelSpec = "embedded", *, max_num_seqs: Sequence[int] = 
           **knobs: Any) -> dict[str, Any]:
     """One server per setting (every input checked before the first starts), a concurrency sweep on each; returns
     {"points", "front", "settings"}. `knobs` go to every ServerConfig (e.g. gpu_memory_utilization)."""
-    seqs = validate.integers("pareto.sweep", "max_num_seqs", max_num_seqs, "sequences per step, e.g. [16, 64, 256].")
-    budgets = validate.integers("pareto.sweep", "max_num_batched_tokens", max_num_batched_tokens,
-                                "tokens per step, e.g. [2048, 8192].")
     for s in schemes:
         validate.choice("pareto.sweep", "schemes", s, tuple(SCHEMES), "bf16 or fp8 (lab 06's schemes vLLM makes at load).")
     levels = check_levels(levels)
-    settings = [{"scheme": s, "max_num_seqs": n, "max_num_batched_tokens": b} for s, n, b in
-                product(schemes, seqs, budgets) if b >= n]  # vLLM refuses a token budget below max_num_seqs
+    settings = settings_of(max_num_seqs, max_num_batched_tokens, schemes, "pareto.sweep")
     points, results, base_extra = [], [], tuple(knobs.pop("extra_args", ()))
     for i, setting in enumerate(settings):
         extra = (*SCHEMES[setting["scheme"]], "--max-num-batched-tokens", str(setting["max_num_batched_tokens"]))
@@ -65,3 +66,53 @@ def sweep(model: str | ModelSpec = "embedded", *, max_num_seqs: Sequence[int] = 
         results += got["results"]
         points += [point(r, setting) for r in got["results"]]
     return {"points": points, "front": front(points), "settings": settings, "results": results}
+
+
+def settings_of(max_num_seqs: Sequence[int], max_num_batched_tokens: Sequence[int], schemes: Sequence[str],
+                where: str) -> list[dict[str, Any]]:
+    """Every setting of the grid, each input checked (`where` names the caller in the error); a token budget below
+    max_num_seqs is left out (vLLM refuses it)."""
+    seqs = validate.integers(where, "max_num_seqs", max_num_seqs, "sequences per step, e.g. [16, 64, 256].")
+    budgets = validate.integers(where, "max_num_batched_tokens", max_num_batched_tokens,
+                                "tokens per step, e.g. [2048, 8192].")
+    settings = [{"scheme": s, "max_num_seqs": n, "max_num_batched_tokens": b} for s, n, b in
+                product(schemes, seqs, budgets) if b >= n]
+    if not settings:
+        raise validate.refuse(where, "max_num_batched_tokens", list(budgets), f"at least one >= the smallest "
+                              f"max_num_seqs ({min(seqs)})", "a token budget of at least max_num_seqs, e.g. 2048.")
+    return settings
+
+
+def on_simulator(max_num_seqs: Sequence[int] = (16, 64, 256), max_num_batched_tokens: Sequence[int] = (512, 2048),
+                 levels: Sequence[int] = (1, 4, 16, 64, 256), workload: str = "journey", repeat: int = 2,
+                 cost: CostModel | None = None) -> dict[str, Any]:
+    """The front on lab 04's simulator: per setting and concurrency cap N, the workload (repeated `repeat` times) due
+    at t=0 with at most min(N, max_num_seqs) in flight, as a closed-loop client holds it (a run already made at that
+    many in flight and token budget is not made again); {"points", "front", "settings"} as `sweep` returns, every
+    point's speeds the simulator's made-up milliseconds (SIMULATOR)."""
+    levels = check_levels(levels)
+    settings = settings_of(max_num_seqs, max_num_batched_tokens, ("simulated",), "pareto.on_simulator")
+    wl = load_workload(workload).repeated(validate.integer("pareto.on_simulator", "repeat", repeat,
+                                                           "times the workload is sent, e.g. 2.", 1))
+    pairs = [(r.prompt_tokens, r.max_new_tokens) for r in wl.requests]
+    points, seen = [], set()
+    for setting in settings:
+        for n in levels:
+            in_flight = min(n, setting["max_num_seqs"], len(pairs))
+            if (setting["max_num_batched_tokens"], in_flight) in seen:
+                continue  # the same run as a point already made: the server's cap, not the client's, holds it
+            seen.add((setting["max_num_batched_tokens"], in_flight))
+            sim = continuous_batching(pairs, max_num_seqs=in_flight,
+                                      max_num_batched_tokens=setting["max_num_batched_tokens"], cost=cost)
+            records = [RequestRecord(f"sim-{r.request_id}", r.prompt_len, r.output_len, arrival=0.0,
+                                     start=r.start / 1e3, first_token=r.first_token / 1e3, last_token=r.finish / 1e3)
+                       for r in sim.records]
+            step = f"pareto-sim-s{setting['max_num_seqs']}-b{setting['max_num_batched_tokens']}-conc-{n}"
+            r = Result(lab=lab_id("05"), step=step, engine="simulator",
+                       config={"max_num_seqs": setting["max_num_seqs"], "max_concurrency": n,
+                               "max_num_batched_tokens": setting["max_num_batched_tokens"],
+                               "cost": vars(cost or CostModel())},
+                       model={"name": "simulator", "synthetic": True}, workload={"name": wl.name, "requests": len(pairs)},
+                       requests=records, wall_s=max(r.finish for r in sim.records) / 1e3, notes=[SIMULATOR])
+            points.append(point(r, setting))
+    return {"points": points, "front": front(points), "settings": settings}
