@@ -98,10 +98,12 @@ class ServingLab(LabSteps):
         print(f"{self.found['verdict']} [{self.found_where}]")
         return frame(cap.probe_rows(self.found))
 
-    def pareto(self, model: str = "embedded", max_num_seqs: tuple[int, ...] = (16, 256),
-               max_num_batched_tokens: tuple[int, ...] = (2048,), levels: tuple[int, ...] = (1, 16, 64, 256),
+    def pareto(self, model: str = "embedded", max_num_seqs: tuple[int, ...] = (256,),
+               max_num_batched_tokens: tuple[int, ...] = (2048,), levels: tuple[int, ...] = (1, 4, 16, 64, 256),
                **kw: Any) -> Any:
-        """The tuning front (`pareto`): live, one server per setting on this GPU (`pareto.sweep`, bf16); elsewhere
+        """The tuning front (`pareto`): live, one server per setting on this GPU (`pareto.sweep`, bf16; by default
+        one server, whose 1 to 256 requests in flight stand for a max_num_seqs of that many: a server capped at N
+        runs N at a time whatever the client sends, as the N-in-flight point does); elsewhere
         the H200's recording of the synthetic 8B (bf16 and FP8) where there is one, else lab 04's simulator over the
         same settings, labelled. Prints how many load tests made the front, returns the front's rows."""
         if mode()["live"]:
