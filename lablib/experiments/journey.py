@@ -194,8 +194,9 @@ def ladder(batch_sizes: list[int]) -> list[Step]:
 
     def real_size_eagle() -> Step:
         return Step(f"vllm-eagle-synthetic-k{EAGLE_REAL_K}-b1", lambda m: VLLMEngine(m, VLLMConfig(
-            max_num_seqs=1, speculative_config=real_size_eagle_config(m))), needs=gpu, together=True, lab="08",
-            baseline="vllm-b1", real_size_limit=NAIVE_REAL_SIZE,  # its baseline's requests
+            speculative_config=real_size_eagle_config(m))), needs=gpu, together=True, lab="08",
+            baseline="vllm-b1", real_size_limit=NAIVE_REAL_SIZE,  # its baseline's requests, sent as its baseline
+            max_concurrency=1,  # sends them: one at a time, each its own engine call
             models=SYNTHETIC_LLAMAS, record_step=EAGLE_RATES_STEP,
             why=f"at real size an EAGLE head of the target's shape (random weights) proposes {EAGLE_REAL_K} tokens a "
                 "step, one request at a time; synthetic acceptance: the speed is real, the acceptance rate is set to "
@@ -338,8 +339,11 @@ def rungs(model: Any, workload: str = "journey", requests: int | None = None, ba
             subset = (f"the first {step.real_size_limit} of {len(own)} requests (real size: one request at a time, "
                       "naive generate's requests)")
             own, step_bench = own.head(step.real_size_limit), dataclasses.replace(
-                step_bench, tags={**bench.tags, "subset": subset})
+                step_bench, tags={**step_bench.tags, "subset": subset})
         todo.append((step, own, step_bench))
+    hosts = {step.name for step, _, _ in todo}  # a rung whose host runs rides its engine, and its Result says so
+    todo = [(step, own, dataclasses.replace(b, tags={**b.tags, "rides": step.rides}) if step.rides in hosts else b)
+            for step, own, b in todo]
     return todo, skipped
 
 
@@ -445,6 +449,8 @@ def hosts_and_riders(together: list[tuple[Step, Any, BenchConfig]]
 def engine_start(r: Result) -> dict[str, Any] | None:
     """Where a vLLM rung's engine start went (its facts): the start's wall time and, for engines started together
     (`lablib.engines.together`), how many and the group's wall time; None for an engine that reports no start."""
+    if r.config.get("rides"):  # measured on another rung's engine: that rung's Result has the start
+        return None
     f = r.engine_facts or {}
     if f.get("startup_wall_s") is None:
         return None

@@ -1,5 +1,7 @@
 """The journey's ladder: each rung belongs to a lab and may run its own workload beside its own baseline;
 `through` keeps a lab's own rungs; `side_roads` reads each rung against its baseline, next to the road's gain."""
+import dataclasses
+
 import pytest
 
 from lablib.bench import offline
@@ -296,5 +298,17 @@ def test_the_batch_1_rungs_ride_the_engine_of_the_rung_they_change_and_start_the
     by = {step.name: b for step, _, b in todo}
     assert by["vllm-b1"].max_concurrency == by[f"vllm-eagle-k{jx.SPEC_K}-b1"].max_concurrency == 1
     assert by["vllm"].max_concurrency is None and by[f"vllm-eagle-k{jx.SPEC_K}"].max_concurrency is None
+    assert (by["vllm-b1"].tags["rides"], by[f"vllm-eagle-k{jx.SPEC_K}-b1"].tags["rides"]) == (
+        "vllm", f"vllm-eagle-k{jx.SPEC_K}")  # each Result says whose engine it ran on
+    assert "rides" not in by["vllm"].tags
+    real, _ = jx.rungs("synthetic:llama-3.1-8b", batch_sizes=[1, 64])  # at real size the EAGLE rung starts its
+    real_by = {step.name: b for step, _, b in real}  # own engine, its requests sent as its baseline's: one at a time
+    eagle = real_by[f"vllm-eagle-synthetic-k{jx.EAGLE_REAL_K}-b1"]
+    assert eagle.max_concurrency == real_by["vllm-b1"].max_concurrency == 1 and "rides" not in eagle.tags
+    from lablib.results.reference import load_reference
+    r = dataclasses.replace(load_reference("spec-eagle-k2-b1")[0], engine_facts={"startup_wall_s": 90.6})
+    assert jx.engine_start(r) is not None
+    assert jx.engine_start(dataclasses.replace(r, config={**r.config, "rides": "vllm"})) is None  # the host's
+    # Result carries the start, not the rider's
     alone, riders = jx.hosts_and_riders([t for t in together if t[0].name != "vllm"])
     assert "vllm-b1" in [t[0].name for t in alone] and "vllm" not in riders

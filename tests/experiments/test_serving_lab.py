@@ -74,6 +74,7 @@ def test_the_tuning_front_runs_on_the_simulator_without_a_gpu_and_shows_a_record
     assert [p["tok_s_per_gpu"] for p in best] == sorted(p["tok_s_per_gpu"] for p in best)
     assert [p["tok_s_per_user"] for p in best] == sorted((p["tok_s_per_user"] for p in best), reverse=True)
     assert best[-1]["concurrency"] > best[0]["concurrency"] and best[-1]["tok_s_per_gpu"] > 2 * best[0]["tok_s_per_gpu"]
+    assert lab.tuned["points"][-1]["step"].endswith("conc-256")  # 256 requests (the journey 4 times): 256 in flight
     in_flight = [(p["max_num_batched_tokens"], min(p["concurrency"], p["max_num_seqs"])) for p in lab.tuned["points"]]
     assert len(in_flight) == len(set(in_flight))  # a run the server's cap makes the same as another is made once
     fig = pareto_figure(lab.tuned, lab.tuned_where)
@@ -83,8 +84,15 @@ def test_the_tuning_front_runs_on_the_simulator_without_a_gpu_and_shows_a_record
                 "date": "2026-12-06"}
     monkeypatch.setattr(serving_lab, "recorded_facts", lambda key, step: recorded)
     lab.pareto()
-    assert lab.tuned is recorded and lab.tuned_where == "recorded on the H200: synthetic:llama-3.1-8b, NVIDIA H200, 2026-12-06"
+    assert lab.tuned is recorded and lab.tuned_where == "recorded on the NVIDIA H200, 2026-12-06, synthetic:llama-3.1-8b"
+    for bad, field in (({"max_num_seqs": (0,)}, "max_num_seqs"), ({"levels": (0,)}, "levels"),
+                       ({"max_num_batched_tokens": (8,)}, "max_num_batched_tokens"),
+                       ({"max_num_seq": 8}, "max_num_seq")):  # refused on any machine, a recording shown or not
+        with pytest.raises(ValueError, match=rf"\.{field}=.*allowed.*Fix:"):
+            lab.pareto(**bad)
     with pytest.raises(ValueError, match=r"pareto\.on_simulator\.max_num_batched_tokens=\[8\]: allowed .*Fix:"):
         pareto.on_simulator(max_num_seqs=(16,), max_num_batched_tokens=(8,))
     with pytest.raises(ValueError, match=r"concurrency_sweep\.levels=.*Fix:"):
         pareto.on_simulator(levels=(0,))
+    with pytest.raises(ValueError, match=r"pareto\.sweep\.schemes=\[\]: allowed at least one"):
+        pareto.sweep("embedded", schemes=())

@@ -8,10 +8,12 @@ to run.
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
+from ... import validate
 from ...bench.client import client_ceiling
-from ...config import lab_id
+from ...config import ServerConfig, lab_id
 from ...results.record import Result
 from ...results.store import ResultStore
 from ...bench.goodput import SLO
@@ -106,6 +108,12 @@ class ServingLab(LabSteps):
         runs N at a time whatever the client sends, as the N-in-flight point does); elsewhere
         the H200's recording of the synthetic 8B (bf16 and FP8) where there is one, else lab 04's simulator over the
         same settings, labelled. Prints how many load tests made the front, returns the front's rows."""
+        pareto.settings_of(max_num_seqs, max_num_batched_tokens, ("bf16",), "ServingLab.pareto")  # refused here,
+        runs.check_levels(levels)  # on any machine, before a server starts
+        unknown = sorted(set(kw) - {f.name for f in dataclasses.fields(ServerConfig)} - {"workload", "repeat", "out_dir"})
+        if unknown:
+            raise validate.refuse("ServingLab.pareto", unknown[0], kw[unknown[0]], "the server's settings "
+                                  "(ServerConfig's fields), workload, repeat or out_dir", "check the keyword's spelling.")
         if mode()["live"]:
             self.tuned = pareto.sweep(model, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                                       schemes=("bf16",), levels=levels, store=self.store, **kw)
@@ -113,7 +121,8 @@ class ServingLab(LabSteps):
         else:
             try:
                 self.tuned = recorded_facts("pareto", "pareto")
-                self.tuned_where = f"{mode()['recorded']}: {self.tuned['model']}, {self.tuned['gpu']}, {self.tuned['date']}"
+                self.tuned_where = (f"recorded on the {self.tuned['gpu']}, {self.tuned['date']}, "
+                                    f"{self.tuned['model']}")
             except NotRecorded as e:
                 self.tuned = pareto.on_simulator(max_num_seqs, max_num_batched_tokens, levels)
                 self.tuned_where = f"{cap.SIMULATOR} ({e})"

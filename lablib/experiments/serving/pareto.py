@@ -72,6 +72,8 @@ def settings_of(max_num_seqs: Sequence[int], max_num_batched_tokens: Sequence[in
                 where: str) -> list[dict[str, Any]]:
     """Every setting of the grid, each input checked (`where` names the caller in the error); a token budget below
     max_num_seqs is left out (vLLM refuses it)."""
+    if not schemes:
+        raise validate.refuse(where, "schemes", list(schemes), "at least one weight scheme", "e.g. ['bf16'].")
     seqs = validate.integers(where, "max_num_seqs", max_num_seqs, "sequences per step, e.g. [16, 64, 256].")
     budgets = validate.integers(where, "max_num_batched_tokens", max_num_batched_tokens,
                                 "tokens per step, e.g. [2048, 8192].")
@@ -84,7 +86,7 @@ def settings_of(max_num_seqs: Sequence[int], max_num_batched_tokens: Sequence[in
 
 
 def on_simulator(max_num_seqs: Sequence[int] = (16, 64, 256), max_num_batched_tokens: Sequence[int] = (512, 2048),
-                 levels: Sequence[int] = (1, 4, 16, 64, 256), workload: str = "journey", repeat: int = 2,
+                 levels: Sequence[int] = (1, 4, 16, 64, 256), workload: str = "journey", repeat: int = 4,
                  cost: CostModel | None = None) -> dict[str, Any]:
     """The front on lab 04's simulator: per setting and concurrency cap N, the workload (repeated `repeat` times) due
     at t=0 with at most min(N, max_num_seqs) in flight, as a closed-loop client holds it (a run already made at that
